@@ -1,0 +1,82 @@
+#pragma once
+// The backend: "device" memory, ordered asynchronous streams with events, copies, and the ops.
+// The model and the engine talk only to this interface; the CPU backend implements streams as
+// worker threads, the CUDA backend as CUDA streams.
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "so/backend/device_buffer.h"
+#include "so/backend/ops.h"
+
+namespace so {
+
+// The engine's lanes. Compute runs the model; the copy lanes move gradients down (D2H) and
+// weights up (H2D) while compute continues; Comm runs collectives.
+enum class StreamKind { Compute = 0, D2H = 1, H2D = 2, Comm = 3 };
+constexpr int kNumStreamKinds = 4;
+const char* stream_kind_name(StreamKind k);
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual StreamKind kind() const = 0;
+};
+
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+struct MemoryStats {
+  size_t in_use = 0;
+  size_t peak = 0;
+  size_t capacity = 0;  // 0 = unlimited
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // Whether device memory is directly addressable by the host (true for the CPU backend).
+  virtual bool device_is_host() const = 0;
+
+  // Device memory. Fails with an error naming `tag` and the sizes when over capacity.
+  virtual DeviceBuffer alloc(size_t bytes, const char* tag) = 0;
+  virtual MemoryStats memory_stats() const = 0;
+
+  virtual Stream& stream(StreamKind kind) = 0;
+  virtual std::unique_ptr<Event> create_event() = 0;
+  virtual void record(Event& e, Stream& s) = 0;        // e completes when s reaches this point
+  virtual void wait(Stream& s, Event& e) = 0;          // s does not proceed until e completes
+  virtual void synchronize(Event& e) = 0;              // host waits; rethrows stream errors
+  virtual void synchronize(Stream& s) = 0;
+  void synchronize_all();
+  // Runs fn on the host in stream order (cudaLaunchHostFunc semantics).
+  virtual void host_func(Stream& s, std::function<void()> fn) = 0;
+
+  virtual void copy_h2d(void* dst, const void* src, size_t bytes, Stream& s) = 0;
+  virtual void copy_d2h(void* dst, const void* src, size_t bytes, Stream& s) = 0;
+  virtual void copy_d2d(void* dst, const void* src, size_t bytes, Stream& s) = 0;
+  virtual void memset_zero(void* dst, size_t bytes, Stream& s) = 0;
+
+  virtual Ops& ops() = 0;
+
+  // Dense peak the backend can reach (for MFU), in TFLOP/s for the given dtype.
+  virtual double peak_tflops(DType dt) = 0;
+
+ protected:
+  friend class DeviceBuffer;
+  virtual void free(void* ptr, size_t bytes) = 0;
+};
+
+struct BackendOptions {
+  std::string type = "auto";     // auto | cpu | cuda
+  size_t device_memory_limit = 0;  // bytes; 0 = unlimited (CPU backend: emulated HBM budget)
+  int compute_threads = 0;       // CPU backend: BLAS/compute threads; 0 = all cores of the process
+};
+
+std::unique_ptr<Backend> create_backend(const BackendOptions& opts);
+
+}  // namespace so

@@ -1,0 +1,80 @@
+#pragma once
+// The compute ops the model and the engine need, enqueued on a stream. Pointers are backend
+// ("device") memory. Activations and weights use the model's storage dtype `dt`; statistics
+// kept for backward (rstd, lse) and loss accumulators are always fp32; token ids and positions
+// are int32. Every op computes in fp32 whatever the storage dtype.
+//
+// Gradient outputs named d*_acc are accumulated into (+=); others are overwritten unless an
+// explicit `accumulate` flag says otherwise. This lets weight gradients accumulate over layers
+// (tied embeddings) and micro-batches without extra buffers.
+#include <cstdint>
+
+#include "so/core/dtype.h"
+#include "so/optim/adamw.h"
+
+namespace so {
+
+class Stream;
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  // C[M,N] = alpha * op(A) @ op(B) + beta * C; row-major; op(X) = X^T when trans_X.
+  // A and B share dtype `ab`; C has dtype `c` (fp32 C with bf16 inputs is allowed).
+  virtual void gemm(Stream& s, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const void* A, const void* B, DType ab, float beta, void* C, DType c) = 0;
+
+  // out[T,H] = table[tokens[t], :]. Token ids outside [0, V) are an error.
+  virtual void embedding_forward(Stream& s, void* out, const void* table, const int32_t* tokens, int64_t T,
+                                 int64_t V, int64_t H, DType dt) = 0;
+  // dtable_acc[tokens[t], :] += dout[t, :]
+  virtual void embedding_backward(Stream& s, void* dtable_acc, const void* dout, const int32_t* tokens, int64_t T,
+                                  int64_t V, int64_t H, DType dt) = 0;
+
+  // out = x * rstd * w over the last dim; rstd[rows] (fp32) saved for backward.
+  virtual void rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows,
+                               int64_t dim, float eps, DType dt) = 0;
+  // dx (+= when accumulate), dw_acc +=.
+  virtual void rmsnorm_backward(Stream& s, void* dx, void* dw_acc, const void* dout, const void* x, const void* w,
+                                const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) = 0;
+
+  // In-place rotary embedding (Hugging Face "rotate_half" convention) on x[T, heads, head_dim]
+  // at positions[T]. inverse = true applies the transpose rotation (the backward pass).
+  virtual void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
+                    float theta, bool inverse, DType dt) = 0;
+
+  // Causal grouped-query attention over B sequences of S tokens, computed tile by tile (memory
+  // O(S)). q/out: [B*S, Hq*D]; k, v: [B*S, Hkv*D]; lse: [B, Hq, S] fp32 saved for backward.
+  virtual void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
+                                 int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                                 DType dt) = 0;
+  // dq, dk, dv are overwritten.
+  virtual void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
+                                  const void* k, const void* v, const void* out, const float* lse, int64_t B,
+                                  int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) = 0;
+
+  // out = silu(gate) * up, elementwise over n.
+  virtual void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) = 0;
+  virtual void swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                               int64_t n, DType dt) = 0;
+
+  // Cross-entropy over one chunk of rows of fp32 logits[rows, V]: loss_acc += sum_t scale*nll_t;
+  // when dlogits is non-null it receives scale * (softmax - onehot) in dtype dt. Targets < 0
+  // are ignored (padding); targets >= V are an error.
+  virtual void cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
+                             int64_t rows, int64_t V, float scale, DType dt) = 0;
+
+  // out_acc += sum(x^2) in fp32 (non-finite inputs make it non-finite).
+  virtual void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) = 0;
+
+  virtual void cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) = 0;
+
+  // AdamW on fp32 master weights p and moments m, v (torch.optim.AdamW semantics: decoupled
+  // decay p *= 1 - lr*wd, then the bias-corrected Adam update); writes the updated weights to
+  // out (dtype out_dt) in the same pass. grad has dtype grad_dt.
+  virtual void adamw(Stream& s, float* p, float* m, float* v, const void* grad, DType grad_dt, void* out,
+                     DType out_dt, int64_t n, const AdamWParams& hp) = 0;
+};
+
+}  // namespace so

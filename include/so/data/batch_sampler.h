@@ -1,0 +1,30 @@
+#pragma once
+// Deterministic, stateless sampling: sample i is a window of seq_len + 1 tokens starting at a
+// position that is a pure function of (seed, i). The data position is just the next sample
+// index, so resuming (or resharding) needs only that one number.
+#include <cstdint>
+
+#include "so/data/token_source.h"
+#include "so/model/llama_model.h"
+
+namespace so {
+
+class BatchSampler {
+ public:
+  BatchSampler(const TokenSource& source, int64_t seq_len, int64_t micro_batch, int64_t vocab_size, uint64_t seed);
+
+  // The micro-batch made of samples [first, first + micro_batch).
+  TokenBatch batch_at(int64_t first_sample) const;
+  // The next micro-batch at the current position; advances it.
+  TokenBatch next();
+  int64_t position() const { return position_; }
+  void set_position(int64_t p) { position_ = p; }
+
+ private:
+  const TokenSource& source_;
+  int64_t seq_len_, micro_batch_, vocab_size_;
+  uint64_t seed_;
+  int64_t position_ = 0;
+};
+
+}  // namespace so

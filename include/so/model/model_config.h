@@ -1,0 +1,36 @@
+#pragma once
+// The decoder's shape, read from a Hugging Face config.json (Llama and Qwen3 families).
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace so {
+
+struct ModelConfig {
+  std::string model_type = "llama";  // llama | qwen3
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_position_embeddings = 0;
+  double rope_theta = 10000.0;
+  float rms_norm_eps = 1e-6f;
+  bool tie_word_embeddings = false;
+  bool qk_norm = false;  // Qwen3: RMSNorm over head_dim on q and k, before RoPE
+  float initializer_range = 0.02f;
+
+  int64_t q_dim() const { return num_heads * head_dim; }
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  int64_t num_parameters() const;
+
+  // Parses an HF config.json object; `source` names it in errors. Unsupported features
+  // (rope scaling, biases, sliding windows, other activations) are refused by name.
+  static ModelConfig from_hf_json(const nlohmann::json& j, const std::string& source);
+  static ModelConfig from_hf_file(const std::string& path);
+  nlohmann::json to_hf_json() const;
+};
+
+}  // namespace so

@@ -1,0 +1,43 @@
+#pragma once
+// Where every parameter of the model lives in the flat parameter buffer, and which part of the
+// model ("unit") reads it. Units are what the engine's hooks are called with:
+//   unit 0 = embedding, units 1..L = decoder layers, unit L+1 = head (final norm, lm_head).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "so/model/model_config.h"
+
+namespace so {
+
+struct ParamInfo {
+  std::string name;             // Hugging Face name, e.g. model.layers.3.self_attn.q_proj.weight
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int64_t offset = 0;           // element offset into the flat buffer (aligned)
+  int first_unit = 0;           // units reading it, lowest and highest (tied embeddings: 0 and L+1)
+  int last_unit = 0;
+  bool is_norm = false;         // RMSNorm weight: initialised to one
+};
+
+struct LayerParamIds {
+  int attn_norm, q, k, v, o, q_norm = -1, k_norm = -1, mlp_norm, gate, up, down;
+};
+
+struct ParamLayout {
+  std::vector<ParamInfo> params;
+  int64_t total = 0;  // flat buffer elements, padding included
+  int embedding = -1, final_norm = -1, lm_head = -1;  // lm_head == embedding when tied
+  std::vector<LayerParamIds> layers;
+  int num_units = 0;
+
+  static constexpr int64_t kAlign = 16;  // elements: 64 bytes in fp32, for vector loads
+  static ParamLayout for_model(const ModelConfig& cfg);
+  int find(const std::string& name) const;  // -1 when absent
+};
+
+// Exact model FLOPs per trained token (forward + backward, no recompute): every matmul counts
+// 2 FLOPs per multiply-add, and causal attention counts the (S+1)/2 keys a query sees on average.
+double train_flops_per_token(const ModelConfig& cfg, int64_t seq_len);
+
+}  // namespace so

@@ -1,0 +1,35 @@
+#pragma once
+// One readable line per step on stdout, and the same record as JSON lines in a metrics file.
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace so {
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0.0;
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  bool skipped = false;
+  double seconds = 0.0;
+  double tokens_per_s = 0.0;
+  double tflops = 0.0;
+  double mfu = 0.0;  // fraction of the configured peak
+  double mem_mib = 0.0;
+  double peak_mem_mib = 0.0;
+};
+
+class MetricsSink {
+ public:
+  explicit MetricsSink(const std::string& jsonl_path);  // empty: no file
+  void write(const StepMetrics& m, int64_t total_steps, bool print);
+
+ private:
+  std::ofstream jsonl_;
+  std::string path_;
+};
+
+std::string format_step_line(const StepMetrics& m, int64_t total_steps);
+
+}  // namespace so

@@ -1,0 +1,72 @@
+// so_train: the training binary. Launch directly, or under mpirun / srun.
+//   so_train --config FILE [--steps N] [--set key.path=value ...] [--metrics FILE]
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "parallel/communicator.h"
+#include "so/core/error.h"
+#include "so/train/trainer.h"
+
+namespace po = boost::program_options;
+
+namespace {
+
+int run(int argc, char** argv, so::MpiSession& mpi) {
+  po::options_description desc("so_train options");
+  std::string config, metrics;
+  std::vector<std::string> sets;
+  int64_t steps = 0;
+  desc.add_options()("help,h", "show this help")(
+      "config,c", po::value<std::string>(&config), "run config (JSON, DeepSpeed vocabulary + model/data/train)")(
+      "steps", po::value<int64_t>(&steps), "number of optimizer steps (overrides train.steps)")(
+      "set", po::value<std::vector<std::string>>(&sets)->composing(),
+      "override a config value: --set optimizer.params.lr=3e-4 (repeatable)")(
+      "metrics", po::value<std::string>(&metrics), "append one JSON line per step to this file");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw so::Error(std::string("command line: ") + e.what() + " (see --help)");
+  }
+  if (vm.count("help")) {
+    if (mpi.world_rank() == 0) std::cout << desc << "\n";
+    return 0;
+  }
+  if (config.empty()) throw so::Error("command line: --config FILE is required (see --help)");
+
+  nlohmann::json doc = so::load_json_file(config);
+  for (const std::string& s : sets) so::apply_override(doc, s);
+  if (vm.count("steps")) so::apply_override(doc, "train.steps=" + std::to_string(steps));
+  const so::RunConfig cfg = so::parse_run_config(doc, config);
+
+  auto comm = so::make_mpi_world_communicator();
+  so::TrainOptions opts;
+  opts.metrics_path = metrics;
+  const so::TrainSummary s = so::train(cfg, *comm, opts);
+  if (comm->rank() == 0)
+    std::printf("done: %lld steps, loss %.4f -> %.4f, mean %.0f tokens/s\n", static_cast<long long>(s.steps),
+                s.first_loss, s.last_loss, s.mean_tokens_per_s);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    so::MpiSession mpi(&argc, &argv);
+    try {
+      return run(argc, argv, mpi);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "so_train: error: %s\n", e.what());
+      std::fflush(stderr);
+      // Other ranks may be inside a collective: end the whole job rather than leave them waiting.
+      if (mpi.world_size() > 1) so::MpiSession::abort_job(1);
+      return 1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "so_train: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,26 @@
+#include "so/backend/backend.h"
+
+namespace so {
+
+void DeviceBuffer::reset() {
+  if (ptr_ && owner_) owner_->free(ptr_, bytes_);
+  owner_ = nullptr;
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+const char* stream_kind_name(StreamKind k) {
+  switch (k) {
+    case StreamKind::Compute: return "compute";
+    case StreamKind::D2H: return "d2h";
+    case StreamKind::H2D: return "h2d";
+    case StreamKind::Comm: return "comm";
+  }
+  return "?";
+}
+
+void Backend::synchronize_all() {
+  for (int k = 0; k < kNumStreamKinds; ++k) synchronize(stream(static_cast<StreamKind>(k)));
+}
+
+}  // namespace so

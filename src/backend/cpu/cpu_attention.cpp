@@ -1,0 +1,146 @@
+// Causal grouped-query attention, flash style: scores are produced one query row at a time over
+// blocks of keys with an online softmax, so memory is O(S * D) per head and the S x S score
+// matrix never exists. Backward recomputes probabilities from the saved log-sum-exp (FA2).
+#include <cmath>
+#include <vector>
+
+#include "cpu_kernels.h"
+#include "so/core/error.h"
+
+namespace so::cpu {
+
+namespace {
+
+constexpr int64_t kKeyBlock = 64;
+
+// Gathers head h of a [B*S, H*D] activation for sequence b into a dense fp32 [S, D] array.
+template <typename T>
+void load_head(std::vector<float>& dst, const T* src, int64_t b, int64_t h, int64_t S, int64_t H, int64_t D) {
+  dst.resize(static_cast<size_t>(S * D));
+  for (int64_t s = 0; s < S; ++s) {
+    const T* row = src + ((b * S + s) * H + h) * D;
+    for (int64_t d = 0; d < D; ++d) dst[s * D + d] = to_f32(row[d]);
+  }
+}
+
+template <typename T>
+void store_head(T* dst, const std::vector<float>& src, int64_t b, int64_t h, int64_t S, int64_t H, int64_t D) {
+  for (int64_t s = 0; s < S; ++s) {
+    T* row = dst + ((b * S + s) * H + h) * D;
+    for (int64_t d = 0; d < D; ++d) row[d] = from_f32<T>(src[s * D + d]);
+  }
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void check_shape(const AttentionShape& sh) {
+  SO_CHECK(sh.Hkv > 0 && sh.Hq % sh.Hkv == 0, "attention: ", sh.Hq, " query heads are not a multiple of ", sh.Hkv,
+           " KV heads");
+}
+
+}  // namespace
+
+template <typename T>
+void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& sh) {
+  check_shape(sh);
+  const int64_t S = sh.S, D = sh.D, group = sh.Hq / sh.Hkv;
+  std::vector<float> K, V, Q, O(static_cast<size_t>(S * D)), scores(kKeyBlock);
+  for (int64_t b = 0; b < sh.B; ++b) {
+    for (int64_t kvh = 0; kvh < sh.Hkv; ++kvh) {
+      load_head(K, k, b, kvh, S, sh.Hkv, D);
+      load_head(V, v, b, kvh, S, sh.Hkv, D);
+      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+        load_head(Q, q, b, h, S, sh.Hq, D);
+        for (int64_t i = 0; i < S; ++i) {
+          const float* qi = &Q[i * D];
+          float* oi = &O[i * D];
+          for (int64_t d = 0; d < D; ++d) oi[d] = 0.0f;
+          float m = -INFINITY, l = 0.0f;
+          for (int64_t j0 = 0; j0 <= i; j0 += kKeyBlock) {
+            const int64_t n = std::min(kKeyBlock, i + 1 - j0);
+            float mb = -INFINITY;
+            for (int64_t c = 0; c < n; ++c) {
+              scores[c] = dot(qi, &K[(j0 + c) * D], D) * sh.scale;
+              mb = std::max(mb, scores[c]);
+            }
+            const float mnew = std::max(m, mb);
+            const float corr = std::exp(m - mnew);
+            l *= corr;
+            for (int64_t d = 0; d < D; ++d) oi[d] *= corr;
+            for (int64_t c = 0; c < n; ++c) {
+              const float p = std::exp(scores[c] - mnew);
+              l += p;
+              const float* vj = &V[(j0 + c) * D];
+              for (int64_t d = 0; d < D; ++d) oi[d] += p * vj[d];
+            }
+            m = mnew;
+          }
+          const float inv_l = 1.0f / l;
+          for (int64_t d = 0; d < D; ++d) oi[d] *= inv_l;
+          lse[(b * sh.Hq + h) * S + i] = m + std::log(l);
+        }
+        store_head(out, O, b, h, S, sh.Hq, D);
+      }
+    }
+  }
+}
+
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                        const float* lse, const AttentionShape& sh) {
+  check_shape(sh);
+  const int64_t S = sh.S, D = sh.D, group = sh.Hq / sh.Hkv;
+  std::vector<float> K, V, Q, dO, O, dQ(static_cast<size_t>(S * D)), dK(static_cast<size_t>(S * D)),
+      dV(static_cast<size_t>(S * D)), Di(static_cast<size_t>(S));
+  for (int64_t b = 0; b < sh.B; ++b) {
+    for (int64_t kvh = 0; kvh < sh.Hkv; ++kvh) {
+      load_head(K, k, b, kvh, S, sh.Hkv, D);
+      load_head(V, v, b, kvh, S, sh.Hkv, D);
+      std::fill(dK.begin(), dK.end(), 0.0f);
+      std::fill(dV.begin(), dV.end(), 0.0f);
+      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+        load_head(Q, q, b, h, S, sh.Hq, D);
+        load_head(dO, dout, b, h, S, sh.Hq, D);
+        load_head(O, out, b, h, S, sh.Hq, D);
+        std::fill(dQ.begin(), dQ.end(), 0.0f);
+        const float* L = lse + (b * sh.Hq + h) * S;
+        for (int64_t i = 0; i < S; ++i) Di[i] = dot(&dO[i * D], &O[i * D], D);
+        for (int64_t i = 0; i < S; ++i) {
+          const float* qi = &Q[i * D];
+          const float* doi = &dO[i * D];
+          float* dqi = &dQ[i * D];
+          for (int64_t j = 0; j <= i; ++j) {
+            const float p = std::exp(dot(qi, &K[j * D], D) * sh.scale - L[i]);
+            const float dp = dot(doi, &V[j * D], D);
+            const float ds = p * (dp - Di[i]) * sh.scale;
+            float* dvj = &dV[j * D];
+            float* dkj = &dK[j * D];
+            const float* kj = &K[j * D];
+            for (int64_t d = 0; d < D; ++d) {
+              dvj[d] += p * doi[d];
+              dqi[d] += ds * kj[d];
+              dkj[d] += ds * qi[d];
+            }
+          }
+        }
+        store_head(dq, dQ, b, h, S, sh.Hq, D);
+      }
+      store_head(dk, dK, b, kvh, S, sh.Hkv, D);
+      store_head(dv, dV, b, kvh, S, sh.Hkv, D);
+    }
+  }
+}
+
+template void attention_forward<float>(float*, float*, const float*, const float*, const float*,
+                                       const AttentionShape&);
+template void attention_forward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*, const AttentionShape&);
+template void attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
+                                        const float*, const float*, const float*, const AttentionShape&);
+template void attention_backward<bf16>(bf16*, bf16*, bf16*, const bf16*, const bf16*, const bf16*, const bf16*,
+                                       const bf16*, const float*, const AttentionShape&);
+
+}  // namespace so::cpu

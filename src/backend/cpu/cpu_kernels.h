@@ -1,0 +1,53 @@
+#pragma once
+// Synchronous CPU kernels behind the CPU backend's ops (which enqueue them on worker-thread
+// streams). Templated on the storage type T (float or bf16); all arithmetic is fp32 or wider.
+#include <cstdint>
+
+#include "so/core/dtype.h"
+
+namespace so::cpu {
+
+// Calls f(T{}) with T the C++ storage type of dt.
+template <typename F>
+decltype(auto) dispatch_dtype(DType dt, F&& f) {
+  if (dt == DType::F32) return f(float{});
+  return f(bf16{});
+}
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, const void* B,
+          DType ab, float beta, void* C, DType c);
+
+template <typename T>
+void embedding_forward(T* out, const T* table, const int32_t* tokens, int64_t T_, int64_t V, int64_t H);
+template <typename T>
+void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t T_, int64_t V, int64_t H);
+template <typename T>
+void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t rows, int64_t dim, float eps);
+template <typename T>
+void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t rows,
+                      int64_t dim, bool accumulate);
+template <typename T>
+void rope(T* x, const int32_t* positions, int64_t T_, int64_t heads, int64_t head_dim, float theta, bool inverse);
+template <typename T>
+void swiglu_forward(T* out, const T* gate, const T* up, int64_t n);
+template <typename T>
+void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n);
+template <typename T>
+void cross_entropy(float* loss_acc, T* dlogits, const float* logits, const int32_t* targets, int64_t rows, int64_t V,
+                   float scale);
+template <typename T>
+void sum_squares(float* out_acc, const T* x, int64_t n);
+template <typename Dst, typename Src>
+void cast(Dst* dst, const Src* src, int64_t n);
+
+struct AttentionShape {
+  int64_t B, S, Hq, Hkv, D;
+  float scale;
+};
+template <typename T>
+void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& sh);
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                        const float* lse, const AttentionShape& sh);
+
+}  // namespace so::cpu

@@ -1,0 +1,178 @@
+// Row-wise and elementwise kernels of the decoder layer (everything but GEMM and attention).
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cpu_kernels.h"
+#include "so/core/error.h"
+
+namespace so::cpu {
+
+template <typename T>
+void embedding_forward(T* out, const T* table, const int32_t* tokens, int64_t T_, int64_t V, int64_t H) {
+  for (int64_t t = 0; t < T_; ++t) {
+    const int32_t id = tokens[t];
+    SO_CHECK(id >= 0 && id < V, "embedding: token id ", id, " at position ", t, " is outside the vocabulary [0, ",
+             V, ")");
+    std::memcpy(out + t * H, table + static_cast<int64_t>(id) * H, sizeof(T) * H);
+  }
+}
+
+template <typename T>
+void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t T_, int64_t V, int64_t H) {
+  for (int64_t t = 0; t < T_; ++t) {
+    const int32_t id = tokens[t];
+    SO_CHECK(id >= 0 && id < V, "embedding backward: token id ", id, " outside [0, ", V, ")");
+    T* row = dtable + static_cast<int64_t>(id) * H;
+    const T* g = dout + t * H;
+    for (int64_t i = 0; i < H; ++i) row[i] = from_f32<T>(to_f32(row[i]) + to_f32(g[i]));
+  }
+}
+
+template <typename T>
+void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t rows, int64_t dim, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * dim;
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; ++i) {
+      const double xi = to_f32(xr[i]);
+      ss += xi * xi;
+    }
+    const float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
+    rstd[r] = rs;
+    T* o = out + r * dim;
+    for (int64_t i = 0; i < dim; ++i) o[i] = from_f32<T>(to_f32(w[i]) * (to_f32(xr[i]) * rs));
+  }
+}
+
+// y = w * x * r with r = (mean(x^2) + eps)^-1/2:
+//   dx_i = r * w_i dy_i - x_i * r^3 / dim * sum_j w_j dy_j x_j,   dw_i += dy_i x_i r
+template <typename T>
+void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t rows,
+                      int64_t dim, bool accumulate) {
+  std::vector<double> dw_acc(static_cast<size_t>(dim), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * dim;
+    const T* dy = dout + r * dim;
+    const double rs = rstd[r];
+    double dot = 0.0;
+    for (int64_t i = 0; i < dim; ++i) dot += to_f32(w[i]) * to_f32(dy[i]) * static_cast<double>(to_f32(xr[i]));
+    const double c = rs * rs * rs * dot / static_cast<double>(dim);
+    T* dxr = dx + r * dim;
+    for (int64_t i = 0; i < dim; ++i) {
+      const double xi = to_f32(xr[i]);
+      const double g = rs * to_f32(w[i]) * to_f32(dy[i]) - xi * c;
+      dxr[i] = from_f32<T>(static_cast<float>(accumulate ? to_f32(dxr[i]) + g : g));
+      dw_acc[i] += to_f32(dy[i]) * xi * rs;
+    }
+  }
+  for (int64_t i = 0; i < dim; ++i) dw[i] = from_f32<T>(static_cast<float>(to_f32(dw[i]) + dw_acc[i]));
+}
+
+template <typename T>
+void rope(T* x, const int32_t* positions, int64_t T_, int64_t heads, int64_t head_dim, float theta, bool inverse) {
+  SO_CHECK(head_dim % 2 == 0, "rope: head_dim ", head_dim, " must be even");
+  const int64_t half = head_dim / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[i] = 1.0 / std::pow(static_cast<double>(theta), static_cast<double>(2 * i) / head_dim);
+  std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+  const double sign = inverse ? -1.0 : 1.0;
+  for (int64_t t = 0; t < T_; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = static_cast<double>(positions[t]) * inv_freq[i];
+      cs[i] = static_cast<float>(std::cos(a));
+      sn[i] = static_cast<float>(sign * std::sin(a));
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      T* v = x + (t * heads + h) * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = to_f32(v[i]), x2 = to_f32(v[i + half]);
+        v[i] = from_f32<T>(x1 * cs[i] - x2 * sn[i]);
+        v[i + half] = from_f32<T>(x2 * cs[i] + x1 * sn[i]);
+      }
+    }
+  }
+}
+
+template <typename T>
+void swiglu_forward(T* out, const T* gate, const T* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = to_f32(gate[i]);
+    out[i] = from_f32<T>(g / (1.0f + std::exp(-g)) * to_f32(up[i]));
+  }
+}
+
+template <typename T>
+void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = to_f32(gate[i]), u = to_f32(up[i]), dy = to_f32(dout[i]);
+    const float sig = 1.0f / (1.0f + std::exp(-g));
+    dgate[i] = from_f32<T>(dy * u * sig * (1.0f + g * (1.0f - sig)));
+    dup[i] = from_f32<T>(dy * g * sig);
+  }
+}
+
+template <typename T>
+void cross_entropy(float* loss_acc, T* dlogits, const float* logits, const int32_t* targets, int64_t rows, int64_t V,
+                   float scale) {
+  double loss = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* z = logits + r * V;
+    const int32_t y = targets[r];
+    T* dz = dlogits ? dlogits + r * V : nullptr;
+    if (y < 0) {  // ignored position
+      if (dz)
+        for (int64_t i = 0; i < V; ++i) dz[i] = from_f32<T>(0.0f);
+      continue;
+    }
+    SO_CHECK(y < V, "cross_entropy: target id ", y, " at row ", r, " is outside the vocabulary [0, ", V, ")");
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < V; ++i) mx = std::max(mx, z[i]);
+    double sum = 0.0;
+    for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(z[i] - mx));
+    const double lse = mx + std::log(sum);
+    loss += lse - z[y];
+    if (dz) {
+      for (int64_t i = 0; i < V; ++i) {
+        const double p = std::exp(static_cast<double>(z[i]) - lse);
+        dz[i] = from_f32<T>(static_cast<float>(scale * (p - (i == y ? 1.0 : 0.0))));
+      }
+    }
+  }
+  *loss_acc += static_cast<float>(scale * loss);
+}
+
+template <typename T>
+void sum_squares(float* out_acc, const T* x, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = to_f32(x[i]);
+    s += v * v;
+  }
+  *out_acc += static_cast<float>(s);
+}
+
+template <typename Dst, typename Src>
+void cast(Dst* dst, const Src* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = from_f32<Dst>(to_f32(src[i]));
+}
+
+#define SO_INSTANTIATE_LAYER_KERNELS(T)                                                                        \
+  template void embedding_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                 \
+  template void embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                \
+  template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int64_t, float);                   \
+  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const float*, int64_t, int64_t, bool); \
+  template void rope<T>(T*, const int32_t*, int64_t, int64_t, int64_t, float, bool);                           \
+  template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                                            \
+  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);                             \
+  template void cross_entropy<T>(float*, T*, const float*, const int32_t*, int64_t, int64_t, float);           \
+  template void sum_squares<T>(float*, const T*, int64_t);
+SO_INSTANTIATE_LAYER_KERNELS(float)
+SO_INSTANTIATE_LAYER_KERNELS(bf16)
+template void cast<float, float>(float*, const float*, int64_t);
+template void cast<float, bf16>(float*, const bf16*, int64_t);
+template void cast<bf16, float>(bf16*, const float*, int64_t);
+template void cast<bf16, bf16>(bf16*, const bf16*, int64_t);
+
+}  // namespace so::cpu

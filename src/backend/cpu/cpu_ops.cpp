@@ -1,0 +1,134 @@
+#include "cpu_ops.h"
+
+#include "cpu_backend.h"
+#include "cpu_kernels.h"
+#include "so/optim/adamw.h"
+
+namespace so::cpu {
+
+namespace {
+// Typed views of the untyped op arguments, for the storage type T chosen by dispatch_dtype.
+template <typename T>
+T* typed(void* p) { return static_cast<T*>(p); }
+template <typename T>
+const T* typed(const void* p) { return static_cast<const T*>(p); }
+}  // namespace
+
+#define SO_ENQUEUE(stream, body) CpuBackend::as_cpu(stream).enqueue([=] { body; })
+
+void CpuOps::gemm(Stream& s, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                  const void* B, DType ab, float beta, void* C, DType c) {
+  SO_ENQUEUE(s, cpu::gemm(ta, tb, M, N, K, alpha, A, B, ab, beta, C, c));
+}
+
+void CpuOps::embedding_forward(Stream& s, void* out, const void* table, const int32_t* tokens, int64_t T, int64_t V,
+                               int64_t H, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::embedding_forward(typed<X>(out), typed<X>(table), tokens, T, V, H);
+  }));
+}
+
+void CpuOps::embedding_backward(Stream& s, void* dtable, const void* dout, const int32_t* tokens, int64_t T,
+                                int64_t V, int64_t H, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::embedding_backward(typed<X>(dtable), typed<X>(dout), tokens, T, V, H);
+  }));
+}
+
+void CpuOps::rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows,
+                             int64_t dim, float eps, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::rmsnorm_forward(typed<X>(out), rstd, typed<X>(x), typed<X>(w), rows, dim, eps);
+  }));
+}
+
+void CpuOps::rmsnorm_backward(Stream& s, void* dx, void* dw, const void* dout, const void* x, const void* w,
+                              const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::rmsnorm_backward(typed<X>(dx), typed<X>(dw), typed<X>(dout), typed<X>(x), typed<X>(w), rstd, rows, dim,
+                          accumulate);
+  }));
+}
+
+void CpuOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
+                  float theta, bool inverse, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::rope(typed<X>(x), positions, T, heads, head_dim, theta, inverse);
+  }));
+}
+
+void CpuOps::attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
+                               int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
+  const AttentionShape sh{B, S, Hq, Hkv, D, scale};
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::attention_forward(typed<X>(out), lse, typed<X>(q), typed<X>(k), typed<X>(v), sh);
+  }));
+}
+
+void CpuOps::attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
+                                const void* k, const void* v, const void* out, const float* lse, int64_t B,
+                                int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
+  const AttentionShape sh{B, S, Hq, Hkv, D, scale};
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::attention_backward(typed<X>(dq), typed<X>(dk), typed<X>(dv), typed<X>(dout), typed<X>(q), typed<X>(k),
+                            typed<X>(v), typed<X>(out), lse, sh);
+  }));
+}
+
+void CpuOps::swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::swiglu_forward(typed<X>(out), typed<X>(gate), typed<X>(up), n);
+  }));
+}
+
+void CpuOps::swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                             int64_t n, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::swiglu_backward(typed<X>(dgate), typed<X>(dup), typed<X>(dout), typed<X>(gate), typed<X>(up), n);
+  }));
+}
+
+void CpuOps::cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
+                           int64_t rows, int64_t V, float scale, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::cross_entropy(loss_acc, typed<X>(dlogits), logits, targets, rows, V, scale);
+  }));
+}
+
+void CpuOps::sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::sum_squares(out_acc, typed<X>(x), n);
+  }));
+}
+
+void CpuOps::cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) {
+  SO_ENQUEUE(s, dispatch_dtype(dst_dt, [&](auto d) {
+    dispatch_dtype(src_dt, [&](auto x) {
+      cpu::cast(typed<decltype(d)>(dst), typed<decltype(x)>(src), n);
+    });
+  }));
+}
+
+void CpuOps::adamw(Stream& s, float* p, float* m, float* v, const void* grad, DType grad_dt, void* out,
+                   DType out_dt, int64_t n, const AdamWParams& hp) {
+  SO_ENQUEUE(s, dispatch_dtype(grad_dt, [&](auto g) {
+    dispatch_dtype(out_dt, [&](auto o) {
+      optim::adamw_reference(p, m, v, typed<decltype(g)>(grad), typed<decltype(o)>(out), n, hp);
+    });
+  }));
+}
+
+#undef SO_ENQUEUE
+
+}  // namespace so::cpu

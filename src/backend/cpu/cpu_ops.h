@@ -1,0 +1,44 @@
+#pragma once
+// Ops of the CPU backend: each call enqueues the matching kernel on the given stream's worker.
+#include "so/backend/ops.h"
+
+namespace so::cpu {
+
+class CpuBackend;
+
+class CpuOps final : public Ops {
+ public:
+  explicit CpuOps(CpuBackend& backend) : backend_(backend) {}
+
+  void gemm(Stream& s, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+            const void* B, DType ab, float beta, void* C, DType c) override;
+  void embedding_forward(Stream& s, void* out, const void* table, const int32_t* tokens, int64_t T, int64_t V,
+                         int64_t H, DType dt) override;
+  void embedding_backward(Stream& s, void* dtable_acc, const void* dout, const int32_t* tokens, int64_t T,
+                          int64_t V, int64_t H, DType dt) override;
+  void rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows, int64_t dim,
+                       float eps, DType dt) override;
+  void rmsnorm_backward(Stream& s, void* dx, void* dw_acc, const void* dout, const void* x, const void* w,
+                        const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) override;
+  void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim, float theta,
+            bool inverse, DType dt) override;
+  void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v, int64_t B,
+                         int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) override;
+  void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                          const void* v, const void* out, const float* lse, int64_t B, int64_t S, int64_t Hq,
+                          int64_t Hkv, int64_t D, float scale, DType dt) override;
+  void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) override;
+  void swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                       int64_t n, DType dt) override;
+  void cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
+                     int64_t rows, int64_t V, float scale, DType dt) override;
+  void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) override;
+  void cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) override;
+  void adamw(Stream& s, float* p, float* m, float* v, const void* grad, DType grad_dt, void* out, DType out_dt,
+             int64_t n, const AdamWParams& hp) override;
+
+ private:
+  CpuBackend& backend_;
+};
+
+}  // namespace so::cpu

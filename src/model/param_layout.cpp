@@ -1,0 +1,71 @@
+#include "so/model/param_layout.h"
+
+#include "so/core/error.h"
+
+namespace so {
+
+ParamLayout ParamLayout::for_model(const ModelConfig& c) {
+  ParamLayout L;
+  const int head_unit = static_cast<int>(c.num_layers) + 1;
+  auto add = [&](std::string name, std::vector<int64_t> shape, int unit, bool is_norm = false) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.shape = std::move(shape);
+    p.numel = 1;
+    for (int64_t d : p.shape) p.numel *= d;
+    p.offset = L.total;
+    p.first_unit = p.last_unit = unit;
+    p.is_norm = is_norm;
+    L.total += (p.numel + kAlign - 1) / kAlign * kAlign;
+    L.params.push_back(std::move(p));
+    return static_cast<int>(L.params.size()) - 1;
+  };
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  L.embedding = add("model.embed_tokens.weight", {c.vocab_size, H}, 0);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const int u = static_cast<int>(l) + 1;
+    LayerParamIds ids{};
+    ids.attn_norm = add(p + "input_layernorm.weight", {H}, u, true);
+    ids.q = add(p + "self_attn.q_proj.weight", {c.q_dim(), H}, u);
+    ids.k = add(p + "self_attn.k_proj.weight", {c.kv_dim(), H}, u);
+    ids.v = add(p + "self_attn.v_proj.weight", {c.kv_dim(), H}, u);
+    ids.o = add(p + "self_attn.o_proj.weight", {H, c.q_dim()}, u);
+    if (c.qk_norm) {
+      ids.q_norm = add(p + "self_attn.q_norm.weight", {c.head_dim}, u, true);
+      ids.k_norm = add(p + "self_attn.k_norm.weight", {c.head_dim}, u, true);
+    }
+    ids.mlp_norm = add(p + "post_attention_layernorm.weight", {H}, u, true);
+    ids.gate = add(p + "mlp.gate_proj.weight", {I, H}, u);
+    ids.up = add(p + "mlp.up_proj.weight", {I, H}, u);
+    ids.down = add(p + "mlp.down_proj.weight", {H, I}, u);
+    L.layers.push_back(ids);
+  }
+  L.final_norm = add("model.norm.weight", {H}, head_unit, true);
+  if (c.tie_word_embeddings) {
+    L.lm_head = L.embedding;
+    L.params[L.embedding].last_unit = head_unit;
+  } else {
+    L.lm_head = add("lm_head.weight", {c.vocab_size, H}, head_unit);
+  }
+  L.num_units = head_unit + 1;
+  return L;
+}
+
+int ParamLayout::find(const std::string& name) const {
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+double train_flops_per_token(const ModelConfig& c, int64_t seq_len) {
+  const double H = static_cast<double>(c.hidden_size);
+  const double matmul_params_per_layer =
+      H * c.q_dim() + 2.0 * H * c.kv_dim() + static_cast<double>(c.q_dim()) * H + 3.0 * H * c.intermediate_size;
+  const double matmul_params = c.num_layers * matmul_params_per_layer + static_cast<double>(c.vocab_size) * H;
+  // QK^T and PV: 2 matmuls x 2 FLOPs x head_dim x heads per (query, visible key) pair.
+  const double attn_fwd = c.num_layers * 4.0 * c.head_dim * c.num_heads * (seq_len + 1) / 2.0;
+  return 3.0 * (2.0 * matmul_params + attn_fwd);
+}
+
+}  // namespace so

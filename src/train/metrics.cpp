@@ -1,0 +1,39 @@
+#include "so/train/metrics.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "so/core/error.h"
+
+namespace so {
+
+MetricsSink::MetricsSink(const std::string& path) : path_(path) {
+  if (path.empty()) return;
+  jsonl_.open(path, std::ios::out | std::ios::app);
+  SO_CHECK(jsonl_.good(), "cannot open metrics file '", path, "' for appending");
+}
+
+std::string format_step_line(const StepMetrics& m, int64_t total_steps) {
+  char buf[320];
+  std::snprintf(buf, sizeof(buf),
+                "step %5lld/%lld | loss %.4f | lr %.3e | grad-norm %.3f%s | %.0f tok/s | %.3f TFLOP/s | MFU %.1f%% | "
+                "mem %.1f MiB (peak %.1f)",
+                static_cast<long long>(m.step), static_cast<long long>(total_steps), m.loss, m.lr, m.grad_norm,
+                m.skipped ? " (skipped: non-finite)" : "", m.tokens_per_s, m.tflops, 100.0 * m.mfu, m.mem_mib,
+                m.peak_mem_mib);
+  return buf;
+}
+
+void MetricsSink::write(const StepMetrics& m, int64_t total_steps, bool print) {
+  if (print) std::printf("%s\n", format_step_line(m, total_steps).c_str());
+  if (!jsonl_.is_open()) return;
+  nlohmann::json j = {{"step", m.step},           {"loss", m.loss},       {"lr", m.lr},
+                      {"grad_norm", m.grad_norm}, {"skipped", m.skipped}, {"step_seconds", m.seconds},
+                      {"tokens_per_s", m.tokens_per_s}, {"tflops", m.tflops}, {"mfu", m.mfu},
+                      {"mem_mib", m.mem_mib},     {"peak_mem_mib", m.peak_mem_mib}};
+  jsonl_ << j.dump() << '\n';
+  jsonl_.flush();
+  SO_CHECK(jsonl_.good(), "writing metrics file '", path_, "' failed");
+}
+
+}  // namespace so

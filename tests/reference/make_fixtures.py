@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Generate reference fixtures (HDF5) for so_train's model/gradient/optimizer tests.
+
+Each fixture holds a tiny Hugging Face model (float32, CPU, eager attention) with
+deterministic weights, one forward/backward pass (loss, logits, every gradient) and a
+10-step AdamW + grad-clip training run. See README.md in this directory for the layout.
+
+Usage (from the repository root):
+    python3 tests/reference/make_fixtures.py            # writes tests/reference/fixtures/*.h5
+    python3 tests/reference/make_fixtures.py --out DIR  # writes DIR/*.h5
+"""
+import argparse
+import copy
+import os
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+B = 2            # batch size
+S = 37           # input sequence length (input_ids has S + 1 columns)
+N_LOGITS = 4     # logits stored for the first N_LOGITS positions of each sequence
+TRAIN_STEPS = 10
+LR, BETA1, BETA2, EPS, WEIGHT_DECAY, GRAD_CLIP = 3e-3, 0.9, 0.95, 1e-8, 0.1, 1.0
+INIT_STD = 0.08      # std of Linear / Embedding weights
+NORM_JITTER = 0.1    # RMSNorm weights = 1 + NORM_JITTER * randn
+
+FIXTURES = [
+    dict(
+        name="llama_gqa_untied",
+        model_type="llama",
+        seed=1234,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
+            attention_bias=False, mlp_bias=False, hidden_act="silu",
+        ),
+    ),
+    dict(
+        name="llama_tied_mqa",
+        model_type="llama",
+        seed=2345,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=1, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=256,
+            attention_bias=False, mlp_bias=False, hidden_act="silu",
+        ),
+    ),
+    dict(
+        name="qwen3_tied",
+        model_type="qwen3",
+        seed=3456,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1000000.0,
+            rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=256,
+            use_sliding_window=False, attention_bias=False, hidden_act="silu",
+        ),
+    ),
+]
+
+
+def build_model(spec):
+    kw = dict(spec["config"], rope_scaling=None, attn_implementation="eager")
+    if spec["model_type"] == "llama":
+        cfg, cls = LlamaConfig(**kw), LlamaForCausalLM
+    else:
+        cfg, cls = Qwen3Config(**kw), Qwen3ForCausalLM
+    cfg._attn_implementation = "eager"
+    model = cls(cfg).float()
+    # Sanity checks on how the installed transformers interpreted the config.
+    theta = spec["config"]["rope_theta"]
+    rp = getattr(cfg, "rope_parameters", None)
+    got_theta = rp["rope_theta"] if rp else cfg.rope_theta
+    assert got_theta == theta, (got_theta, theta)
+    if rp:
+        assert rp.get("rope_type", "default") == "default", rp
+    if spec["model_type"] == "qwen3":
+        assert all(t == "full_attention" for t in cfg.layer_types), cfg.layer_types
+        assert model.model.layers[0].self_attn.head_dim == spec["config"]["head_dim"]
+    return model
+
+
+def reinit_(model):
+    """Linear/Embedding weights ~ N(0, INIT_STD); RMSNorm weights = 1 + NORM_JITTER*randn.
+
+    Tied parameters are initialised once (the first module that owns them, in
+    named_modules() order, i.e. the embedding)."""
+    seen = set()
+    with torch.no_grad():
+        for _, mod in model.named_modules():
+            w = getattr(mod, "weight", None)
+            if w is None or id(w) in seen:
+                continue
+            cls = type(mod).__name__
+            if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding)):
+                w.normal_(0.0, INIT_STD)
+                if getattr(mod, "bias", None) is not None:
+                    mod.bias.zero_()
+            elif cls.endswith("RMSNorm"):
+                w.copy_(1.0 + NORM_JITTER * torch.randn_like(w))
+            else:
+                raise RuntimeError(f"unexpected module with weight: {cls}")
+            seen.add(id(w))
+    # every parameter must have been touched
+    for n, p in model.named_parameters():
+        assert id(p) in seen, n
+
+
+def lm_loss(model, ids):
+    logits = model(input_ids=ids[:, :-1]).logits
+    V = logits.shape[-1]
+    loss = F.cross_entropy(logits.reshape(-1, V).float(), ids[:, 1:].reshape(-1))
+    return loss, logits
+
+
+def np32(t):
+    return t.detach().cpu().to(torch.float32).numpy()
+
+
+def make_fixture(spec, out_dir):
+    torch.manual_seed(spec["seed"])
+    model = build_model(spec)
+    reinit_(model)
+    model.train()  # dropout is 0 everywhere; train() vs eval() makes no numerical difference
+    V = model.config.vocab_size
+    tied = bool(model.config.tie_word_embeddings)
+    if tied:
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+    else:
+        assert model.lm_head.weight is not model.model.embed_tokens.weight
+
+    gen = torch.Generator().manual_seed(spec["seed"] + 1)
+    ids = torch.randint(0, V, (B, S + 1), generator=gen)
+    train_ids = torch.randint(0, V, (TRAIN_STEPS, B, S + 1), generator=gen)
+
+    train_model = copy.deepcopy(model)  # fresh copy of the initial weights for training
+    if tied:
+        assert train_model.lm_head.weight is train_model.model.embed_tokens.weight
+
+    # ---- single forward / backward ----
+    init_weights = {n: np32(p) for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    loss, logits = lm_loss(model, ids)
+    loss.backward()
+    grads = {n: np32(p.grad) for n, p in model.named_parameters()}
+
+    # ---- 10-step AdamW training run ----
+    params = list(train_model.parameters())
+    opt = torch.optim.AdamW(params, lr=LR, betas=(BETA1, BETA2), eps=EPS,
+                            weight_decay=WEIGHT_DECAY)
+    losses, norms = [], []
+    for step in range(TRAIN_STEPS):
+        opt.zero_grad(set_to_none=True)
+        l, _ = lm_loss(train_model, train_ids[step])
+        l.backward()
+        gn = torch.nn.utils.clip_grad_norm_(params, max_norm=GRAD_CLIP)
+        opt.step()
+        losses.append(l.item())
+        norms.append(gn.item())
+    final_weights = {n: np32(p) for n, p in train_model.named_parameters()}
+
+    path = os.path.join(out_dir, spec["name"] + ".h5")
+    with h5py.File(path, "w") as f:
+        f.attrs["config_json"] = str(model.config.to_json_string())
+        f.attrs["model_type"] = str(spec["model_type"])
+        f.attrs["torch_version"] = str(torch.__version__)
+        f.attrs["transformers_version"] = str(transformers.__version__)
+        # convenience copies (config_json has rope_theta under rope_parameters in transformers>=5)
+        f.attrs["rope_theta"] = float(spec["config"]["rope_theta"])
+        f.attrs["tie_word_embeddings"] = int(tied)
+        f.attrs["seed"] = int(spec["seed"])
+        f.create_dataset("input_ids", data=ids.numpy().astype(np.int32))
+        f.create_dataset("loss", data=np.array([loss.item()], dtype=np.float32))
+        f.create_dataset("logits", data=np32(logits[:, :N_LOGITS, :]))
+        gw, gg = f.create_group("weights"), f.create_group("grads")
+        for n in init_weights:
+            gw.create_dataset(n, data=init_weights[n])
+            gg.create_dataset(n, data=grads[n])
+        t = f.create_group("train")
+        t.attrs["lr"] = float(LR)
+        t.attrs["beta1"] = float(BETA1)
+        t.attrs["beta2"] = float(BETA2)
+        t.attrs["eps"] = float(EPS)
+        t.attrs["weight_decay"] = float(WEIGHT_DECAY)
+        t.attrs["grad_clip"] = float(GRAD_CLIP)
+        t.attrs["steps"] = int(TRAIN_STEPS)
+        t.create_dataset("input_ids", data=train_ids.numpy().astype(np.int32))
+        t.create_dataset("losses", data=np.array(losses, dtype=np.float32))
+        t.create_dataset("grad_norms", data=np.array(norms, dtype=np.float32))
+        fw = t.create_group("final_weights")
+        for n, a in final_weights.items():
+            fw.create_dataset(n, data=a)
+    return path
+
+
+def verify(path):
+    with h5py.File(path, "r") as f:
+        print(f"== {path} ({os.path.getsize(path) / 1024:.1f} KiB)")
+        for k in ("model_type", "torch_version", "transformers_version", "rope_theta",
+                  "tie_word_embeddings"):
+            print(f"  attr {k} = {f.attrs[k]}")
+        def show(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                print(f"  /{name} {obj.dtype} {obj.shape}")
+        f.visititems(show)
+        print(f"  train attrs: {dict(f['train'].attrs)}")
+        print(f"  loss = {f['loss'][0]:.7f}")
+        print(f"  train/losses = {np.array2string(f['train/losses'][:], precision=5)}")
+        print(f"  train/grad_norms = {np.array2string(f['train/grad_norms'][:], precision=5)}")
+        assert set(f["weights"]) == set(f["grads"]) == set(f["train/final_weights"])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "fixtures"))
+    args = ap.parse_args()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)  # bit-for-bit reproducible CPU reductions
+    os.makedirs(args.out, exist_ok=True)
+    for spec in FIXTURES:
+        verify(make_fixture(spec, args.out))
+
+
+if __name__ == "__main__":
+    main()
