@@ -1,0 +1,42 @@
+#pragma once
+// Helpers shared by the tests: relative error, device upload/download through a backend.
+#include <cmath>
+#include <vector>
+
+#include "so/backend/backend.h"
+
+namespace so::test {
+
+// ||a - b|| / ||b||, in double.
+inline double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  if (a.size() != b.size()) return INFINITY;
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// Device buffer holding `values` converted to dtype dt.
+inline DeviceBuffer upload(Backend& be, const std::vector<float>& values, DType dt) {
+  DeviceBuffer wide = be.alloc(values.size() * 4, "test upload");
+  DeviceBuffer out = be.alloc(values.size() * dtype_size(dt), "test tensor");
+  Stream& s = be.stream(StreamKind::Compute);
+  be.copy_h2d(wide.data(), values.data(), values.size() * 4, s);
+  be.ops().cast(s, out.data(), dt, wide.data(), DType::F32, static_cast<int64_t>(values.size()));
+  be.synchronize(s);
+  return out;
+}
+
+inline std::vector<float> download(Backend& be, const void* dev, size_t n, DType dt) {
+  DeviceBuffer wide = be.alloc(n * 4, "test download");
+  Stream& s = be.stream(StreamKind::Compute);
+  be.ops().cast(s, wide.data(), DType::F32, dev, dt, static_cast<int64_t>(n));
+  std::vector<float> out(n);
+  be.copy_d2h(out.data(), wide.data(), n * 4, s);
+  be.synchronize(s);
+  return out;
+}
+
+}  // namespace so::test
