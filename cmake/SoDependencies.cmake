@@ -45,7 +45,7 @@ if(SO_CUDA)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
   endif()
   set(CMAKE_CUDA_ARCHITECTURES ${SO_CUDA_ARCHS})
-  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 has no CUDA20 flags for nvcc
   enable_language(CUDA)
   find_package(CUDAToolkit REQUIRED)
   find_library(SO_CUDNN_LIB cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)

@@ -105,14 +105,16 @@ void CpuBackend::memset_zero(void* dst, size_t bytes, Stream& s) {
 
 Ops& CpuBackend::ops() { return *ops_; }
 
-// Measured once: a square sgemm large enough to reach the BLAS's steady state on the process's
-// cores. bf16 runs through the same fp32 GEMM here, so one peak serves both.
+// Measured once: the best of a few square sgemms (after a warm-up that starts the BLAS threads)
+// large enough to reach steady state on the process's cores. bf16 runs through the same fp32
+// GEMM here, so one peak serves both.
 double CpuBackend::peak_tflops(DType) {
   if (peak_tflops_ > 0) return peak_tflops_;
-  const int64_t n = 512;
+  const int64_t n = 1024;
   std::vector<float> a(n * n, 1.0f), b(n * n, 1.0f), c(n * n, 0.0f);
+  gemm(false, false, n, n, n, 1.0f, a.data(), b.data(), DType::F32, 0.0f, c.data(), DType::F32);
   double best = 0.0;
-  for (int rep = 0; rep < 5; ++rep) {
+  for (int rep = 0; rep < 3; ++rep) {
     auto t0 = std::chrono::steady_clock::now();
     gemm(false, false, n, n, n, 1.0f, a.data(), b.data(), DType::F32, 0.0f, c.data(), DType::F32);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
