@@ -73,20 +73,22 @@ int64_t numel(const std::vector<int64_t>& shape) {
 }
 }  // namespace
 
-std::vector<float> H5File::read_f32(const std::string& dataset) const {
-  std::vector<float> out(static_cast<size_t>(numel(shape(dataset))));
-  H5Id d = open_dataset(dataset);
-  SO_CHECK(H5Dread(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0, path_,
-           ": reading '", dataset, "' as float32 failed");
+// Whole-dataset read converted by HDF5 to the native type T.
+template <typename T>
+static std::vector<T> read_all(const H5File& f, const H5Id& d, int64_t n, hid_t mem_type, const std::string& dataset,
+                               const char* type_name) {
+  std::vector<T> out(static_cast<size_t>(n));
+  SO_CHECK(H5Dread(d.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0, f.path(), ": reading '",
+           dataset, "' as ", type_name, " failed");
   return out;
 }
 
+std::vector<float> H5File::read_f32(const std::string& dataset) const {
+  return read_all<float>(*this, open_dataset(dataset), numel(shape(dataset)), H5T_NATIVE_FLOAT, dataset, "float32");
+}
+
 std::vector<int32_t> H5File::read_i32(const std::string& dataset) const {
-  std::vector<int32_t> out(static_cast<size_t>(numel(shape(dataset))));
-  H5Id d = open_dataset(dataset);
-  SO_CHECK(H5Dread(d.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0, path_,
-           ": reading '", dataset, "' as int32 failed");
-  return out;
+  return read_all<int32_t>(*this, open_dataset(dataset), numel(shape(dataset)), H5T_NATIVE_INT32, dataset, "int32");
 }
 
 void H5File::read_i32_range(const std::string& dataset, int64_t offset, int64_t count, int32_t* out) const {
