@@ -1,5 +1,5 @@
 // so_train: the training binary. Launch directly, or under mpirun / srun.
-//   so_train --config FILE [--steps N] [--set key.path=value ...] [--metrics FILE]
+//   so_train --config FILE [--steps N] [--set key.path=value ...] [--metrics FILE] [--trace FILE]
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
@@ -14,7 +14,7 @@ namespace {
 
 int run(int argc, char** argv, so::MpiSession& mpi) {
   po::options_description desc("so_train options");
-  std::string config, metrics;
+  std::string config, metrics, trace;
   std::vector<std::string> sets;
   int64_t steps = 0;
   desc.add_options()("help,h", "show this help")(
@@ -22,7 +22,9 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       "steps", po::value<int64_t>(&steps), "number of optimizer steps (overrides train.steps)")(
       "set", po::value<std::vector<std::string>>(&sets)->composing(),
       "override a config value: --set optimizer.params.lr=3e-4 (repeatable)")(
-      "metrics", po::value<std::string>(&metrics), "append one JSON line per step to this file");
+      "metrics", po::value<std::string>(&metrics), "append one JSON line per step to this file")(
+      "trace", po::value<std::string>(&trace),
+      "write a Chrome/Perfetto trace (compute, D2H, H2D and CPU-optimizer lanes, per bucket) to this file");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
@@ -44,10 +46,13 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   auto comm = so::make_mpi_world_communicator();
   so::TrainOptions opts;
   opts.metrics_path = metrics;
+  opts.trace_path = trace;
   const so::TrainSummary s = so::train(cfg, *comm, opts);
   if (comm->rank() == 0)
-    std::printf("done: %lld steps, loss %.4f -> %.4f, mean %.0f tokens/s\n", static_cast<long long>(s.steps),
-                s.first_loss, s.last_loss, s.mean_tokens_per_s);
+    std::printf("done: %lld steps, loss %.4f -> %.4f, mean %.0f tokens/s, exposed optimizer %.2f ms/step "
+                "(CPU optimizer busy %.2f ms/step)\n",
+                static_cast<long long>(s.steps), s.first_loss, s.last_loss, s.mean_tokens_per_s,
+                1e3 * s.mean_exposed_optimizer_s, 1e3 * s.mean_optimizer_busy_s);
   return 0;
 }
 

@@ -10,7 +10,8 @@ packages=(
   libboost-program-options-dev          # command line
   libhdf5-openmpi-dev hdf5-tools        # parallel HDF5: checkpoints, fixtures, token datasets
   libopenblas-pthread-dev               # CPU GEMM; pthread build chosen on purpose (see cmake/SoDependencies.cmake)
-  nlohmann-json3-dev libgtest-dev
+  nlohmann-json3-dev libgtest-dev googletest
+  g++-aarch64-linux-gnu qemu-user       # Arm NEON/SVE optimizer kernels: cross build + emulated tests (tests/cross)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,7 @@
 #include "so/engine/bucket.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "so/core/error.h"
 
@@ -28,6 +29,27 @@ std::vector<Bucket> make_buckets(const ParamLayout& layout, int64_t bucket_size)
   }
   close();
   return buckets;
+}
+
+size_t first_device_bucket(const std::vector<Bucket>& buckets, const OffloadConfig& offload) {
+  const size_t n = buckets.size();
+  if (offload.device_tail_buckets >= 0) {
+    SO_CHECK(static_cast<size_t>(offload.device_tail_buckets) <= n, "device_tail_buckets is ",
+             offload.device_tail_buckets, " but the model has only ", n, " buckets");
+    return n - static_cast<size_t>(offload.device_tail_buckets);
+  }
+  int64_t total = 0;
+  for (const Bucket& b : buckets) total += b.size();
+  const double target = offload.ratio * static_cast<double>(total);
+  size_t best = 0;
+  double best_err = target;  // k = 0: nothing on the CPU
+  int64_t cpu = 0;
+  for (size_t k = 1; k <= n; ++k) {
+    cpu += buckets[k - 1].size();
+    const double err = std::abs(static_cast<double>(cpu) - target);
+    if (err <= best_err) best = k, best_err = err;
+  }
+  return best;
 }
 
 }  // namespace so

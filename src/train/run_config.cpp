@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "so/core/error.h"
+#include "so/optim/simd_isa.h"
 #include "so/core/json_reader.h"
 #include "so/data/token_source.h"
 
@@ -100,18 +101,61 @@ void parse_scheduler(JsonReader r, RunConfig& c) {
   r.finish();
 }
 
+template <typename E, size_t N>
+E parse_choice(JsonReader& r, const std::string& key, E fallback, const std::pair<const char*, E> (&choices)[N]) {
+  if (!r.has(key)) return fallback;
+  const std::string v = r.get<std::string>(key, "");
+  std::string names;
+  for (const auto& [name, value] : choices) {
+    if (v == name) return value;
+    names += names.empty() ? name : std::string(", ") + name;
+  }
+  r.fail(key, "is '" + v + "'; choose one of " + names);
+}
+
+void parse_offload(JsonReader o, OffloadConfig& off) {
+  const std::string device = o.get<std::string>("device", "none");
+  if (device != "none" && device != "cpu")
+    o.fail("device", "is '" + device + "'; supported: none, cpu (NVMe offload is not implemented)");
+  const bool super = o.get<bool>("super_offload", false);
+  off.mode = device == "none" ? OffloadMode::None : super ? OffloadMode::SuperOffload : OffloadMode::ZeroOffload;
+  if (device == "none" && super) o.fail("super_offload", "needs offload_optimizer.device \"cpu\"");
+  off.ratio = o.get<double>("ratio", off.ratio);
+  if (!(off.ratio >= 0.0 && off.ratio <= 1.0)) o.fail("ratio", str_cat("is ", off.ratio, "; must be in [0, 1]"));
+  off.device_tail_buckets = o.get<int64_t>("device_tail_buckets", -1);
+  if (o.has("device_tail_buckets") && o.has("ratio"))
+    o.fail("device_tail_buckets", "and 'ratio' both choose which buckets stay on the device; give one");
+  if (o.has("device_tail_buckets") && off.device_tail_buckets < 0) o.fail("device_tail_buckets", "must not be negative");
+  off.cpu_cores_fraction = o.get<double>("cpuadam_cores_perc", off.cpu_cores_fraction);
+  if (!(off.cpu_cores_fraction > 0.0 && off.cpu_cores_fraction <= 1.0))
+    o.fail("cpuadam_cores_perc", str_cat("is ", off.cpu_cores_fraction, "; must be a fraction in (0, 1]"));
+  off.pin_memory = o.get<bool>("pin_memory", off.pin_memory);
+  static const std::pair<const char*, CastSite> sites[] = {
+      {"auto", CastSite::Auto}, {"device", CastSite::Device}, {"host", CastSite::Host}};
+  off.cast_grads = parse_choice(o, "cast_grads", off.cast_grads, sites);
+  off.cast_weights = parse_choice(o, "cast_weights", off.cast_weights, sites);
+  static const std::pair<const char*, RollbackMode> rollbacks[] = {{"inverse", RollbackMode::Inverse},
+                                                                   {"exact", RollbackMode::Exact}};
+  off.rollback = parse_choice(o, "rollback", off.rollback, rollbacks);
+  off.simd = o.get<std::string>("simd", off.simd);
+  if (off.simd != "auto") {
+    try {
+      parse_simd_isa(off.simd);
+    } catch (const Error& e) {
+      o.fail("simd", e.what());
+    }
+  }
+  // DeepSpeed knobs of its NVMe/AIO path that have no meaning for CPU offload.
+  for (const char* k : {"buffer_count", "fast_init", "pipeline_read", "pipeline_write"}) o.accept(k);
+  o.finish();
+}
+
 void parse_zero(JsonReader r, RunConfig& c) {
   c.zero_stage = static_cast<int>(r.get<int64_t>("stage", 0));
   if (c.zero_stage < 0 || c.zero_stage > 3) r.fail("stage", "must be 0, 1, 2 or 3");
   c.bucket_size = r.get<int64_t>("sub_group_size", c.bucket_size);
   if (c.bucket_size <= 0) r.fail("sub_group_size", "must be positive");
-  if (r.has("offload_optimizer")) {
-    JsonReader o = r.child("offload_optimizer");
-    const std::string device = o.get<std::string>("device", "none");
-    if (device != "none")
-      o.fail("device", "is '" + device + "'; optimizer offload is not available in this build yet (use \"none\")");
-    o.finish();
-  }
+  if (r.has("offload_optimizer")) parse_offload(r.child("offload_optimizer"), c.offload);
   // Communication-tuning knobs of DeepSpeed that do not change results; accepted as no-ops.
   for (const char* k : {"overlap_comm", "contiguous_gradients", "reduce_bucket_size", "reduce_scatter",
                         "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",

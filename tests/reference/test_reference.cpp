@@ -101,11 +101,10 @@ class ReferenceTest : public testing::TestWithParam<Case> {
 
 TEST_P(ReferenceTest, LossLogitsAndEveryGradient) {
   auto engine = make_engine(AdamWParams{}, 0.0f, "/weights");
-  ModelHooks hooks;
   const int64_t T = fx_->B * fx_->S;
-  engine->zero_grads();
+  engine->begin_step(0.0f);
   model_->zero_loss();
-  model_->forward_backward(to_batch(fx_->file.read_i32("/input_ids"), fx_->B, fx_->S), *engine, hooks,
+  model_->forward_backward(to_batch(fx_->file.read_i32("/input_ids"), fx_->B, fx_->S), *engine, *engine,
                            1.0f / static_cast<float>(T), true);
   const float loss = model_->read_loss();
   const float ref_loss = fx_->file.read_f32("/loss")[0];
@@ -157,16 +156,15 @@ TEST_P(ReferenceTest, TenAdamWStepsMatchTorch) {
   const std::vector<float> ref_losses = f.read_f32("/train/losses");
   const std::vector<float> ref_norms = f.read_f32("/train/grad_norms");
   const int64_t steps = static_cast<int64_t>(ref_losses.size()), per = fx_->B * (fx_->S + 1);
-  ModelHooks hooks;
   std::vector<float> losses;
   for (int64_t s = 0; s < steps; ++s) {
     std::vector<int32_t> step_ids(ids.begin() + s * per, ids.begin() + (s + 1) * per);
-    engine->zero_grads();
+    engine->begin_step(lr);
     model_->zero_loss();
-    model_->forward_backward(to_batch(step_ids, fx_->B, fx_->S), *engine, hooks,
+    model_->forward_backward(to_batch(step_ids, fx_->B, fx_->S), *engine, *engine,
                              1.0f / static_cast<float>(fx_->B * fx_->S), true);
     losses.push_back(model_->read_loss());
-    const StepResult r = engine->step(lr);
+    const StepResult r = engine->end_step();
     ASSERT_FALSE(r.skipped);
     EXPECT_NEAR(r.grad_norm, ref_norms[s], tol().grad * ref_norms[s]) << "step " << s;
   }

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "so/backend/device_buffer.h"
 #include "so/backend/ops.h"
@@ -53,6 +54,8 @@ class Backend {
   virtual void synchronize(Event& e) = 0;              // host waits; rethrows stream errors
   virtual void synchronize(Stream& s) = 0;
   void synchronize_all();
+  // When e completed, on the now_seconds() clock (waits for it; for spans and stall times).
+  virtual double event_time(Event& e) = 0;
   // Runs fn on the host in stream order (cudaLaunchHostFunc semantics).
   virtual void host_func(Stream& s, std::function<void()> fn) = 0;
 
@@ -60,6 +63,11 @@ class Backend {
   virtual void copy_d2h(void* dst, const void* src, size_t bytes, Stream& s) = 0;
   virtual void copy_d2d(void* dst, const void* src, size_t bytes, Stream& s) = 0;
   virtual void memset_zero(void* dst, size_t bytes, Stream& s) = 0;
+
+  // Host memory the copy engines read and write directly (cudaHostRegister on CUDA, so copies
+  // run at full link speed); a no-op where device memory is host memory.
+  virtual void pin_host_memory(void* ptr, size_t bytes) { (void)ptr, (void)bytes; }
+  virtual void unpin_host_memory(void* ptr) { (void)ptr; }
 
   virtual Ops& ops() = 0;
 
@@ -75,6 +83,7 @@ struct BackendOptions {
   std::string type = "auto";     // auto | cpu | cuda
   size_t device_memory_limit = 0;  // bytes; 0 = unlimited (CPU backend: emulated HBM budget)
   int compute_threads = 0;       // CPU backend: BLAS/compute threads; 0 = all cores of the process
+  std::vector<int> compute_cores;  // CPU backend: cores the compute stream is pinned to; empty = unpinned
 };
 
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts);

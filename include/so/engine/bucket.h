@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "so/engine/offload_config.h"
 #include "so/model/param_layout.h"
 
 namespace so {
@@ -19,5 +20,11 @@ struct Bucket {
 // Packs parameters in backward order (head first) into buckets of about `bucket_size`
 // elements, never splitting a parameter. buckets[0] is the first to become ready.
 std::vector<Bucket> make_buckets(const ParamLayout& layout, int64_t bucket_size);
+
+// The first bucket whose optimizer state stays on the device: buckets [0, k) are stepped on the
+// CPU, [k, n) — the last in backward order, read first by the next forward — on the device.
+// With `ratio`, k makes the CPU's share of *parameters* closest to ratio (ties to the CPU);
+// with device_tail_buckets, k = n - that many.
+size_t first_device_bucket(const std::vector<Bucket>& buckets, const OffloadConfig& offload);
 
 }  // namespace so

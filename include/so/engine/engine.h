@@ -2,7 +2,14 @@
 // The engine owns every parameter-sized buffer — device weights and gradients in the model's
 // dtype, fp32 master weights and Adam moments — as flat buffers cut into buckets, serves them
 // to the model (ParamStore), receives its per-unit callbacks (ModelHooks), and runs the
-// optimizer step with global-norm clipping and a finite check.
+// optimizer step: global-norm clipping and a finite check, then AdamW on the device for the
+// device-resident buckets and through the OffloadOptimizer (ZeRO-Offload or SuperOffload) for
+// the rest. One path for every mode: the modes differ only in where a bucket's state lives and
+// when its CPU step starts.
+//
+// A training step:  begin_step(lr, micro_batches) -> model.forward_backward(..., engine, engine)
+// per micro-batch -> end_step() -> ... The next step's forward waits per bucket (events) for the
+// weights it reads, not for the whole optimizer.
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,9 +17,13 @@
 #include "parallel/communicator.h"
 #include "so/backend/backend.h"
 #include "so/engine/bucket.h"
+#include "so/engine/offload_config.h"
+#include "so/engine/offload_optimizer.h"
+#include "so/engine/step_timeline.h"
 #include "so/model/model_interfaces.h"
 #include "so/model/param_layout.h"
 #include "so/optim/adamw.h"
+#include "so/optim/grace_adam.h"
 
 namespace so {
 
@@ -21,6 +32,11 @@ struct EngineOptions {
   int64_t bucket_size = int64_t{1} << 22;  // elements
   float grad_clip = 0.0f;                  // max global norm; 0 = off
   AdamWParams adam;                        // lr is given per step
+  OffloadConfig offload;
+  std::vector<int> optimizer_cores;  // GraceAdam's pool; empty = one unpinned thread
+  int numa_node = -1;                // for offloaded host state; -1 = local
+  std::string trace_path;            // Chrome trace of every step; empty = none
+  int rank = 0;
 };
 
 struct StepResult {
@@ -29,6 +45,8 @@ struct StepResult {
   bool skipped = false;    // non-finite gradients: nothing was updated
 };
 
+enum class OptimState { Master, ExpAvg, ExpAvgSq };
+
 class Engine final : public ParamStore, public ModelHooks {
  public:
   Engine(Backend& backend, const ParamLayout& layout, const EngineOptions& opts, Communicator& comm);
@@ -36,36 +54,64 @@ class Engine final : public ParamStore, public ModelHooks {
 
   void* weight(int param_id) override;
   void* grad(int param_id) override;
+  void before_unit(int unit) override;
+  void after_backward(int unit) override;
 
   // Hugging Face initialisation: normal(0, std) for matrices, ones for norms; counter-based, so
   // identical whatever the world size.
   void init_weights(uint64_t seed, float std);
   void load_weight(int param_id, const std::vector<float>& values);
-  std::vector<float> read_weight(int param_id);  // fp32 master weights
-  std::vector<float> read_grad(int param_id);    // gradients, widened to fp32
+  std::vector<float> read_state(int param_id, OptimState which);  // waits for the optimizer
+  std::vector<float> read_weight(int param_id) { return read_state(param_id, OptimState::Master); }
+  std::vector<float> read_grad(int param_id);  // gradients, widened to fp32
 
-  void zero_grads();
-  // Clips, checks and applies one AdamW step. Skipped steps change nothing, not even the step count.
-  StepResult step(float lr);
+  // Opens a step: zeroes the gradients and fixes the learning rate the (speculative) CPU steps
+  // use. The last of `micro_batches` backward passes hands the gradients to the optimizer.
+  void begin_step(float lr, int micro_batches = 1);
+  // Validates (global norm, finite check) and applies the step. Skipped steps change nothing,
+  // not even the step count.
+  StepResult end_step();
+  // Waits for all optimizer work and closes the timeline (end of training, before reading state).
+  void finish();
+
   int64_t steps_taken() const { return steps_; }
-
+  int64_t iteration() const { return iteration_; }
+  StepTimeline& timeline() { return timeline_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  size_t num_offloaded_buckets() const { return first_device_bucket_; }
   const ParamLayout& layout() const { return layout_; }
-  size_t state_bytes() const;
+  size_t state_bytes() const;       // device memory of parameters, gradients and optimizer state
+  size_t host_state_bytes() const;  // host memory of offloaded state
+  std::string describe() const;     // one line: mode, placement, threads, casts
 
  private:
   const ParamInfo& info(int param_id) const;
-  void upload_master(int64_t begin, int64_t n);
+  bool on_host(int64_t element) const { return element >= device_end_; }
+  void drain_optimizer();
 
   Backend& backend_;
   const ParamLayout& layout_;
   EngineOptions opts_;
   Communicator& comm_;
   std::vector<Bucket> buckets_;
-  DeviceBuffer weights_, grads_;         // model dtype
-  DeviceBuffer master_, exp_avg_, exp_avg_sq_;  // fp32
-  DeviceBuffer norm_acc_;                // fp32 scalar
+  size_t first_device_bucket_ = 0;  // buckets [0, this) are offloaded (first in backward order)
+  int64_t device_end_ = 0;          // device-resident optimizer state covers elements [0, this)
+  std::vector<std::vector<size_t>> unit_buckets_;  // unit -> buckets holding its parameters
+
+  DeviceBuffer weights_, grads_;                // model dtype, all elements
+  DeviceBuffer master_, exp_avg_, exp_avg_sq_;  // fp32, elements [0, device_end_)
+  DeviceBuffer bucket_sums_;                    // fp32 per device bucket
+  StepTimeline timeline_;
+  std::unique_ptr<GraceAdam> grace_;
+  std::unique_ptr<OffloadOptimizer> offload_;
+  std::string cast_report_;
+
   int64_t steps_ = 0;
+  int64_t iteration_ = 0;
+  float lr_ = 0.0f;
+  int micro_batches_ = 1, micro_done_ = 0;
+  bool in_backward_ = false;
+  std::vector<char> weights_waited_;  // per offloaded bucket, this iteration
 };
 
 }  // namespace so

@@ -12,7 +12,9 @@ struct StepMetrics {
   double lr = 0.0;
   double grad_norm = 0.0;
   bool skipped = false;
-  double seconds = 0.0;
+  double seconds = 0.0;              // the step's window on the compute lane
+  double exposed_optimizer_s = 0.0;  // of it, idle waiting on the optimizer
+  double optimizer_busy_s = 0.0;     // CPU optimizer work for this step (offload modes)
   double tokens_per_s = 0.0;
   double tflops = 0.0;
   double mfu = 0.0;  // fraction of the configured peak

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "so/backend/backend.h"
+#include "so/engine/offload_config.h"
 #include "so/model/model_config.h"
 #include "so/optim/adamw.h"
 #include "so/train/lr_schedule.h"
@@ -36,6 +37,7 @@ struct RunConfig {
   LrSchedule schedule;
   int zero_stage = 0;
   int64_t bucket_size = int64_t{1} << 22;
+  OffloadConfig offload;
   DataConfig data;
   int64_t steps = 0;
   uint64_t seed = 1234;

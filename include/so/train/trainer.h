@@ -9,11 +9,15 @@ namespace so {
 
 struct TrainOptions {
   std::string metrics_path;  // JSON lines; empty = none
+  std::string trace_path;    // Chrome/Perfetto trace of every step; empty = none
 };
 
 struct TrainSummary {
   double first_loss = 0.0, last_loss = 0.0;
   double mean_tokens_per_s = 0.0;
+  double mean_step_s = 0.0;               // per step, over steps 2..
+  double mean_exposed_optimizer_s = 0.0;  // per step, over steps 2.. (step 1 pays start-up effects)
+  double mean_optimizer_busy_s = 0.0;
   int64_t steps = 0;
 };
 

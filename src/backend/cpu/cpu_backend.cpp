@@ -1,7 +1,6 @@
 #include "cpu_backend.h"
 
 #include <cblas.h>
-#include <sched.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -10,6 +9,7 @@
 
 #include "cpu_kernels.h"
 #include "cpu_ops.h"
+#include "so/core/cpu_affinity.h"
 #include "so/core/error.h"
 
 namespace so::cpu {
@@ -17,20 +17,22 @@ namespace so::cpu {
 namespace {
 constexpr size_t kAlign = 64;
 
-int cores_in_affinity() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
-}
-
 std::string mib(size_t bytes) { return str_cat(bytes / (1024.0 * 1024.0), " MiB"); }
 }  // namespace
 
 CpuBackend::CpuBackend(const BackendOptions& opts) : capacity_(opts.device_memory_limit) {
   for (int k = 0; k < kNumStreamKinds; ++k) streams_[k] = std::make_unique<CpuStream>(static_cast<StreamKind>(k));
   ops_ = std::make_unique<CpuOps>(*this);
-  // One BLAS pool, sized to this process's cores; only the compute stream calls BLAS.
-  openblas_set_num_threads(opts.compute_threads > 0 ? opts.compute_threads : cores_in_affinity());
+  // One BLAS pool, sized to the compute cores; only the compute stream calls BLAS. Pinning the
+  // compute stream keeps it off the optimizer pool's cores.
+  const std::vector<int> cores = opts.compute_cores.empty() ? process_cores() : opts.compute_cores;
+  openblas_set_num_threads(opts.compute_threads > 0 ? opts.compute_threads : static_cast<int>(cores.size()));
+  if (!opts.compute_cores.empty()) {
+    streams_[static_cast<int>(StreamKind::Compute)]->enqueue([cores] {
+      SO_CHECK(pin_current_thread(cores), "cannot pin the compute stream to cores ", format_core_list(cores));
+    });
+    streams_[static_cast<int>(StreamKind::Compute)]->synchronize();
+  }
 }
 
 CpuBackend::~CpuBackend() = default;
@@ -85,14 +87,13 @@ void CpuBackend::wait(Stream& s, Event& e) {
   });
 }
 
-void CpuBackend::synchronize(Event& e) {
-  auto state = static_cast<CpuEvent&>(e).state;
-  uint64_t gen;
-  {
-    std::lock_guard<std::mutex> lock(state->mu);
-    gen = state->recorded;
-  }
-  if (std::exception_ptr err = state->wait_for(gen)) std::rethrow_exception(err);
+void CpuBackend::synchronize(Event& e) { static_cast<CpuEvent&>(e).state->wait_recorded(); }
+
+double CpuBackend::event_time(Event& e) {
+  EventState& state = *static_cast<CpuEvent&>(e).state;
+  state.wait_recorded();
+  std::lock_guard<std::mutex> lock(state.mu);
+  return state.completed_at;
 }
 
 void CpuBackend::copy(void* dst, const void* src, size_t bytes, Stream& s) {

@@ -30,6 +30,7 @@ class CpuBackend final : public Backend {
   void record(Event& e, Stream& s) override;
   void wait(Stream& s, Event& e) override;
   void synchronize(Event& e) override;
+  double event_time(Event& e) override;
   void synchronize(Stream& s) override { as_cpu(s).synchronize(); }
   void host_func(Stream& s, std::function<void()> fn) override { as_cpu(s).enqueue(std::move(fn)); }
 

@@ -35,8 +35,6 @@ void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up
 template <typename T>
 void cross_entropy(float* loss_acc, T* dlogits, const float* logits, const int32_t* targets, int64_t rows, int64_t V,
                    float scale);
-template <typename T>
-void sum_squares(float* out_acc, const T* x, int64_t n);
 template <typename Dst, typename Src>
 void cast(Dst* dst, const Src* src, int64_t n);
 

@@ -143,16 +143,6 @@ void cross_entropy(float* loss_acc, T* dlogits, const float* logits, const int32
   *loss_acc += static_cast<float>(scale * loss);
 }
 
-template <typename T>
-void sum_squares(float* out_acc, const T* x, int64_t n) {
-  double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = to_f32(x[i]);
-    s += v * v;
-  }
-  *out_acc += static_cast<float>(s);
-}
-
 template <typename Dst, typename Src>
 void cast(Dst* dst, const Src* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = from_f32<Dst>(to_f32(src[i]));
@@ -166,8 +156,7 @@ void cast(Dst* dst, const Src* src, int64_t n) {
   template void rope<T>(T*, const int32_t*, int64_t, int64_t, int64_t, float, bool);                           \
   template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                                            \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);                             \
-  template void cross_entropy<T>(float*, T*, const float*, const int32_t*, int64_t, int64_t, float);           \
-  template void sum_squares<T>(float*, const T*, int64_t);
+  template void cross_entropy<T>(float*, T*, const float*, const int32_t*, int64_t, int64_t, float);
 SO_INSTANTIATE_LAYER_KERNELS(float)
 SO_INSTANTIATE_LAYER_KERNELS(bf16)
 template void cast<float, float>(float*, const float*, int64_t);

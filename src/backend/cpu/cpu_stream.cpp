@@ -1,11 +1,16 @@
 #include "cpu_stream.h"
 
+#include "so/core/clock.h"
+
 namespace so::cpu {
 
 void EventState::complete(uint64_t gen, std::exception_ptr err) {
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (gen > completed) completed = gen;
+    if (gen > completed) {
+      completed = gen;
+      completed_at = now_seconds();
+    }
     if (err) error = err;
   }
   cv.notify_all();
@@ -15,6 +20,15 @@ std::exception_ptr EventState::wait_for(uint64_t gen) {
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return completed >= gen; });
   return error;
+}
+
+void EventState::wait_recorded() {
+  uint64_t gen;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    gen = recorded;
+  }
+  if (std::exception_ptr err = wait_for(gen)) std::rethrow_exception(err);
 }
 
 CpuStream::CpuStream(StreamKind kind) : kind_(kind), worker_([this] { run(); }) {}

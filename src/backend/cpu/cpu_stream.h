@@ -20,11 +20,14 @@ struct EventState {
   std::condition_variable cv;
   uint64_t recorded = 0;   // generation handed out by the last record()
   uint64_t completed = 0;  // generation the stream has reached
+  double completed_at = 0.0;  // now_seconds() when it did
   std::exception_ptr error;
 
   void complete(uint64_t gen, std::exception_ptr err);
   // Blocks until generation `gen` completed; returns the error it carried, if any.
   std::exception_ptr wait_for(uint64_t gen);
+  // Blocks until the last recorded generation completed; rethrows its error.
+  void wait_recorded();
 };
 
 class CpuEvent final : public Event {

@@ -1,0 +1,20 @@
+#pragma once
+// so_bench's subcommands. Each lives in its own file as `int NAME_bench(int argc, char** argv,
+// Communicator& comm)` (argv[0] is the subcommand's name) and has one row in so_bench_main.cpp's
+// table; options are Boost.Program_options parsed by parse_command_line, so every subcommand
+// answers -h the same way and rejects bad options the same way.
+#include <boost/program_options.hpp>
+
+#include "parallel/communicator.h"
+
+namespace so::bench {
+
+// Parses argv into vm against desc (which carries "help,h"). On -h prints the options and returns
+// false (the subcommand then returns 0); a bad option throws so::Error naming it.
+bool parse_command_line(const boost::program_options::options_description& desc, int argc, char** argv,
+                        boost::program_options::variables_map& vm);
+
+int adam_bench(int argc, char** argv, Communicator& comm);
+int step_bench(int argc, char** argv, Communicator& comm);
+
+}  // namespace so::bench

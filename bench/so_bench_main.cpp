@@ -1,0 +1,79 @@
+// so_bench: the project's benchmarks behind one binary, in the spirit of nccl-tests.
+//   so_bench <subcommand> [options]      so_bench <subcommand> -h      so_bench -h
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "bench/bench_commands.h"
+#include "so/core/error.h"
+
+namespace so::bench {
+
+namespace po = boost::program_options;
+
+bool parse_command_line(const po::options_description& desc, int argc, char** argv, po::variables_map& vm) {
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    SO_FAIL("command line: ", e.what(), " (see so_bench ", argv[0], " -h)");
+  }
+  if (!vm.count("help")) return true;
+  std::cout << "usage: so_bench " << argv[0] << " [options]\n" << desc << "\n";
+  return false;
+}
+
+namespace {
+
+struct Subcommand {
+  const char* name;
+  const char* description;
+  int (*run)(int argc, char** argv, Communicator& comm);
+};
+
+// One row per subcommand.
+constexpr Subcommand kSubcommands[] = {
+    {"adam", "GraceAdam (CPU AdamW) throughput vs a STREAM triad on the same pinned threads, and vs torch",
+     adam_bench},
+    {"step", "exposed optimizer time per step: ZeRO-Offload vs SuperOffload on the same model and data",
+     step_bench},
+};
+
+void print_usage(std::FILE* to) {
+  std::fprintf(to, "usage: so_bench <subcommand> [options]   (so_bench <subcommand> -h for its options)\n\n");
+  for (const Subcommand& s : kSubcommands) std::fprintf(to, "  %-8s %s\n", s.name, s.description);
+}
+
+int run(int argc, char** argv, Communicator& comm) {
+  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
+    print_usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Subcommand& s : kSubcommands)
+    if (argv[1] == std::string(s.name)) return s.run(argc - 1, argv + 1, comm);
+  std::fprintf(stderr, "so_bench: unknown subcommand '%s'\n\n", argv[1]);
+  print_usage(stderr);
+  return 2;
+}
+
+}  // namespace
+}  // namespace so::bench
+
+int main(int argc, char** argv) {
+  try {
+    so::MpiSession mpi(&argc, &argv);
+    try {
+      auto comm = so::make_mpi_world_communicator();
+      return so::bench::run(argc, argv, *comm);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "so_bench: error: %s\n", e.what());
+      std::fflush(stderr);
+      if (mpi.world_size() > 1) so::MpiSession::abort_job(1);  // no rank left waiting in a collective
+      return 1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "so_bench: error: %s\n", e.what());
+    return 1;
+  }
+}

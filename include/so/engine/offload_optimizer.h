@@ -1,0 +1,137 @@
+#pragma once
+// The offloaded part of the optimizer: the fp32 master weights and Adam moments of the buckets
+// stepped on the CPU, in NUMA-local pinned host memory, and the per-bucket pipeline
+//   gradients complete -> (cast) -> D2H copy -> GraceAdam -> H2D copy -> (cast) -> device weights
+// run by one optimizer thread (GraceAdam parallelises each bucket over its pool).
+//
+// Per step: begin_step; grads_ready(b) for each bucket as backward completes it; sums() for
+// validation; finish_step(decision); then wait_weights(b) before the next forward reads b.
+// Under SuperOffload the CPU steps a bucket as soon as its gradients arrive (speculation) if its
+// own gradients are finite; finish_step rolls back and redoes it when validation clips, or rolls
+// it back when the step is skipped. Under ZeRO-Offload every bucket waits for the decision.
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "so/backend/backend.h"
+#include "so/backend/host_buffer.h"
+#include "so/engine/bucket.h"
+#include "so/engine/cast_plan.h"
+#include "so/engine/offload_config.h"
+#include "so/engine/step_timeline.h"
+#include "so/optim/grace_adam.h"
+
+namespace so {
+
+// What validation decided for a step.
+struct StepDecision {
+  bool skip = false;       // non-finite gradients somewhere: nothing may change
+  float grad_scale = 1.0f; // clipping coefficient (1 = no clipping)
+};
+
+class OffloadOptimizer {
+ public:
+  struct Options {
+    DType dtype = DType::F32;  // model dtype of the device weights and gradients
+    OffloadMode mode = OffloadMode::SuperOffload;
+    RollbackMode rollback = RollbackMode::Inverse;
+    CastPlan cast;
+    bool pin_memory = true;
+    int numa_node = -1;
+  };
+  // buckets: the offloaded ones, covering [base, end) of the flat buffers; device_weights and
+  // device_grads are the whole flat device buffers (model dtype).
+  OffloadOptimizer(Backend& backend, std::vector<Bucket> buckets, int64_t base, int64_t end, void* device_weights,
+                   void* device_grads, const Options& opts, GraceAdam& adam, StepTimeline& timeline);
+  ~OffloadOptimizer();
+  OffloadOptimizer(const OffloadOptimizer&) = delete;
+  OffloadOptimizer& operator=(const OffloadOptimizer&) = delete;
+
+  size_t num_buckets() const { return slots_.size(); }
+  const Bucket& bucket(size_t i) const { return slots_[i].bucket; }
+  int64_t base() const { return base_; }
+  size_t host_bytes() const;
+  // Host state of flat element `e` (base <= e < end); only while no step is in flight.
+  float* master(int64_t e) { return master_.as<float>() + (e - base_); }
+  float* exp_avg(int64_t e) { return exp_avg_.as<float>() + (e - base_); }
+  float* exp_avg_sq(int64_t e) { return exp_avg_sq_.as<float>() + (e - base_); }
+
+  // iteration: increases by one per call (skipped steps are retried under a new iteration);
+  // hp carries lr and the optimizer step number the step will have if it is applied.
+  void begin_step(int64_t iteration, const AdamWParams& hp);
+  // The compute stream waits until bucket i's last gradient copy has read the gradients.
+  void wait_grads_copied(size_t i, Stream& compute) { backend_.wait(compute, *slots_[i].grads_on_host); }
+  // Bucket i's gradients are final once the compute stream reaches this point.
+  void grads_ready(size_t i);
+  // Per-bucket sums of squared gradients (fp32, as the device ops compute them); waits.
+  std::vector<float> sums();
+  void finish_step(const StepDecision& d);
+  // The compute stream waits until bucket i's weights from the last finished step are on the
+  // device (the host first waits until the optimizer has issued that copy).
+  void wait_weights(size_t i, Stream& compute);
+  // Host waits for every outstanding task and copy; rethrows optimizer errors.
+  void drain();
+
+ private:
+  struct Slot {
+    Bucket bucket;
+    std::unique_ptr<Event> grads_ready, grads_on_host, weights_on_device;
+    bool upload_in_flight = false;  // weights_on_device recorded and not yet synchronised by the worker
+    bool speculated = false;        // the step of this generation is applied speculatively (scale 1)
+    bool decided = false;           // the step of this generation is final
+    int64_t summed_gen = -1, final_gen = -1;
+    float sumsq = 0.0f;
+  };
+  using Task = std::function<void()>;
+
+  void enqueue(Task t);
+  void run_worker();
+  void wait_until(const std::function<bool()>& ready);  // main thread; rethrows worker errors
+
+  // Worker-thread steps of the pipeline.
+  void process(size_t i, int64_t gen, const AdamWParams& hp);
+  void finalize(size_t i, int64_t gen, AdamWParams hp, const StepDecision& d);
+  void apply(size_t i, const AdamWParams& hp, int64_t gen, const char* what);
+  void undo(size_t i, const AdamWParams& hp, int64_t gen);
+  void upload(size_t i, int64_t gen);
+  void settle_upload(size_t i);
+  void publish_final(size_t i, int64_t gen);
+
+  int64_t offset(size_t i) const { return slots_[i].bucket.begin - base_; }
+  void* host_grad(size_t i) const;
+
+  Backend& backend_;
+  Options opts_;
+  GraceAdam& adam_;
+  StepTimeline& timeline_;
+  int64_t base_, end_;
+  void* device_weights_;
+  void* device_grads_;
+  DType host_grad_dtype_;  // what crosses the link and GraceAdam reads
+  std::vector<Slot> slots_;
+  HostBuffer master_, exp_avg_, exp_avg_sq_, grads_, weights_out_;
+  HostBuffer snapshot_;                     // exact rollback: p, m, v of each bucket before its speculative step
+  DeviceBuffer grad_ring_, weight_ring_;    // device-side cast staging, two buckets each
+  int64_t ring_elems_ = 0;
+
+  // Shared between the main thread and the worker.
+  std::mutex mu_;
+  std::condition_variable cv_;        // worker: new task
+  std::condition_variable done_cv_;   // main: progress
+  std::deque<Task> tasks_;
+  bool stop_ = false;
+  int64_t busy_ = 0;                  // tasks queued or running
+  std::exception_ptr error_;
+  int64_t gen_ = -1;                  // step being worked on (main thread's view)
+  AdamWParams hp_;                    // of step gen_, with grad_scale 1 (main thread only)
+  int64_t decided_gen_ = -1;          // the last step validation decided, and how
+  StepDecision decision_;
+  std::thread worker_;
+};
+
+}  // namespace so

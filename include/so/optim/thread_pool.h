@@ -1,0 +1,52 @@
+#pragma once
+// A fixed set of worker threads, each pinned to one core, running parallel-for loops. The
+// optimizer owns one so its threads never compete with the compute stream's BLAS threads.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace so {
+
+class ThreadPool {
+ public:
+  // One worker per entry of `cores` (pinned to it); an empty list gives one unpinned worker.
+  explicit ThreadPool(std::vector<int> cores);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const;
+  const std::vector<int>& cores() const;
+  bool pinned() const;  // every worker's binding took effect
+
+  // Runs fn(i) for i in [0, n) across the workers and returns when all are done; the first
+  // exception thrown by any fn is rethrown here. Not reentrant; one caller at a time.
+  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
+
+ private:
+  void worker_main(int index);
+
+  std::vector<int> cores_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;  // a new loop (generation_) or stop_
+  std::condition_variable done_cv_;  // running_ reached 0, or a worker finished pinning
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  int started_ = 0;
+  bool all_pinned_ = true;
+  // The current loop: workers take indices from next_ until n_; the last one out wakes the caller.
+  const std::function<void(int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0;
+  std::atomic<int64_t> next_{0};
+  int running_ = 0;
+  std::atomic<bool> failed_{false};
+  std::exception_ptr error_;
+};
+
+}  // namespace so

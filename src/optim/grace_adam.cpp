@@ -1,0 +1,76 @@
+#include "so/optim/grace_adam.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "so/core/error.h"
+
+namespace so {
+
+GraceAdam::GraceAdam(std::vector<int> cores, SimdIsa isa) : kernels_(adam_kernels(isa)), pool_(std::move(cores)) {}
+
+SimdIsa GraceAdam::isa() const { return kernels_.isa; }
+int GraceAdam::threads() const { return pool_.size(); }
+const ThreadPool& GraceAdam::pool() const { return pool_; }
+
+template <typename Fn>
+void GraceAdam::for_blocks(const void* anchor, size_t elem_size, int64_t n, Fn&& fn) {
+  // A short head up to the anchor array's first 64-byte boundary, then kBlock elements each.
+  const auto addr = reinterpret_cast<uintptr_t>(anchor);
+  const auto head_elems = static_cast<int64_t>((64 - addr % 64) % 64 / elem_size);
+  const int64_t head = addr % elem_size == 0 ? std::min(n, head_elems) : 0;
+  const int64_t blocks = (head > 0 ? 1 : 0) + (n - head + kBlock - 1) / kBlock;
+  pool_.parallel_for(blocks, [&](int64_t b) {
+    const int64_t begin = head > 0 ? (b == 0 ? 0 : head + (b - 1) * kBlock) : b * kBlock;
+    const int64_t end = head > 0 && b == 0 ? head : std::min(n, begin + kBlock);
+    fn(begin, end);
+  });
+}
+
+void GraceAdam::step(float* p, float* m, float* v, const void* grad, DType grad_dt, void* out, DType out_dt, int64_t n,
+                     const AdamWParams& hp) {
+  const auto* g = static_cast<const char*>(grad);
+  auto* o = static_cast<char*>(out);
+  for_blocks(p, sizeof(float), n, [&](int64_t b, int64_t e) {
+    kernels_.step(p + b, m + b, v + b, g + b * dtype_size(grad_dt), grad_dt, o ? o + b * dtype_size(out_dt) : nullptr,
+                  out_dt, e - b, hp);
+  });
+}
+
+void GraceAdam::rollback(float* p, float* m, float* v, const void* grad, DType grad_dt, int64_t n,
+                         const AdamWParams& hp) {
+  SO_CHECK(hp.lr * hp.weight_decay != 1.0f, "GraceAdam::rollback: lr * weight_decay = 1 zeroes the weights; ",
+           "the step cannot be inverted");
+  const auto* g = static_cast<const char*>(grad);
+  for_blocks(p, sizeof(float), n, [&](int64_t b, int64_t e) {
+    kernels_.rollback(p + b, m + b, v + b, g + b * dtype_size(grad_dt), grad_dt, e - b, hp);
+  });
+}
+
+double GraceAdam::sum_squares(const void* x, DType dt, int64_t n) {
+  // Chunks are fixed (kSumSquaresChunk) whoever computes them, and their sums are added in index
+  // order: the same double as sum_squares_chunked for any thread count.
+  constexpr int64_t kChunksPerTask = 4;
+  const int64_t chunks = (n + kSumSquaresChunk - 1) / kSumSquaresChunk;
+  partials_.assign(chunks, 0.0);
+  const auto* bytes = static_cast<const char*>(x);
+  pool_.parallel_for((chunks + kChunksPerTask - 1) / kChunksPerTask, [&](int64_t t) {
+    for (int64_t c = t * kChunksPerTask; c < std::min(chunks, (t + 1) * kChunksPerTask); ++c) {
+      const int64_t begin = c * kSumSquaresChunk;
+      partials_[c] = kernels_.sum_squares(bytes + begin * dtype_size(dt), dt, std::min(kSumSquaresChunk, n - begin));
+    }
+  });
+  double total = 0.0;
+  for (double s : partials_) total += s;
+  return total;
+}
+
+void GraceAdam::cast(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) {
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  for_blocks(src, dtype_size(src_dt), n, [&](int64_t b, int64_t e) {
+    kernels_.cast(d + b * dtype_size(dst_dt), dst_dt, s + b * dtype_size(src_dt), src_dt, e - b);
+  });
+}
+
+}  // namespace so
