@@ -84,19 +84,20 @@ int step_bench(int argc, char** argv, Communicator& comm) {
     cfg.offload.device_tail_buckets = -1;
     TrainOptions opts;
     if (!trace_prefix.empty()) opts.trace_path = trace_prefix + "-" + p.name + ".json";
-    if (comm.rank() == 0) std::printf("# --- %s ---\n", p.name.c_str());
+    if (comm.rank() == 0) std::printf("# --- %s ---\n", p.name.c_str()), std::fflush(stdout);
     rows.push_back(Row{p.name, train(cfg, comm, opts)});
   }
   if (comm.rank() != 0) return 0;
   const TrainSummary* zero = nullptr;
   for (const Row& r : rows)
     if (r.name.rfind("zero-offload", 0) == 0) zero = &r.s;
-  std::printf("\n#%24s %12s %14s %16s %14s %16s\n", "placement", "tokens/s", "step ms", "opt exposed ms",
-              "opt CPU ms", "exposed/ZeRO-Off");
+  std::printf("\n#%24s %8s %10s %10s %16s %12s %16s\n", "placement", "clipped", "tokens/s", "step ms",
+              "opt exposed ms", "opt CPU ms", "exposed/ZeRO-Off");
   for (const Row& r : rows) {
     const double step_ms = 1e3 * r.s.mean_step_s;
-    std::printf(" %24s %12.0f %14.2f %16.2f %14.2f", r.name.c_str(), r.s.mean_tokens_per_s, step_ms,
-                1e3 * r.s.mean_exposed_optimizer_s, 1e3 * r.s.mean_optimizer_busy_s);
+    const std::string clipped = std::to_string(r.s.clipped_steps) + "/" + std::to_string(r.s.steps);
+    std::printf(" %24s %8s %10.0f %10.2f %16.2f %12.2f", r.name.c_str(), clipped.c_str(), r.s.mean_tokens_per_s,
+                step_ms, 1e3 * r.s.mean_exposed_optimizer_s, 1e3 * r.s.mean_optimizer_busy_s);
     if (zero && zero->mean_exposed_optimizer_s > 0)
       std::printf(" %16.3f\n", r.s.mean_exposed_optimizer_s / zero->mean_exposed_optimizer_s);
     else

@@ -107,6 +107,9 @@ std::string Engine::describe() const {
                  grace_->pool().pinned() ? ", pinned" : ", not pinned", "), ", buckets_.size() - first_device_bucket_,
                  " on the device; host state ", offload_->host_bytes() / (1024.0 * 1024.0), " MiB",
                  opts_.offload.pin_memory ? " pinned" : "", "; rollback ", rollback_mode_name(opts_.offload.rollback),
+                 opts_.offload.mode == OffloadMode::SuperOffload
+                     ? (opts_.offload.speculation == Speculation::Always ? "; speculation always" : "; speculation adaptive")
+                     : "",
                  "\n", cast_report_);
 }
 
@@ -193,7 +196,10 @@ void Engine::begin_step(float lr, int micro_batches) {
     AdamWParams hp = opts_.adam;
     hp.lr = lr;
     hp.step = steps_ + 1;
-    offload_->begin_step(iteration_, hp);
+    const bool speculate = opts_.offload.mode == OffloadMode::SuperOffload &&
+                           (opts_.offload.speculation == Speculation::Always || !last_step_redone_);
+    speculative_steps_ += speculate;
+    offload_->begin_step(iteration_, hp, speculate);
     // The previous step's gradient copies must have read the gradients before they are zeroed.
     for (size_t b = 0; b < first_device_bucket_; ++b) offload_->wait_grads_copied(b, compute);
     std::fill(weights_waited_.begin(), weights_waited_.end(), 0);
@@ -262,6 +268,7 @@ StepResult Engine::end_step() {
   if (!r.skipped && opts_.grad_clip > 0.0f)
     r.clip_coef = static_cast<float>(std::min(1.0, opts_.grad_clip / (r.grad_norm + 1e-6)));
   if (offload_) offload_->finish_step(StepDecision{r.skipped, r.clip_coef});
+  last_step_redone_ = r.skipped || r.clip_coef < 1.0f;
   if (!r.skipped) {
     ++steps_;
     AdamWParams hp = opts_.adam;

@@ -115,7 +115,7 @@ void OffloadOptimizer::settle_upload(size_t i) {
   s.upload_in_flight = false;
 }
 
-void OffloadOptimizer::process(size_t i, int64_t gen, const AdamWParams& hp) {
+void OffloadOptimizer::process(size_t i, int64_t gen, const AdamWParams& hp, bool speculate) {
   Slot& s = slots_[i];
   backend_.synchronize(*s.grads_on_host);
   const int64_t n = s.bucket.size();
@@ -137,7 +137,7 @@ void OffloadOptimizer::process(size_t i, int64_t gen, const AdamWParams& hp) {
   if (known) return finalize(i, gen, hp, d);
   // Speculate only on a bucket whose own gradients are finite: a NaN is never applied, so a
   // rollback never has to undo one.
-  if (opts_.mode != OffloadMode::SuperOffload || !std::isfinite(sumsq)) return;
+  if (!speculate || !std::isfinite(sumsq)) return;
   if (snapshot_.data()) {
     float* snap = snapshot_.as<float>() + 3 * offset(i);
     std::memcpy(snap, master(s.bucket.begin), n * 4);
@@ -179,6 +179,7 @@ void OffloadOptimizer::apply(size_t i, const AdamWParams& hp, int64_t gen, const
 
 void OffloadOptimizer::undo(size_t i, const AdamWParams& hp_final, int64_t gen) {
   settle_upload(i);
+  ++rollbacks_;
   const Bucket& b = slots_[i].bucket;
   const int64_t n = b.size();
   const double t0 = now_seconds();
@@ -230,13 +231,14 @@ void OffloadOptimizer::publish_final(size_t i, int64_t gen) {
 
 // ---- the main thread ------------------------------------------------------------------------
 
-void OffloadOptimizer::begin_step(int64_t iteration, const AdamWParams& hp) {
+void OffloadOptimizer::begin_step(int64_t iteration, const AdamWParams& hp, bool speculate) {
   std::lock_guard<std::mutex> lock(mu_);
   if (error_) std::rethrow_exception(error_);
   SO_CHECK(iteration > gen_, "offload optimizer: iteration ", iteration, " after ", gen_);
   gen_ = iteration;
   hp_ = hp;
   hp_.grad_scale = 1.0f;
+  speculate_ = speculate && opts_.mode == OffloadMode::SuperOffload;
 }
 
 void OffloadOptimizer::grads_ready(size_t i) {
@@ -260,7 +262,8 @@ void OffloadOptimizer::grads_ready(size_t i) {
   backend_.record(*s.grads_on_host, d2h);
   const int64_t gen = gen_;
   const AdamWParams hp = hp_;
-  enqueue([this, i, gen, hp] { process(i, gen, hp); });
+  const bool speculate = speculate_;
+  enqueue([this, i, gen, hp, speculate] { process(i, gen, hp, speculate); });
 }
 
 std::vector<float> OffloadOptimizer::sums() {

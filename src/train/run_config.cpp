@@ -137,6 +137,9 @@ void parse_offload(JsonReader o, OffloadConfig& off) {
   static const std::pair<const char*, RollbackMode> rollbacks[] = {{"inverse", RollbackMode::Inverse},
                                                                    {"exact", RollbackMode::Exact}};
   off.rollback = parse_choice(o, "rollback", off.rollback, rollbacks);
+  static const std::pair<const char*, Speculation> speculations[] = {{"adaptive", Speculation::Adaptive},
+                                                                     {"always", Speculation::Always}};
+  off.speculation = parse_choice(o, "speculation", off.speculation, speculations);
   off.simd = o.get<std::string>("simd", off.simd);
   if (off.simd != "auto") {
     try {

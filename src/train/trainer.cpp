@@ -119,6 +119,8 @@ TrainSummary train(const RunConfig& cfg, Communicator& comm, const TrainOptions&
     m.peak_mem_mib = mib(mem.peak);
     pending = m;
 
+    summary.clipped_steps += !r.skipped && r.clip_coef < 1.0f;
+    summary.skipped_steps += r.skipped;
     if (step == 1) summary.first_loss = loss;
     summary.last_loss = loss;
     summary.steps = step;

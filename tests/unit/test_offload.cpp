@@ -4,6 +4,8 @@
 // On the CPU backend every mode does the same arithmetic, so the states must agree bit for bit;
 // inverse rollback is held to the bound documented in docs/optimizer.md.
 #include <gtest/gtest.h>
+#include <numa.h>
+#include <numaif.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +14,7 @@
 
 #include "parallel/communicator.h"
 #include "so/core/error.h"
+#include "so/backend/host_buffer.h"
 #include "so/data/batch_sampler.h"
 #include "so/data/token_source.h"
 #include "so/engine/engine.h"
@@ -32,8 +35,9 @@ struct Mode {
 };
 
 Mode mode(const std::string& name, OffloadMode m, double ratio, RollbackMode rb = RollbackMode::Exact,
-          DType dt = DType::F32, CastSite cast = CastSite::Host) {
+          DType dt = DType::F32, CastSite cast = CastSite::Host, Speculation spec = Speculation::Always) {
   Mode md;
+  md.off.speculation = spec;
   md.name = name;
   md.off.mode = m;
   md.off.ratio = ratio;
@@ -50,6 +54,7 @@ struct RunResult {
   std::vector<std::vector<float>> master, exp_avg, exp_avg_sq;  // per parameter
   std::vector<std::vector<float>> before_skip, after_skip;      // all state around the NaN step
   int64_t steps_taken = 0;
+  int64_t rollbacks = 0, speculative_steps = 0;
 };
 
 // Injects a NaN into one parameter's gradient just before the engine sees the unit's backward.
@@ -138,6 +143,8 @@ class OffloadEquivalence : public testing::Test {
     }
     engine.finish();
     r.steps_taken = engine.steps_taken();
+    r.rollbacks = engine.rollbacks();
+    r.speculative_steps = engine.speculative_steps();
     for (size_t id = 0; id < model.layout().params.size(); ++id) {
       r.master.push_back(engine.read_state(static_cast<int>(id), OptimState::Master));
       r.exp_avg.push_back(engine.read_state(static_cast<int>(id), OptimState::ExpAvg));
@@ -213,10 +220,22 @@ TEST_F(OffloadEquivalence, AllModesBitwiseEqualWithClippingAndSkippedStep) {
                          mode("zero-offload r0", OffloadMode::ZeroOffload, 0.0),
                          mode("superoffload r1", OffloadMode::SuperOffload, 1.0),
                          mode("superoffload r0.5", OffloadMode::SuperOffload, 0.5),
-                         mode("superoffload r0", OffloadMode::SuperOffload, 0.0)}) {
+                         mode("superoffload r0", OffloadMode::SuperOffload, 0.0),
+                         mode("superoffload r1 adaptive", OffloadMode::SuperOffload, 1.0, RollbackMode::Exact,
+                              DType::F32, CastSite::Host, Speculation::Adaptive)}) {
     SCOPED_TRACE(md.name);
     const RunResult got = run(md, clip_, true);
     expect_bitwise(got, ref, md.name);
+    if (md.off.mode == OffloadMode::SuperOffload && md.off.ratio > 0) {
+      EXPECT_GT(got.rollbacks, 0) << md.name << ": clipping never rolled a speculative step back";
+      EXPECT_GT(got.speculative_steps, 0) << md.name;
+    }
+    if (md.off.speculation == Speculation::Always && md.off.mode == OffloadMode::SuperOffload) {
+      EXPECT_EQ(got.speculative_steps, kSteps) << md.name;
+    }
+    if (md.off.speculation == Speculation::Adaptive) {
+      EXPECT_LT(got.speculative_steps, kSteps) << md.name << ": adaptive speculation never held back after a clip";
+    }
     EXPECT_TRUE(same_bits(got.before_skip[0], got.after_skip[0])) << md.name << ": skipped step changed the state";
   }
 }
@@ -224,10 +243,10 @@ TEST_F(OffloadEquivalence, AllModesBitwiseEqualWithClippingAndSkippedStep) {
 TEST_F(OffloadEquivalence, InverseRollbackWithinDocumentedBound) {
   const RunResult ref = run(mode("none", OffloadMode::None, 0), clip_, true);
   const RunResult inv = run(mode("superoffload inverse", OffloadMode::SuperOffload, 1.0, RollbackMode::Inverse), clip_, true);
-  // docs/optimizer.md: after 24 steps with ~11 rollbacks, every tensor of master weights is
-  // within 5e-6 and of moments within 2e-5 (norm-wise relative) of the on-device run, and no
-  // weight differs by more than 2e-3 of one step's learning rate (measured: 8.3e-7, 4.2e-6,
-  // 2.8e-6, 2.8e-4 x lr).
+  // docs/optimizer.md: after 24 steps speculating on every one (~100 bucket rollbacks), every
+  // tensor of master weights is within 5e-6 and of moments within 5e-5 (norm-wise relative) of
+  // the on-device run, and no weight differs by more than 2e-3 of one step's learning rate
+  // (measured: 1.4e-6, 1.0e-5, 6.5e-6, 4.2e-4 x lr).
   const double w = worst_tensor_rel(inv.master, ref.master);
   const double m = worst_tensor_rel(inv.exp_avg, ref.exp_avg);
   const double v = worst_tensor_rel(inv.exp_avg_sq, ref.exp_avg_sq);
@@ -237,13 +256,15 @@ TEST_F(OffloadEquivalence, InverseRollbackWithinDocumentedBound) {
               "exp_avg_sq %.3e; largest weight difference %.3e = %.2e x lr\n",
               kSteps, w, m, v, w_abs, w_abs / kLr);
   EXPECT_LE(w, 5e-6);
-  EXPECT_LE(m, 2e-5);
-  EXPECT_LE(v, 2e-5);
+  EXPECT_LE(m, 5e-5);
+  EXPECT_LE(v, 5e-5);
   EXPECT_LE(w_abs, 2e-3 * kLr);
   EXPECT_EQ(inv.steps_taken, ref.steps_taken);
   // The skipped step: the NaN bucket was never stepped; the others were rolled back in place.
   const double skip_abs = max_abs_diff(inv.after_skip[0], inv.before_skip[0]);
-  std::printf("skipped step under inverse rollback: largest state change %.3e\n", skip_abs);
+  std::printf("skipped step under inverse rollback: largest state change %.3e (%lld buckets rolled back in the run)\n",
+              skip_abs, static_cast<long long>(inv.rollbacks));
+  EXPECT_GT(inv.rollbacks, 10);
   EXPECT_LE(skip_abs, 1e-3 * kLr);  // measured 6e-5 x lr
 }
 
@@ -278,6 +299,27 @@ TEST(BucketPlacement, RatioCountsParametersNotBuckets) {
   EXPECT_EQ(first_device_bucket(b, off), 3u);
   off.device_tail_buckets = 5;
   EXPECT_THROW(first_device_bucket(b, off), Error);
+}
+
+TEST(HostBuffer, PagesLiveOnTheRequestedNumaNode) {
+  if (numa_available() < 0) GTEST_SKIP() << "no NUMA support in this kernel";
+  const int node = numa_max_node();  // the last node: not merely where this thread happens to run
+  HostBuffer hb(size_t{1} << 20, node, nullptr, "test state");
+  ASSERT_NE(hb.data(), nullptr);
+  void* page = hb.data();
+  int status = -1;
+  ASSERT_EQ(move_pages(0, 1, &page, nullptr, &status, 0), 0);
+  EXPECT_EQ(status, node);
+  EXPECT_EQ(hb.numa_node(), node);
+  HostBuffer moved = std::move(hb);
+  EXPECT_EQ(hb.data(), nullptr);
+  EXPECT_EQ(moved.bytes(), size_t{1} << 20);
+  try {
+    HostBuffer bad(4096, numa_max_node() + 1, nullptr, "offloaded exp_avg");
+    ADD_FAILURE() << "a non-existent NUMA node was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'offloaded exp_avg': NUMA node"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -76,6 +76,8 @@ class Engine final : public ParamStore, public ModelHooks {
 
   int64_t steps_taken() const { return steps_; }
   int64_t iteration() const { return iteration_; }
+  int64_t rollbacks() const { return offload_ ? offload_->rollbacks() : 0; }  // offloaded buckets undone
+  int64_t speculative_steps() const { return speculative_steps_; }
   StepTimeline& timeline() { return timeline_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   size_t num_offloaded_buckets() const { return first_device_bucket_; }
@@ -108,6 +110,8 @@ class Engine final : public ParamStore, public ModelHooks {
 
   int64_t steps_ = 0;
   int64_t iteration_ = 0;
+  int64_t speculative_steps_ = 0;
+  bool last_step_redone_ = false;  // validation clipped or skipped the previous step
   float lr_ = 0.0f;
   int micro_batches_ = 1, micro_done_ = 0;
   bool in_backward_ = false;

@@ -15,6 +15,11 @@ enum class OffloadMode {
 // Where a cast between bf16 and fp32 happens on the way down (gradients) or up (weights).
 enum class CastSite { Auto, Device, Host };
 
+// When SuperOffload speculates: on every step, or (adaptive) only after a step that needed no
+// clipping and no skip — while clipping keeps triggering (early training), rollback + redo would
+// double the CPU's work on the critical path, so those steps wait for validation instead.
+enum class Speculation { Adaptive, Always };
+
 // Undoing a speculative step: recompute the old state from the new one (no memory), or restore
 // a copy of the bucket's state taken before the step (bitwise).
 enum class RollbackMode { Inverse, Exact };
@@ -28,6 +33,7 @@ struct OffloadConfig {
   CastSite cast_grads = CastSite::Auto;
   CastSite cast_weights = CastSite::Auto;
   RollbackMode rollback = RollbackMode::Inverse;
+  Speculation speculation = Speculation::Adaptive;
   std::string simd = "auto";  // GraceAdam instruction set: auto or a name from so/optim/simd_isa.h
 };
 

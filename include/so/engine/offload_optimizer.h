@@ -9,6 +9,7 @@
 // Under SuperOffload the CPU steps a bucket as soon as its gradients arrive (speculation) if its
 // own gradients are finite; finish_step rolls back and redoes it when validation clips, or rolls
 // it back when the step is skipped. Under ZeRO-Offload every bucket waits for the decision.
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -63,7 +64,9 @@ class OffloadOptimizer {
 
   // iteration: increases by one per call (skipped steps are retried under a new iteration);
   // hp carries lr and the optimizer step number the step will have if it is applied.
-  void begin_step(int64_t iteration, const AdamWParams& hp);
+  // speculate: whether this step's buckets may be stepped before validation (SuperOffload).
+  void begin_step(int64_t iteration, const AdamWParams& hp, bool speculate);
+  int64_t rollbacks() const { return rollbacks_.load(); }  // buckets rolled back so far
   // The compute stream waits until bucket i's last gradient copy has read the gradients.
   void wait_grads_copied(size_t i, Stream& compute) { backend_.wait(compute, *slots_[i].grads_on_host); }
   // Bucket i's gradients are final once the compute stream reaches this point.
@@ -94,7 +97,7 @@ class OffloadOptimizer {
   void wait_until(const std::function<bool()>& ready);  // main thread; rethrows worker errors
 
   // Worker-thread steps of the pipeline.
-  void process(size_t i, int64_t gen, const AdamWParams& hp);
+  void process(size_t i, int64_t gen, const AdamWParams& hp, bool speculate);
   void finalize(size_t i, int64_t gen, AdamWParams hp, const StepDecision& d);
   void apply(size_t i, const AdamWParams& hp, int64_t gen, const char* what);
   void undo(size_t i, const AdamWParams& hp, int64_t gen);
@@ -129,6 +132,8 @@ class OffloadOptimizer {
   std::exception_ptr error_;
   int64_t gen_ = -1;                  // step being worked on (main thread's view)
   AdamWParams hp_;                    // of step gen_, with grad_scale 1 (main thread only)
+  bool speculate_ = false;            // of step gen_ (main thread only)
+  std::atomic<int64_t> rollbacks_{0};
   int64_t decided_gen_ = -1;          // the last step validation decided, and how
   StepDecision decision_;
   std::thread worker_;

@@ -19,6 +19,7 @@ struct TrainSummary {
   double mean_exposed_optimizer_s = 0.0;  // per step, over steps 2.. (step 1 pays start-up effects)
   double mean_optimizer_busy_s = 0.0;
   int64_t steps = 0;
+  int64_t clipped_steps = 0, skipped_steps = 0;
 };
 
 TrainSummary train(const RunConfig& cfg, Communicator& comm, const TrainOptions& opts);

@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -28,10 +29,19 @@ CpuBackend::CpuBackend(const BackendOptions& opts) : capacity_(opts.device_memor
   const std::vector<int> cores = opts.compute_cores.empty() ? process_cores() : opts.compute_cores;
   openblas_set_num_threads(opts.compute_threads > 0 ? opts.compute_threads : static_cast<int>(cores.size()));
   if (!opts.compute_cores.empty()) {
-    streams_[static_cast<int>(StreamKind::Compute)]->enqueue([cores] {
-      SO_CHECK(pin_current_thread(cores), "cannot pin the compute stream to cores ", format_core_list(cores));
-    });
-    streams_[static_cast<int>(StreamKind::Compute)]->synchronize();
+    // The copy and communication streams stand in for DMA engines: keep them off the compute
+    // cores too (on the remaining cores, when there are any).
+    std::vector<int> others;
+    for (int c : process_cores())
+      if (std::find(cores.begin(), cores.end(), c) == cores.end()) others.push_back(c);
+    for (int k = 0; k < kNumStreamKinds; ++k) {
+      const std::vector<int> set = k == static_cast<int>(StreamKind::Compute) || others.empty() ? cores : others;
+      streams_[k]->enqueue([set, k] {
+        SO_CHECK(pin_current_thread(set), "cannot pin the ", stream_kind_name(static_cast<StreamKind>(k)),
+                 " stream to cores ", format_core_list(set));
+      });
+      streams_[k]->synchronize();
+    }
   }
 }
 
