@@ -59,12 +59,6 @@ std::vector<int> parse_int_list(const std::string& s, const char* what) {
   return out;
 }
 
-DType parse_dtype(const std::string& s, const char* what) {
-  if (s == "fp32") return DType::F32;
-  if (s == "bf16") return DType::BF16;
-  SO_FAIL(what, ": '", s, "' must be fp32 or bf16");
-}
-
 // STREAM's triad on doubles, a = b + s*c, 24 bytes per element by STREAM's count, compiled for
 // the best vector ISA of the CPU as STREAM built with -march=native would be.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void triad(double* a, const double* b, const double* c,

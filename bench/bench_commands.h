@@ -4,6 +4,7 @@
 // table; options are Boost.Program_options parsed by parse_command_line, so every subcommand
 // answers -h the same way and rejects bad options the same way.
 #include <boost/program_options.hpp>
+#include <string>
 
 #include "parallel/communicator.h"
 
@@ -14,7 +15,11 @@ namespace so::bench {
 bool parse_command_line(const boost::program_options::options_description& desc, int argc, char** argv,
                         boost::program_options::variables_map& vm);
 
+// "fp32" or "bf16"; otherwise throws so::Error naming the option `what`.
+DType parse_dtype(const std::string& s, const char* what);
+
 int adam_bench(int argc, char** argv, Communicator& comm);
 int step_bench(int argc, char** argv, Communicator& comm);
+int comm_bench(int argc, char** argv, Communicator& comm);
 
 }  // namespace so::bench

@@ -24,6 +24,12 @@ bool parse_command_line(const po::options_description& desc, int argc, char** ar
   return false;
 }
 
+DType parse_dtype(const std::string& s, const char* what) {
+  if (s == "fp32") return DType::F32;
+  if (s == "bf16") return DType::BF16;
+  SO_FAIL(what, ": '", s, "' must be fp32 or bf16");
+}
+
 namespace {
 
 struct Subcommand {
@@ -38,6 +44,8 @@ constexpr Subcommand kSubcommands[] = {
      adam_bench},
     {"step", "exposed optimizer time per step: ZeRO-Offload vs SuperOffload on the same model and data",
      step_bench},
+    {"comm", "collectives' time, algorithm and bus bandwidth per size (nccl-tests' table), results checked",
+     comm_bench},
 };
 
 void print_usage(std::FILE* to) {

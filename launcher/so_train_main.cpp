@@ -1,11 +1,15 @@
-// so_train: the training binary. Launch directly, or under mpirun / srun.
+// so_train: the training binary. Launch directly, or under mpirun / srun (docs/launching.md).
 //   so_train --config FILE [--steps N] [--set key.path=value ...] [--metrics FILE] [--trace FILE]
+//            [--bind auto|none] [--bind-core-list LIST] [--print-binding]
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
 
+#include "launcher/node_ranks.h"
+#include "launcher/rank_binding.h"
 #include "parallel/communicator.h"
 #include "so/core/error.h"
+#include "so/core/log.h"
 #include "so/train/trainer.h"
 
 namespace po = boost::program_options;
@@ -14,7 +18,7 @@ namespace {
 
 int run(int argc, char** argv, so::MpiSession& mpi) {
   po::options_description desc("so_train options");
-  std::string config, metrics, trace;
+  std::string config, metrics, trace, bind_mode, bind_core_list;
   std::vector<std::string> sets;
   int64_t steps = 0;
   desc.add_options()("help,h", "show this help")(
@@ -24,7 +28,13 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       "override a config value: --set optimizer.params.lr=3e-4 (repeatable)")(
       "metrics", po::value<std::string>(&metrics), "append one JSON line per step to this file")(
       "trace", po::value<std::string>(&trace),
-      "write a Chrome/Perfetto trace (compute, D2H, H2D and CPU-optimizer lanes, per bucket) to this file");
+      "write a Chrome/Perfetto trace (compute, D2H, H2D and CPU-optimizer lanes, per bucket) to this file")(
+      "bind", po::value<std::string>(&bind_mode)->default_value("auto"),
+      "auto: bind each rank to its GPU's NUMA node (no GPU: spread ranks over NUMA nodes) and its share of that "
+      "node's cores, host memory there; none: leave the process as launched")(
+      "bind-core-list", po::value<std::string>(&bind_core_list),
+      "hand out only these CPUs to the node's ranks, e.g. 0-63,72-135 (like DeepSpeed's --bind_core_list)")(
+      "print-binding", "bind, print every rank's binding (rank 0, one line per rank) and exit without training");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
@@ -36,12 +46,27 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
     if (mpi.world_rank() == 0) std::cout << desc << "\n";
     return 0;
   }
-  if (config.empty()) throw so::Error("command line: --config FILE is required (see --help)");
+  const bool print_binding = vm.count("print-binding") > 0;
+  if (config.empty() && !print_binding) throw so::Error("command line: --config FILE is required (see --help)");
+  const so::BindOptions bind = so::parse_bind_options(bind_mode, bind_core_list);
 
-  nlohmann::json doc = so::load_json_file(config);
-  for (const std::string& s : sets) so::apply_override(doc, s);
-  if (vm.count("steps")) so::apply_override(doc, "train.steps=" + std::to_string(steps));
-  const so::RunConfig cfg = so::parse_run_config(doc, config);
+  // Without a config (--print-binding alone): the defaults, i.e. backend auto and no optimizer pool.
+  so::RunConfig cfg;
+  if (!config.empty()) {
+    nlohmann::json doc = so::load_json_file(config);
+    for (const std::string& s : sets) so::apply_override(doc, s);
+    if (vm.count("steps")) so::apply_override(doc, "train.steps=" + std::to_string(steps));
+    cfg = so::parse_run_config(doc, config);
+  }
+
+  // Before train(): it splits the cores this binding leaves the process (process_cores()).
+  const double optimizer_fraction = cfg.offload.mode != so::OffloadMode::None ? cfg.offload.cpu_cores_fraction : 0.0;
+  const std::string binding = so::bind_this_rank(bind, cfg.backend.type, optimizer_fraction);
+  if (print_binding) {
+    for (const std::string& line : so::gather_at_root(binding)) std::printf("%s\n", line.c_str());
+    return 0;
+  }
+  so::log_info("binding: " + binding);
 
   auto comm = so::make_mpi_world_communicator();
   so::TrainOptions opts;
@@ -64,7 +89,11 @@ int main(int argc, char** argv) {
     try {
       return run(argc, argv, mpi);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "so_train: error: %s\n", e.what());
+      // Name the rank in a job of several, unless the message (SO_CHECK's) already does.
+      const std::string msg = e.what();
+      const bool named = msg.rfind("[rank ", 0) == 0;
+      std::fprintf(stderr, "so_train: error: %s%s\n",
+                   mpi.world_size() > 1 && !named ? so::str_cat("[rank ", mpi.world_rank(), "] ").c_str() : "", msg.c_str());
       std::fflush(stderr);
       // Other ranks may be inside a collective: end the whole job rather than leave them waiting.
       if (mpi.world_size() > 1) so::MpiSession::abort_job(1);

@@ -1,9 +1,11 @@
 #pragma once
-// Helpers shared by the tests: relative error, device upload/download through a backend.
+// Helpers shared by the tests: relative error, device upload/download through a backend, errors.
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "so/backend/backend.h"
+#include "so/core/error.h"
 
 namespace so::test {
 
@@ -37,6 +39,17 @@ inline std::vector<float> download(Backend& be, const void* dev, size_t n, DType
   be.copy_d2h(out.data(), wide.data(), n * 4, s);
   be.synchronize(s);
   return out;
+}
+
+// The message of the so::Error that fn throws; empty when it throws none.
+template <typename Fn>
+std::string error_message(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace so::test

@@ -1,5 +1,7 @@
 #include "so/backend/backend.h"
 
+#include <memory>
+
 namespace so {
 
 void DeviceBuffer::reset() {
@@ -17,6 +19,11 @@ const char* stream_kind_name(StreamKind k) {
     case StreamKind::Comm: return "comm";
   }
   return "?";
+}
+
+void Backend::release_after(DeviceBuffer buf, Stream& s) {
+  auto held = std::make_shared<DeviceBuffer>(std::move(buf));
+  host_func(s, [held] { held->reset(); });
 }
 
 void Backend::synchronize_all() {

@@ -42,4 +42,19 @@ TokenBatch BatchSampler::next() {
   return b;
 }
 
+TokenBatch slice_sequences(const TokenBatch& batch, int64_t seq_len, int parts, int part) {
+  SO_CHECK(parts > 0 && seq_len % parts == 0, "sequence length ", seq_len, " is not divisible by ", parts,
+           " sequence-parallel ranks");
+  if (parts == 1) return batch;
+  const int64_t n = static_cast<int64_t>(batch.inputs.size()) / seq_len, local = seq_len / parts;
+  TokenBatch out;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t from = i * seq_len + part * local;
+    out.inputs.insert(out.inputs.end(), batch.inputs.begin() + from, batch.inputs.begin() + from + local);
+    out.targets.insert(out.targets.end(), batch.targets.begin() + from, batch.targets.begin() + from + local);
+    out.positions.insert(out.positions.end(), batch.positions.begin() + from, batch.positions.begin() + from + local);
+  }
+  return out;
+}
+
 }  // namespace so

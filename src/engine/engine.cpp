@@ -29,30 +29,51 @@ int numa_node_of(const std::vector<int>& cores) {
 
 Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions& opts, Communicator& comm)
     : backend_(backend), layout_(layout), opts_(opts), comm_(comm), buckets_(make_buckets(layout, opts.bucket_size)),
-      timeline_(backend, opts.trace_path, opts.rank) {
+      shards_(make_shard_layout(buckets_, comm.size(), comm.rank())), timeline_(backend, opts.trace_path, opts.rank) {
   const OffloadConfig& off = opts.offload;
+  const size_t nb = buckets_.size();
   first_device_bucket_ = off.mode == OffloadMode::None ? 0 : first_device_bucket(buckets_, off);
-  device_end_ = first_device_bucket_ < buckets_.size() ? buckets_[first_device_bucket_].end : 0;
-  const int64_t host_end = first_device_bucket_ > 0 ? buckets_.front().end : device_end_;
+  // Device buckets' shards come first in the shard buffers, offloaded ones after them.
+  device_end_ = first_device_bucket_ > 0 ? shards_.buckets[first_device_bucket_ - 1].shard_begin : shards_.total;
 
   int units = 0;
   for (const ParamInfo& p : layout.params) units = std::max(units, p.last_unit + 1);
   unit_buckets_.resize(static_cast<size_t>(units));
-  for (size_t b = 0; b < buckets_.size(); ++b)
+  bucket_lo_.assign(nb, units);
+  bucket_hi_.assign(nb, -1);
+  param_bucket_.assign(layout.params.size(), 0);
+  for (size_t b = 0; b < nb; ++b)
     for (int id : buckets_[b].params) {
       const ParamInfo& p = layout.params[id];
+      param_bucket_[id] = b;
+      bucket_lo_[b] = std::min(bucket_lo_[b], p.first_unit);
+      bucket_hi_[b] = std::max(bucket_hi_[b], p.last_unit);
       for (int u : {p.first_unit, p.last_unit})
         if (std::find(unit_buckets_[u].begin(), unit_buckets_[u].end(), b) == unit_buckets_[u].end())
           unit_buckets_[u].push_back(b);
     }
 
-  const size_t n = static_cast<size_t>(layout.total), nd = static_cast<size_t>(device_end_);
-  weights_ = backend.alloc(n * dtype_size(opts.dtype), "weights");
-  grads_ = backend.alloc(n * dtype_size(opts.dtype), "gradients");
+  const size_t n = static_cast<size_t>(shards_.total), nd = static_cast<size_t>(device_end_);
+  const char* suffix = shards_.sharded() ? " (shard)" : "";
+  weights_ = backend.alloc(n * dtype_size(opts.dtype), str_cat("weights", suffix).c_str());
+  grads_ = backend.alloc(n * dtype_size(opts.dtype), str_cat("gradients", suffix).c_str());
   master_ = backend.alloc(nd * sizeof(float), "fp32 master weights");
   exp_avg_ = backend.alloc(nd * sizeof(float), "adam exp_avg");
   exp_avg_sq_ = backend.alloc(nd * sizeof(float), "adam exp_avg_sq");
-  bucket_sums_ = backend.alloc(buckets_.size() * sizeof(float), "bucket gradient norms");
+  bucket_sums_ = backend.alloc(nb * sizeof(float), "bucket gradient norms");
+  for (size_t b = 0; b < nb && !shards_.sharded(); ++b)
+    SO_CHECK(shards_.buckets[b].shard_begin == buckets_[b].begin, "engine: unsharded layout differs from the flat one");
+  if (shards_.sharded()) {
+    gathered_.resize(nb);
+    full_grads_.resize(nb);
+    gather_used_.assign(nb, 0);
+    for (size_t b = 0; b < nb; ++b) {
+      gathered_ev_.push_back(backend.create_event());
+      reduced_ev_.push_back(backend.create_event());
+    }
+    device_step_done_ = backend.create_event();
+    comm.attach(backend);
+  }
 
   if (off.mode != OffloadMode::None) {
     const SimdIsa isa = off.simd == "auto" ? default_simd_isa() : parse_simd_isa(off.simd);
@@ -66,9 +87,16 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
     oo.cast = cast;
     oo.pin_memory = off.pin_memory;
     oo.numa_node = opts.numa_node >= 0 ? opts.numa_node : numa_node_of(opts.optimizer_cores);
-    std::vector<Bucket> host(buckets_.begin(), buckets_.begin() + static_cast<ptrdiff_t>(first_device_bucket_));
-    offload_ = std::make_unique<OffloadOptimizer>(backend, std::move(host), device_end_, host_end, weights_.data(),
-                                                  grads_.data(), oo, *grace_, timeline_);
+    // The offload pipeline works on this rank's shards: bucket ranges in shard coordinates.
+    std::vector<Bucket> host;
+    for (size_t b = 0; b < first_device_bucket_; ++b) {
+      Bucket s = buckets_[b];
+      s.begin = shards_.buckets[b].shard_begin;
+      s.end = s.begin + shards_.buckets[b].shard_size;
+      host.push_back(std::move(s));
+    }
+    offload_ = std::make_unique<OffloadOptimizer>(backend, std::move(host), device_end_, shards_.total,
+                                                  weights_.data(), grads_.data(), oo, *grace_, timeline_);
     weights_waited_.assign(first_device_bucket_, 1);
   }
 }
@@ -86,10 +114,27 @@ const ParamInfo& Engine::info(int id) const {
 }
 
 void* Engine::weight(int id) {
-  return static_cast<char*>(weights_.data()) + info(id).offset * dtype_size(opts_.dtype);
+  const ParamInfo& p = info(id);
+  const size_t esz = dtype_size(opts_.dtype);
+  if (!shards_.sharded()) return static_cast<char*>(weights_.data()) + p.offset * esz;
+  const size_t b = param_bucket_[id];
+  SO_CHECK(gathered_[b], "engine: weights of '", p.name, "' (bucket ", b, ") read while not gathered");
+  return static_cast<char*>(gathered_[b].data()) + (p.offset - buckets_[b].begin) * esz;
 }
 
-void* Engine::grad(int id) { return static_cast<char*>(grads_.data()) + info(id).offset * dtype_size(opts_.dtype); }
+void* Engine::grad(int id) {
+  const ParamInfo& p = info(id);
+  const size_t esz = dtype_size(opts_.dtype);
+  if (!shards_.sharded()) return static_cast<char*>(grads_.data()) + p.offset * esz;
+  // The full gradient buffer of a bucket exists from its first gradient to its reduce-scatter.
+  const size_t b = param_bucket_[id];
+  if (!full_grads_[b]) {
+    const size_t bytes = static_cast<size_t>(shards_.padded_size(b)) * esz;
+    full_grads_[b] = backend_.alloc(bytes, "gradient bucket (full, until reduce-scatter)");
+    backend_.memset_zero(full_grads_[b].data(), bytes, backend_.stream(StreamKind::Compute));
+  }
+  return static_cast<char*>(full_grads_[b].data()) + (p.offset - buckets_[b].begin) * esz;
+}
 
 size_t Engine::state_bytes() const {
   return weights_.bytes() + grads_.bytes() + master_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes();
@@ -129,47 +174,69 @@ void Engine::init_weights(uint64_t seed, float std) {
   }
 }
 
+float* Engine::state_ptr(int64_t e, OptimState which) {
+  if (on_host(e))
+    return which == OptimState::Master ? offload_->master(e)
+           : which == OptimState::ExpAvg ? offload_->exp_avg(e)
+                                         : offload_->exp_avg_sq(e);
+  const DeviceBuffer& buf = which == OptimState::Master ? master_ : which == OptimState::ExpAvg ? exp_avg_ : exp_avg_sq_;
+  return buf.as<float>() + e;
+}
+
 void Engine::load_weight(int id, const std::vector<float>& values) {
   const ParamInfo& p = info(id);
   SO_CHECK(static_cast<int64_t>(values.size()) == p.numel, "engine: loading '", p.name, "' with ", values.size(),
            " values; it has ", p.numel);
   drain_optimizer();
+  const size_t b = param_bucket_[id];
+  const std::optional<OwnedPart> part = owned_part(shards_, buckets_[b], b, p.offset, p.numel);
+  if (!part) return;  // another rank owns all of it
   Stream& s = backend_.stream(StreamKind::Compute);
-  if (on_host(p.offset))
-    std::memcpy(offload_->master(p.offset), values.data(), values.size() * sizeof(float));
+  const float* src = values.data() + part->src;
+  const size_t n = static_cast<size_t>(part->n);
+  // The fp32 master copy (host memory for offloaded buckets, device memory otherwise), and the
+  // model-dtype copy rounded on the host the way every cast rounds.
+  if (on_host(part->dst))
+    std::memcpy(state_ptr(part->dst, OptimState::Master), src, n * sizeof(float));
   else
-    backend_.copy_h2d(master_.as<float>() + p.offset, values.data(), values.size() * sizeof(float), s);
-  // The device copy in model dtype, rounded on the host the way every cast rounds.
-  std::vector<char> dev(values.size() * dtype_size(opts_.dtype));
+    backend_.copy_h2d(state_ptr(part->dst, OptimState::Master), src, n * sizeof(float), s);
+  std::vector<char> dev(n * dtype_size(opts_.dtype));
   if (opts_.dtype == DType::F32) {
-    std::memcpy(dev.data(), values.data(), dev.size());
+    std::memcpy(dev.data(), src, dev.size());
   } else {
     bf16* out = reinterpret_cast<bf16*>(dev.data());
-    for (size_t i = 0; i < values.size(); ++i) out[i] = f32_to_bf16(values[i]);
+    for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(src[i]);
   }
-  backend_.copy_h2d(weight(id), dev.data(), dev.size(), s);
+  backend_.copy_h2d(static_cast<char*>(weights_.data()) + part->dst * dtype_size(opts_.dtype), dev.data(), dev.size(),
+                    s);
   backend_.synchronize(s);  // `values` and `dev` go away after return
 }
 
 std::vector<float> Engine::read_state(int id, OptimState which) {
   const ParamInfo& p = info(id);
   drain_optimizer();
-  std::vector<float> out(static_cast<size_t>(p.numel));
-  if (on_host(p.offset)) {
-    const float* src = which == OptimState::Master   ? offload_->master(p.offset)
-                       : which == OptimState::ExpAvg ? offload_->exp_avg(p.offset)
-                                                     : offload_->exp_avg_sq(p.offset);
-    std::memcpy(out.data(), src, out.size() * sizeof(float));
-    return out;
+  std::vector<float> out(static_cast<size_t>(p.numel), 0.0f);
+  const size_t b = param_bucket_[id];
+  if (const std::optional<OwnedPart> part = owned_part(shards_, buckets_[b], b, p.offset, p.numel)) {
+    float* dst = out.data() + part->src;
+    if (on_host(part->dst)) {
+      std::memcpy(dst, state_ptr(part->dst, which), part->n * sizeof(float));
+    } else {
+      Stream& s = backend_.stream(StreamKind::Compute);
+      backend_.copy_d2h(dst, state_ptr(part->dst, which), part->n * sizeof(float), s);
+      backend_.synchronize(s);
+    }
   }
-  const DeviceBuffer& buf = which == OptimState::Master ? master_ : which == OptimState::ExpAvg ? exp_avg_ : exp_avg_sq_;
-  Stream& s = backend_.stream(StreamKind::Compute);
-  backend_.copy_d2h(out.data(), buf.as<float>() + p.offset, out.size() * sizeof(float), s);
-  backend_.synchronize(s);
+  if (!shards_.sharded()) return out;
+  // Every rank contributes its part, zeros elsewhere: the sum is the whole tensor, exactly.
+  std::vector<double> wide(out.begin(), out.end());
+  comm_.all_reduce_sum(wide.data(), static_cast<int>(wide.size()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(wide[i]);
   return out;
 }
 
 std::vector<float> Engine::read_grad(int id) {
+  SO_CHECK(!shards_.sharded(), "engine: read_grad reads the full gradients, which ZeRO-3 never keeps");
   const ParamInfo& p = info(id);
   Stream& s = backend_.stream(StreamKind::Compute);
   DeviceBuffer wide = backend_.alloc(p.numel * sizeof(float), "grad readback");
@@ -200,23 +267,79 @@ void Engine::begin_step(float lr, int micro_batches) {
                            (opts_.offload.speculation == Speculation::Always || !last_step_redone_);
     speculative_steps_ += speculate;
     offload_->begin_step(iteration_, hp, speculate);
-    // The previous step's gradient copies must have read the gradients before they are zeroed.
-    for (size_t b = 0; b < first_device_bucket_; ++b) offload_->wait_grads_copied(b, compute);
     std::fill(weights_waited_.begin(), weights_waited_.end(), 0);
   }
-  backend_.memset_zero(grads_.data(), grads_.bytes(), compute);
+  // Unsharded, backward accumulates straight into the gradient buffer: zero it once the last
+  // step's copies have read it. Sharded, full gradient buckets start zeroed when first touched.
+  if (!shards_.sharded()) {
+    for (size_t b = 0; b < first_device_bucket_; ++b) offload_->wait_grads_copied(b, compute);
+    backend_.memset_zero(grads_.data(), grads_.bytes(), compute);
+  }
+}
+
+void Engine::wait_offloaded_weights(size_t b) {
+  if (!offload_ || b >= first_device_bucket_ || weights_waited_[b]) return;
+  Stream& compute = backend_.stream(StreamKind::Compute);
+  timeline_.compute_stall(str_cat("weights b", b), [&] { offload_->wait_weights(b, compute); });
+  weights_waited_[b] = 1;
+}
+
+void Engine::gather(size_t b) {
+  if (gathered_[b]) return;
+  const size_t esz = dtype_size(opts_.dtype);
+  const BucketShard& sh = shards_.buckets[b];
+  gathered_[b] = backend_.alloc(static_cast<size_t>(shards_.padded_size(b)) * esz, "gathered weight bucket");
+  gather_used_[b] = 0;
+  Stream& comm = backend_.stream(StreamKind::Comm);
+  // The shard must hold the last step's weights: from the CPU (offloaded) or the device step.
+  if (offload_ && b < first_device_bucket_)
+    offload_->wait_weights(b, comm);
+  else
+    backend_.wait(comm, *device_step_done_);
+  timeline_.stream_span(comm, Lane::Comm, str_cat("all-gather b", b), iteration_, [&] {
+    comm_.all_gather(comm, gathered_[b].data(), static_cast<char*>(weights_.data()) + sh.shard_begin * esz,
+                     sh.shard_size, opts_.dtype);
+  });
+  backend_.record(*gathered_ev_[b], comm);
+}
+
+void Engine::use_gathered(size_t b) {
+  gather(b);
+  if (gather_used_[b]) return;
+  Stream& compute = backend_.stream(StreamKind::Compute);
+  timeline_.compute_stall(str_cat("gather b", b), [&] { backend_.wait(compute, *gathered_ev_[b]); });
+  gather_used_[b] = 1;
+}
+
+void Engine::release_gathered(size_t b) {
+  if (gathered_[b]) backend_.release_after(std::move(gathered_[b]), backend_.stream(StreamKind::Compute));
+}
+
+// Forward visits units 0, 1, ..., L+1 (the head runs forward and backward in one pass); backward
+// L, ..., 0. A bucket is kept from the first to the last unit of the pass that reads it.
+void Engine::enter_unit(int unit, bool backward) {
+  if (!shards_.sharded()) {
+    for (size_t b : unit_buckets_[unit]) wait_offloaded_weights(b);
+    return;
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const bool done = backward ? bucket_lo_[b] > unit : bucket_hi_[b] < unit;
+    if (done) release_gathered(b);
+  }
+  for (size_t b : unit_buckets_[unit]) use_gathered(b);
+  const int next = backward ? unit - 1 : unit + 1;
+  if (next >= 0 && next < static_cast<int>(unit_buckets_.size()))
+    for (size_t b : unit_buckets_[next]) gather(b);  // prefetch: the all-gather overlaps this unit
 }
 
 void Engine::before_unit(int unit) {
   const int units = static_cast<int>(unit_buckets_.size());
   timeline_.mark_compute(str_cat(in_backward_ ? "recompute " : "forward ", unit_name(unit, units)));
-  if (!offload_) return;
-  Stream& compute = backend_.stream(StreamKind::Compute);
-  for (size_t b : unit_buckets_[unit]) {
-    if (b >= first_device_bucket_ || weights_waited_[b]) continue;
-    timeline_.compute_stall(str_cat("weights b", b), [&] { offload_->wait_weights(b, compute); });
-    weights_waited_[b] = 1;
-  }
+  enter_unit(unit, in_backward_);
+}
+
+void Engine::before_backward(int unit) {
+  if (shards_.sharded()) enter_unit(unit, true);
 }
 
 void Engine::after_backward(int unit) {
@@ -224,10 +347,36 @@ void Engine::after_backward(int unit) {
   in_backward_ = unit > 0;
   timeline_.mark_compute(unit > 0 ? str_cat("backward ", unit_name(unit - 1, units)) : "");
   const bool last_micro = micro_done_ == micro_batches_ - 1;
-  if (unit == 0) ++micro_done_;
-  if (!offload_ || !last_micro) return;
-  for (size_t b = 0; b < first_device_bucket_; ++b)
-    if (buckets_[b].ready_unit == unit) offload_->grads_ready(b);
+  if (unit == 0) {
+    ++micro_done_;
+    if (shards_.sharded())
+      for (size_t b = 0; b < buckets_.size(); ++b) release_gathered(b);
+  }
+  if (!last_micro) return;
+  Stream& compute = backend_.stream(StreamKind::Compute);
+  Stream& comm = backend_.stream(StreamKind::Comm);
+  const size_t esz = dtype_size(opts_.dtype);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (buckets_[b].ready_unit != unit) continue;
+    Stream* producer = &compute;
+    if (shards_.sharded()) {
+      // Sum over every rank into this rank's shard, then drop the full bucket.
+      const BucketShard& sh = shards_.buckets[b];
+      grad(buckets_[b].params.front());  // a bucket nobody wrote still reduces (zeros)
+      std::unique_ptr<Event> ready = backend_.create_event();
+      backend_.record(*ready, compute);
+      backend_.wait(comm, *ready);
+      if (offload_ && b < first_device_bucket_) offload_->wait_grads_copied(b, comm);
+      timeline_.stream_span(comm, Lane::Comm, str_cat("reduce-scatter b", b), iteration_, [&] {
+        comm_.reduce_scatter(comm, static_cast<char*>(grads_.data()) + sh.shard_begin * esz, full_grads_[b].data(),
+                             sh.shard_size, opts_.dtype, ReduceOp::Sum);
+      });
+      backend_.record(*reduced_ev_[b], comm);
+      backend_.release_after(std::move(full_grads_[b]), comm);
+      producer = &comm;
+    }
+    if (offload_ && b < first_device_bucket_) offload_->grads_ready(b, *producer);
+  }
 }
 
 StepResult Engine::end_step() {
@@ -239,17 +388,21 @@ StepResult Engine::end_step() {
   Ops& ops = backend_.ops();
   const size_t esz = dtype_size(opts_.dtype);
   auto grad_at = [&](int64_t e) { return static_cast<char*>(grads_.data()) + e * esz; };
+  const size_t nb = buckets_.size();
+  if (shards_.sharded())
+    for (size_t b = first_device_bucket_; b < nb; ++b) backend_.wait(s, *reduced_ev_[b]);
 
-  // Per-bucket sums of squares (device buckets here, offloaded ones by the CPU as their
-  // gradients arrived), added in bucket order so every mode computes the same norm.
-  std::vector<float> sums(buckets_.size(), 0.0f);
-  const size_t nd = buckets_.size() - first_device_bucket_;
+  // Per-bucket sums of squares of this rank's gradients (device buckets here, offloaded ones by
+  // the CPU as their gradients arrived), added in bucket order so every mode computes the same
+  // norm, then summed over ranks.
+  std::vector<float> sums(nb, 0.0f);
+  const size_t nd = nb - first_device_bucket_;
   if (nd > 0) {
     float* dev_sums = bucket_sums_.as<float>();
     backend_.memset_zero(dev_sums, nd * sizeof(float), s);
-    for (size_t b = first_device_bucket_; b < buckets_.size(); ++b)
-      ops.sum_squares(s, dev_sums + (b - first_device_bucket_), grad_at(buckets_[b].begin), buckets_[b].size(),
-                      opts_.dtype);
+    for (size_t b = first_device_bucket_; b < nb; ++b)
+      ops.sum_squares(s, dev_sums + (b - first_device_bucket_), grad_at(shards_.buckets[b].shard_begin),
+                      shards_.buckets[b].shard_size, opts_.dtype);
     backend_.copy_d2h(sums.data() + first_device_bucket_, dev_sums, nd * sizeof(float), s);
     backend_.synchronize(s);
   }
@@ -275,13 +428,14 @@ StepResult Engine::end_step() {
     hp.lr = lr_;
     hp.step = steps_;
     hp.grad_scale = r.clip_coef;
-    for (size_t b = first_device_bucket_; b < buckets_.size(); ++b) {
-      const Bucket& bk = buckets_[b];
-      ops.adamw(s, master_.as<float>() + bk.begin, exp_avg_.as<float>() + bk.begin, exp_avg_sq_.as<float>() + bk.begin,
-                grad_at(bk.begin), opts_.dtype, static_cast<char*>(weights_.data()) + bk.begin * esz, opts_.dtype,
-                bk.size(), hp);
+    for (size_t b = first_device_bucket_; b < nb; ++b) {
+      const int64_t e = shards_.buckets[b].shard_begin;
+      ops.adamw(s, master_.as<float>() + e, exp_avg_.as<float>() + e, exp_avg_sq_.as<float>() + e, grad_at(e),
+                opts_.dtype, static_cast<char*>(weights_.data()) + e * esz, opts_.dtype, shards_.buckets[b].shard_size,
+                hp);
     }
   }
+  if (shards_.sharded()) backend_.record(*device_step_done_, s);
   // ZeRO-Offload's step is synchronous, as in DeepSpeed: every bucket's weights are back on the
   // device before the next forward starts.
   if (opts_.offload.mode == OffloadMode::ZeroOffload) offload_->drain();
@@ -289,13 +443,14 @@ StepResult Engine::end_step() {
 }
 
 void Engine::finish() {
-  if (offload_) {
-    Stream& compute = backend_.stream(StreamKind::Compute);
-    for (size_t b = 0; b < first_device_bucket_; ++b)
-      if (!weights_waited_[b]) {
-        timeline_.compute_stall(str_cat("weights b", b), [&] { offload_->wait_weights(b, compute); });
-        weights_waited_[b] = 1;
-      }
+  // What the next forward would wait for counts against the last step.
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (shards_.sharded()) {
+      use_gathered(b);
+      release_gathered(b);
+    } else {
+      wait_offloaded_weights(b);
+    }
   }
   timeline_.close();
   drain_optimizer();

@@ -241,14 +241,14 @@ void OffloadOptimizer::begin_step(int64_t iteration, const AdamWParams& hp, bool
   speculate_ = speculate && opts_.mode == OffloadMode::SuperOffload;
 }
 
-void OffloadOptimizer::grads_ready(size_t i) {
+void OffloadOptimizer::grads_ready(size_t i, Stream& producer) {
   Slot& s = slots_[i];
   const Bucket& b = s.bucket;
   const int64_t n = b.size();
   const size_t esz = dtype_size(opts_.dtype);
   const void* src = static_cast<const char*>(device_grads_) + b.begin * esz;
   Stream& d2h = backend_.stream(StreamKind::D2H);
-  backend_.record(*s.grads_ready, backend_.stream(StreamKind::Compute));
+  backend_.record(*s.grads_ready, producer);
   backend_.wait(d2h, *s.grads_ready);
   timeline_.stream_span(d2h, Lane::D2H, str_cat("grads b", i), gen_, [&] {
     if (host_grad_dtype_ == opts_.dtype) {

@@ -16,6 +16,7 @@ const char* lane_name(Lane l) {
     case Lane::D2H: return "D2H copy";
     case Lane::H2D: return "H2D copy";
     case Lane::Optimizer: return "CPU optimizer";
+    case Lane::Comm: return "collectives";
   }
   return "?";
 }
@@ -134,7 +135,7 @@ void StepTimeline::write_trace() {
   for (const Span& sp : spans_)
     if (first || sp.t0 < origin) origin = sp.t0, first = false;
   nlohmann::json events = nlohmann::json::array();
-  for (Lane l : {Lane::Compute, Lane::D2H, Lane::H2D, Lane::Optimizer})
+  for (Lane l : {Lane::Compute, Lane::D2H, Lane::H2D, Lane::Optimizer, Lane::Comm})
     events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank_}, {"tid", static_cast<int>(l)},
                       {"args", {{"name", lane_name(l)}}}});
   events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank_}, {"args", {{"name", str_cat("rank ", rank_)}}}});

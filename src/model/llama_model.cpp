@@ -14,6 +14,7 @@ void* at(void* p, int64_t elems, DType dt) { return static_cast<char*>(p) + elem
 // single set is reused: backward recomputes the layer's forward into it first.
 struct LlamaModel::LayerActs {
   DeviceBuffer h1, rstd1, q_raw, q_rstd, k_raw, k_rstd, q, k, v, attn, lse, x_mid, h2, rstd2, gate, up;
+  DeviceBuffer q_f, k_f, v_f, attn_f;  // Ulysses: whole sequence, this rank's heads (lse is lse_f then)
 };
 
 struct LlamaModel::Activations {
@@ -24,6 +25,7 @@ struct LlamaModel::Activations {
   DeviceBuffer logits, dlogits;             // one chunk: fp32 [C, V] and its gradient in dtype
   DeviceBuffer act, dact, dgate, dup;       // MLP scratch [T, I]
   DeviceBuffer dx, dh, dq, dk, dv, dattn, dq_raw, dk_raw;
+  DeviceBuffer dq_f, dk_f, dv_f, dattn_f, kv_rep, a2a_send, a2a_recv;  // Ulysses scratch
   DeviceBuffer loss;                        // fp32 accumulator
   TokenBatch staged;                        // host copy being uploaded
   std::unique_ptr<Event> uploaded;
@@ -45,6 +47,14 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
   const int64_t qd = cfg.q_dim(), kvd = cfg.kv_dim(), V = cfg.vocab_size;
   auto buf = [&](int64_t n, DType t, const char* tag) { return backend.alloc(n * dtype_size(t), tag); };
   auto ids = [&](const char* tag) { return backend.alloc(T * sizeof(int32_t), tag); };
+  // Ulysses: P ranks hold 1/P of every sequence; attention runs on all tokens for Hq/P heads, and
+  // on max(1, Hkv/P) KV heads (replicated when P exceeds the KV-head count).
+  const int64_t P = sp_size(), Hq = cfg.num_heads, Hkv = cfg.num_kv_heads, D = cfg.head_dim;
+  SO_CHECK(P == 1 || Hq % P == 0, "num_attention_heads (", Hq, ") is not divisible by sequence_parallel_size (", P,
+           ")");
+  SO_CHECK(P == 1 || Hkv % P == 0 || P % Hkv == 0, "num_key_value_heads (", Hkv, ") and sequence_parallel_size (", P,
+           "): one must divide the other (KV heads are split over the ranks, or replicated)");
+  kv_copies_ = P > Hkv ? P / Hkv : 1;
   Activations& a = *acts_;
   a.tokens = ids("tokens");
   a.targets = ids("targets");
@@ -66,6 +76,12 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
     s.v = buf(T * kvd, dt, "v");
     s.attn = buf(T * qd, dt, "attention out");
     s.lse = buf(T * cfg.num_heads, DType::F32, "attention lse");
+    if (P > 1) {
+      s.q_f = buf(T * qd, dt, "q (all tokens, local heads)");
+      s.k_f = buf(T * Hkv * kv_copies_ * D, dt, "k (all tokens, local heads)");
+      s.v_f = buf(T * Hkv * kv_copies_ * D, dt, "v (all tokens, local heads)");
+      s.attn_f = buf(T * qd, dt, "attention out (all tokens, local heads)");
+    }
     s.x_mid = buf(T * H, dt, "residual after attention");
     s.h2 = buf(T * H, dt, "mlp norm out");
     s.rstd2 = buf(T, DType::F32, "mlp norm rstd");
@@ -94,6 +110,16 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
   if (cfg.qk_norm) {
     a.dq_raw = buf(T * qd, dt, "q before norm grad");
     a.dk_raw = buf(T * kvd, dt, "k before norm grad");
+  }
+  if (P > 1) {
+    const int64_t kv_sent = T * Hkv * kv_copies_ * D;
+    a.dq_f = buf(T * qd, dt, "q grad (all tokens, local heads)");
+    a.dattn_f = buf(T * qd, dt, "attention out grad (all tokens, local heads)");
+    a.dk_f = buf(kv_sent, dt, "k grad (all tokens, local heads)");
+    a.dv_f = buf(kv_sent, dt, "v grad (all tokens, local heads)");
+    if (kv_copies_ > 1) a.kv_rep = buf(kv_sent, dt, "replicated kv heads");
+    a.a2a_send = buf(std::max(T * qd, kv_sent), dt, "all-to-all send");
+    a.a2a_recv = buf(std::max(T * qd, kv_sent), dt, "all-to-all receive");
   }
   a.loss = buf(1, DType::F32, "loss");
   a.uploaded = backend.create_event();
@@ -172,9 +198,11 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
       hooks.before_unit(static_cast<int>(l) + 1);
       layer_forward(static_cast<int>(l), p, acts, a.x[l].data(), a.x[l + 1].data());
     }
+    hooks.before_backward(static_cast<int>(l) + 1);
     layer_backward(static_cast<int>(l), p, acts, a.x[l].data());
     hooks.after_backward(static_cast<int>(l) + 1);
   }
+  hooks.before_backward(0);
   ops_.embedding_backward(stream_, p.grad(layout_.embedding), a.dx.data(), a.tokens.as<int32_t>(), T,
                           cfg_.vocab_size, cfg_.hidden_size, opts_.dtype);
   hooks.after_backward(0);
@@ -204,9 +232,25 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
   linear(s.h1.data(), p.weight(w.v), s.v.data(), T, kvd, H, 0.0f);
   ops_.rope(stream_, s.q.data(), pos, T, cfg_.num_heads, D, theta, false, dt);
   ops_.rope(stream_, s.k.data(), pos, T, cfg_.num_kv_heads, D, theta, false, dt);
-  ops_.attention_forward(stream_, s.attn.data(), s.lse.as<float>(), s.q.data(), s.k.data(), s.v.data(),
-                         opts_.micro_batch, opts_.seq_len, cfg_.num_heads, cfg_.num_kv_heads, D,
-                         1.0f / std::sqrt(static_cast<float>(D)), dt);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t P = sp_size();
+  if (P == 1) {
+    ops_.attention_forward(stream_, s.attn.data(), s.lse.as<float>(), s.q.data(), s.k.data(), s.v.data(),
+                           opts_.micro_batch, opts_.seq_len, cfg_.num_heads, cfg_.num_kv_heads, D, scale, dt);
+  } else {
+    const int64_t kv_heads = cfg_.num_kv_heads * kv_copies_;
+    scatter_heads(s.q_f.data(), s.q.data(), cfg_.num_heads);
+    for (auto [full, local] : {std::pair{s.k_f.data(), s.k.data()}, std::pair{s.v_f.data(), s.v.data()}}) {
+      if (kv_copies_ > 1) {
+        ops_.replicate_heads(stream_, acts_->kv_rep.data(), local, T, cfg_.num_kv_heads, kv_copies_, D, false, dt);
+        local = acts_->kv_rep.data();
+      }
+      scatter_heads(full, local, kv_heads);
+    }
+    ops_.attention_forward(stream_, s.attn_f.data(), s.lse.as<float>(), s.q_f.data(), s.k_f.data(), s.v_f.data(),
+                           opts_.micro_batch, opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, dt);
+    gather_heads(s.attn.data(), s.attn_f.data(), cfg_.num_heads);
+  }
   backend_.copy_d2d(s.x_mid.data(), x_in, T * H * dtype_size(dt), stream_);
   linear(s.attn.data(), p.weight(w.o), s.x_mid.data(), T, H, qd, 1.0f);
 
@@ -240,9 +284,29 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
 
   // Attention: x_mid = x_in + o(attn(rope(q), rope(k), v)).
   linear_backward(a.dx.data(), s.attn.data(), p.weight(w.o), a.dattn.data(), p.grad(w.o), T, H, qd, 0.0f);
-  ops_.attention_backward(stream_, a.dq.data(), a.dk.data(), a.dv.data(), a.dattn.data(), s.q.data(), s.k.data(),
-                          s.v.data(), s.attn.data(), s.lse.as<float>(), opts_.micro_batch, opts_.seq_len,
-                          cfg_.num_heads, cfg_.num_kv_heads, D, 1.0f / std::sqrt(static_cast<float>(D)), dt);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t P = sp_size();
+  if (P == 1) {
+    ops_.attention_backward(stream_, a.dq.data(), a.dk.data(), a.dv.data(), a.dattn.data(), s.q.data(), s.k.data(),
+                            s.v.data(), s.attn.data(), s.lse.as<float>(), opts_.micro_batch, opts_.seq_len,
+                            cfg_.num_heads, cfg_.num_kv_heads, D, scale, dt);
+  } else {
+    const int64_t kv_heads = cfg_.num_kv_heads * kv_copies_;
+    scatter_heads(a.dattn_f.data(), a.dattn.data(), cfg_.num_heads);
+    ops_.attention_backward(stream_, a.dq_f.data(), a.dk_f.data(), a.dv_f.data(), a.dattn_f.data(), s.q_f.data(),
+                            s.k_f.data(), s.v_f.data(), s.attn_f.data(), s.lse.as<float>(), opts_.micro_batch,
+                            opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, dt);
+    gather_heads(a.dq.data(), a.dq_f.data(), cfg_.num_heads);
+    for (auto [local, full] : {std::pair{a.dk.data(), a.dk_f.data()}, std::pair{a.dv.data(), a.dv_f.data()}}) {
+      if (kv_copies_ == 1) {
+        gather_heads(local, full, kv_heads);
+        continue;
+      }
+      // Every replica's gradient flows back to its KV head.
+      gather_heads(a.kv_rep.data(), full, kv_heads);
+      ops_.replicate_heads(stream_, local, a.kv_rep.data(), T, cfg_.num_kv_heads, kv_copies_, D, true, dt);
+    }
+  }
   ops_.rope(stream_, a.dq.data(), pos, T, cfg_.num_heads, D, theta, true, dt);
   ops_.rope(stream_, a.dk.data(), pos, T, cfg_.num_kv_heads, D, theta, true, dt);
   void* dq_proj = a.dq.data();
@@ -284,6 +348,22 @@ void LlamaModel::head_forward_backward(ParamStore& p, float loss_scale, bool bac
               dt);
     ops_.gemm(stream_, true, false, V, H, n, 1.0f, a.dlogits.data(), hn_c, dt, 1.0f, dw_out, dt);
   }
+}
+
+void LlamaModel::scatter_heads(void* full, const void* local, int64_t heads) {
+  const int64_t P = sp_size(), B = opts_.micro_batch, Sl = opts_.seq_len, C = heads / P * cfg_.head_dim;
+  Activations& a = *acts_;
+  ops_.transpose_blocks(stream_, a.a2a_send.data(), local, B * Sl, P, C, opts_.dtype);  // -> [P][B*Sl][C]
+  opts_.sequence_parallel->all_to_all(stream_, a.a2a_recv.data(), a.a2a_send.data(), B * Sl * C, opts_.dtype);
+  ops_.transpose_blocks(stream_, full, a.a2a_recv.data(), P, B, Sl * C, opts_.dtype);  // [P][B][Sl*C] -> [B][S][C]
+}
+
+void LlamaModel::gather_heads(void* local, const void* full, int64_t heads) {
+  const int64_t P = sp_size(), B = opts_.micro_batch, Sl = opts_.seq_len, C = heads / P * cfg_.head_dim;
+  Activations& a = *acts_;
+  ops_.transpose_blocks(stream_, a.a2a_send.data(), full, B, P, Sl * C, opts_.dtype);  // -> [P][B][Sl*C]
+  opts_.sequence_parallel->all_to_all(stream_, a.a2a_recv.data(), a.a2a_send.data(), B * Sl * C, opts_.dtype);
+  ops_.transpose_blocks(stream_, local, a.a2a_recv.data(), P, B * Sl, C, opts_.dtype);  // -> [B*Sl][P][C]
 }
 
 }  // namespace so

@@ -238,13 +238,15 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
   c.grad_accum = r.get<int64_t>("gradient_accumulation_steps", 1);
   if (c.micro_batch <= 0) r.fail("train_micro_batch_size_per_gpu", "must be positive");
   if (c.grad_accum <= 0) r.fail("gradient_accumulation_steps", "must be positive");
-  if (r.has("train_batch_size")) {
-    const int64_t global = r.get<int64_t>("train_batch_size", 0);
-    if (global != c.micro_batch * c.grad_accum)
-      r.fail("train_batch_size", str_cat("is ", global, " but train_micro_batch_size_per_gpu x ",
-                                         "gradient_accumulation_steps x data-parallel size = ",
-                                         c.micro_batch * c.grad_accum));
-  }
+  // Must be micro x accumulation x the data-parallel size: the multiple is checked here, the
+  // size itself once the job's world is known (trainer).
+  c.train_batch_size = r.get<int64_t>("train_batch_size", 0);
+  if (r.has("train_batch_size") && (c.train_batch_size <= 0 || c.train_batch_size % (c.micro_batch * c.grad_accum)))
+    r.fail("train_batch_size", str_cat("is ", c.train_batch_size, "; it must be a positive multiple of ",
+                                       "train_micro_batch_size_per_gpu x gradient_accumulation_steps = ",
+                                       c.micro_batch * c.grad_accum, " (times the data-parallel size)"));
+  c.sequence_parallel_size = static_cast<int>(r.get<int64_t>("sequence_parallel_size", 1));
+  if (c.sequence_parallel_size < 1) r.fail("sequence_parallel_size", "must be at least 1");
   c.grad_clip = r.get<float>("gradient_clipping", 0.0f);
   if (c.grad_clip < 0) r.fail("gradient_clipping", "must not be negative");
   c.log_every = r.get<int64_t>("steps_per_print", c.log_every);

@@ -24,11 +24,35 @@ std::unique_ptr<TokenSource> open_data(const DataConfig& d, int64_t vocab) {
 
 double mib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
 
+// The model's view of the sequence-parallel group.
+class CommSequenceParallel final : public SequenceParallel {
+ public:
+  explicit CommSequenceParallel(Communicator& c) : c_(c) {}
+  int size() const override { return c_.size(); }
+  int rank() const override { return c_.rank(); }
+  void all_to_all(Stream& s, void* recv, const void* send, int64_t count, DType dt) override {
+    c_.all_to_all(s, recv, send, count, dt);
+  }
+
+ private:
+  Communicator& c_;
+};
+
+std::string layout_total_note(int64_t full, int64_t shard) {
+  return str_cat(100.0 * static_cast<double>(shard) / static_cast<double>(full), "% of ", full);
+}
+
 }  // namespace
 
-TrainSummary train(const RunConfig& cfg, Communicator& comm, const TrainOptions& opts) {
-  SO_CHECK(comm.size() == 1, "this build trains on one rank; got a world of ", comm.size(),
-           " ranks (distributed ZeRO-3/Ulysses is not available yet)");
+TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& opts) {
+  ProcessGroups groups = make_process_groups(job.split(0, job.rank(), "world"), cfg.sequence_parallel_size);
+  Communicator& comm = *groups.world;
+  SO_CHECK(cfg.data.seq_len % groups.sp_size == 0, "data.seq_len (", cfg.data.seq_len,
+           ") is not divisible by sequence_parallel_size (", groups.sp_size, ")");
+  const int64_t global_batch = cfg.micro_batch * cfg.grad_accum * groups.dp_size;
+  SO_CHECK(cfg.train_batch_size == 0 || cfg.train_batch_size == global_batch, "'train_batch_size' is ",
+           cfg.train_batch_size, " but train_micro_batch_size_per_gpu x gradient_accumulation_steps x data-parallel size = ",
+           cfg.micro_batch, " x ", cfg.grad_accum, " x ", groups.dp_size, " = ", global_batch);
   // With offload, the optimizer pool and the compute stream get disjoint cores.
   const bool offload = cfg.offload.mode != OffloadMode::None;
   CoreSplit cores;
@@ -41,7 +65,12 @@ TrainSummary train(const RunConfig& cfg, Communicator& comm, const TrainOptions&
   ModelOptions mo;
   mo.dtype = cfg.dtype;
   mo.micro_batch = cfg.micro_batch;
-  mo.seq_len = cfg.data.seq_len;
+  mo.seq_len = cfg.data.seq_len / groups.sp_size;
+  CommSequenceParallel ulysses(*groups.sp);
+  if (groups.sp_size > 1) {
+    groups.sp->attach(*backend);
+    mo.sequence_parallel = &ulysses;
+  }
   mo.activation_checkpointing = cfg.activation_checkpointing;
   mo.loss_chunk_tokens = cfg.loss_chunk_tokens;
   LlamaModel model(*backend, cfg.model, mo);
@@ -53,30 +82,42 @@ TrainSummary train(const RunConfig& cfg, Communicator& comm, const TrainOptions&
   eo.adam = cfg.adam;
   eo.offload = cfg.offload;
   eo.optimizer_cores = cores.optimizer;
-  eo.trace_path = opts.trace_path;
+  // One trace per rank: rank r of a multi-rank job writes FILE.rank<r>.
+  eo.trace_path = opts.trace_path.empty() || comm.size() == 1 ? opts.trace_path : str_cat(opts.trace_path, ".rank", comm.rank());
   eo.rank = comm.rank();
   Engine engine(*backend, model.layout(), eo, comm);
+  if (groups.world->size() > 1)
+    log_info(str_cat("rank ", comm.rank(), " of ", comm.size(), ": data-parallel ", groups.dp_rank, "/",
+                     groups.dp_size, ", sequence-parallel ", groups.sp_rank, "/", groups.sp_size, "; ZeRO-3 shard of ",
+                     engine.shards().total, " elements (", layout_total_note(model.layout().total, engine.shards().total),
+                     "): parameters + gradients + optimizer state ", mib(engine.state_bytes()), " MiB on the device, ",
+                     mib(engine.host_state_bytes()), " MiB on the host"));
   engine.init_weights(cfg.seed, cfg.model.initializer_range);
 
   std::unique_ptr<TokenSource> source = open_data(cfg.data, cfg.model.vocab_size);
   BatchSampler sampler(*source, cfg.data.seq_len, cfg.micro_batch, cfg.model.vocab_size, cfg.data.seed);
 
-  const int64_t tokens_per_step = cfg.micro_batch * cfg.grad_accum * cfg.data.seq_len;
+  // Every rank's loss is scaled by the global token count and gradients are summed over ranks,
+  // so the step sees the mean over the global batch.
+  const int64_t tokens_per_step = global_batch * cfg.data.seq_len;
   const double flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len);
   const double peak = cfg.peak_tflops > 0 ? cfg.peak_tflops : backend->peak_tflops(cfg.dtype);
-  log_info(str_cat("model ", cfg.model_source, ": ", cfg.model.model_type, ", ", cfg.model.num_parameters() / 1e6,
-                   "M parameters, ", cfg.model.num_layers, " layers, ", engine.buckets().size(), " buckets, ",
-                   dtype_name(cfg.dtype)));
-  log_info(str_cat("backend ", backend->name(), ": ", mib(backend->memory_stats().in_use), " MiB allocated (",
-                   mib(engine.state_bytes()), " MiB parameter/optimizer state), peak ", peak,
-                   " TFLOP/s for MFU; data ", source->describe(), " (", source->size(), " tokens); ",
-                   tokens_per_step, " tokens/step, ", flops_per_token / 1e6, " MFLOP/token"));
-  if (offload)
-    log_info(str_cat("cores: compute stream on ", format_core_list(cores.compute), ", optimizer pool on ",
-                     format_core_list(cores.optimizer)));
-  log_info(engine.describe());
+  const bool lead = comm.rank() == 0;
+  if (lead) {
+    log_info(str_cat("model ", cfg.model_source, ": ", cfg.model.model_type, ", ", cfg.model.num_parameters() / 1e6,
+                     "M parameters, ", cfg.model.num_layers, " layers, ", engine.buckets().size(), " buckets, ",
+                     dtype_name(cfg.dtype)));
+    log_info(str_cat("backend ", backend->name(), ": ", mib(backend->memory_stats().in_use), " MiB allocated (",
+                     mib(engine.state_bytes()), " MiB parameter/optimizer state), peak ", peak,
+                     " TFLOP/s for MFU; data ", source->describe(), " (", source->size(), " tokens); ",
+                     tokens_per_step, " tokens/step, ", flops_per_token / 1e6, " MFLOP/token"));
+    if (offload)
+      log_info(str_cat("cores: compute stream on ", format_core_list(cores.compute), ", optimizer pool on ",
+                       format_core_list(cores.optimizer)));
+    log_info(engine.describe());
+  }
 
-  MetricsSink sink(opts.metrics_path);
+  MetricsSink sink(lead ? opts.metrics_path : "");
   TrainSummary summary;
   double tokens_per_s_sum = 0.0, step_sum = 0.0, exposed_sum = 0.0, busy_sum = 0.0;
   // A step's timing is known once the next step's forward has started (the optimizer of an
@@ -91,20 +132,30 @@ TrainSummary train(const RunConfig& cfg, Communicator& comm, const TrainOptions&
     m.tokens_per_s = tokens_per_step / m.seconds;
     m.tflops = m.tokens_per_s * flops_per_token / 1e12;
     m.mfu = peak > 0 ? m.tflops / peak : 0.0;
-    sink.write(m, cfg.steps, m.step % cfg.log_every == 0 || m.step == 1 || m.step == cfg.steps);
+    sink.write(m, cfg.steps, lead && (m.step % cfg.log_every == 0 || m.step == 1 || m.step == cfg.steps));
     std::fflush(stdout);
     tokens_per_s_sum += m.tokens_per_s;
     if (m.step > 1) step_sum += m.seconds, exposed_sum += m.exposed_optimizer_s, busy_sum += m.optimizer_busy_s;
   };
 
   const float loss_scale = 1.0f / static_cast<float>(tokens_per_step);
+  int64_t sample = 0;  // the data position: index of the next global sample
   for (int64_t step = 1; step <= cfg.steps; ++step) {
     const double lr = cfg.schedule.lr_at(engine.steps_taken());
     engine.begin_step(static_cast<float>(lr), static_cast<int>(cfg.grad_accum));
     model.zero_loss();
-    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro)
-      model.forward_backward(sampler.next(), engine, engine, loss_scale, true);
-    const float loss = model.read_loss();
+    // Data-parallel ranks read disjoint samples: each global micro-batch is dp_size x micro_batch
+    // consecutive samples, this rank taking its share; sequence-parallel ranks take their slice
+    // of every sequence of that share.
+    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+      const TokenBatch mine = slice_sequences(sampler.batch_at(sample + groups.dp_rank * cfg.micro_batch),
+                                              cfg.data.seq_len, groups.sp_size, groups.sp_rank);
+      model.forward_backward(mine, engine, engine, loss_scale, true);
+      sample += groups.dp_size * cfg.micro_batch;
+    }
+    double loss_sum = model.read_loss();
+    comm.all_reduce_sum(&loss_sum, 1);
+    const float loss = static_cast<float>(loss_sum);
     if (pending) emit(*pending);
     const StepResult r = engine.end_step();
 
@@ -123,9 +174,11 @@ TrainSummary train(const RunConfig& cfg, Communicator& comm, const TrainOptions&
     summary.skipped_steps += r.skipped;
     if (step == 1) summary.first_loss = loss;
     summary.last_loss = loss;
+    summary.losses.push_back(loss_sum);
     summary.steps = step;
   }
   engine.finish();
+  if (opts.at_end) opts.at_end(engine);
   if (pending) emit(*pending);
   engine.timeline().write_trace();
   summary.mean_tokens_per_s = tokens_per_s_sum / std::max<int64_t>(1, summary.steps);

@@ -63,6 +63,8 @@ class Backend {
   virtual void copy_d2h(void* dst, const void* src, size_t bytes, Stream& s) = 0;
   virtual void copy_d2d(void* dst, const void* src, size_t bytes, Stream& s) = 0;
   virtual void memset_zero(void* dst, size_t bytes, Stream& s) = 0;
+  // Frees buf once stream s reaches this point (work already enqueued may still use it).
+  virtual void release_after(DeviceBuffer buf, Stream& s);
 
   // Host memory the copy engines read and write directly (cudaHostRegister on CUDA, so copies
   // run at full link speed); a no-op where device memory is host memory.

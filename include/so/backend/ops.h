@@ -70,6 +70,15 @@ class Ops {
 
   virtual void cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) = 0;
 
+  // dst[j][i][:] = src[i][j][:] for src [d0][d1][inner]: the packing around Ulysses all-to-alls.
+  virtual void transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
+                                DType dt) = 0;
+  // GQA heads for more sequence-parallel ranks than KV heads. Forward: out[r][h*copies + c][:] =
+  // in[r][h][:] over rows x heads x head_dim. reverse: out[r][h][:] = sum_c in[r][h*copies + c][:]
+  // (the gradient), accumulated in fp32.
+  virtual void replicate_heads(Stream& s, void* out, const void* in, int64_t rows, int64_t heads, int64_t copies,
+                               int64_t head_dim, bool reverse, DType dt) = 0;
+
   // AdamW on fp32 master weights p and moments m, v (torch.optim.AdamW semantics: decoupled
   // decay p *= 1 - lr*wd, then the bias-corrected Adam update); writes the updated weights to
   // out (dtype out_dt) in the same pass. grad has dtype grad_dt.

@@ -27,4 +27,8 @@ class BatchSampler {
   int64_t position_ = 0;
 };
 
+// Ulysses: part `part` of `parts` contiguous slices of every sequence (inputs, targets and the
+// global positions RoPE needs). seq_len must be divisible by parts.
+TokenBatch slice_sequences(const TokenBatch& batch, int64_t seq_len, int parts, int part);
+
 }  // namespace so

@@ -10,6 +10,13 @@
 // A training step:  begin_step(lr, micro_batches) -> model.forward_backward(..., engine, engine)
 // per micro-batch -> end_step() -> ... The next step's forward waits per bucket (events) for the
 // weights it reads, not for the whole optimizer.
+//
+// ZeRO-3 (more than one rank in `comm`): each rank keeps only its shard of every bucket's weights,
+// gradients and optimizer state (ShardLayout). Before a unit's forward or backward its buckets are
+// all-gathered on the comm stream (the next unit's prefetched meanwhile) and released when no
+// later unit of the pass reads them; a bucket's gradients are accumulated into a full-size
+// buffer, reduce-scattered (summed over all ranks: the loss is scaled by the global token count)
+// into the rank's shard when final, and that shard goes through the same optimizer path.
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +26,7 @@
 #include "so/engine/bucket.h"
 #include "so/engine/offload_config.h"
 #include "so/engine/offload_optimizer.h"
+#include "so/engine/shard_layout.h"
 #include "so/engine/step_timeline.h"
 #include "so/model/model_interfaces.h"
 #include "so/model/param_layout.h"
@@ -55,15 +63,17 @@ class Engine final : public ParamStore, public ModelHooks {
   void* weight(int param_id) override;
   void* grad(int param_id) override;
   void before_unit(int unit) override;
+  void before_backward(int unit) override;
   void after_backward(int unit) override;
 
   // Hugging Face initialisation: normal(0, std) for matrices, ones for norms; counter-based, so
   // identical whatever the world size.
   void init_weights(uint64_t seed, float std);
   void load_weight(int param_id, const std::vector<float>& values);
-  std::vector<float> read_state(int param_id, OptimState which);  // waits for the optimizer
+  // Whole parameters on every rank (collective under ZeRO-3); wait for the optimizer.
+  std::vector<float> read_state(int param_id, OptimState which);
   std::vector<float> read_weight(int param_id) { return read_state(param_id, OptimState::Master); }
-  std::vector<float> read_grad(int param_id);  // gradients, widened to fp32
+  std::vector<float> read_grad(int param_id);  // the last step's gradients, widened to fp32
 
   // Opens a step: zeroes the gradients and fixes the learning rate the (speculative) CPU steps
   // use. The last of `micro_batches` backward passes hands the gradients to the optimizer.
@@ -82,26 +92,42 @@ class Engine final : public ParamStore, public ModelHooks {
   const std::vector<Bucket>& buckets() const { return buckets_; }
   size_t num_offloaded_buckets() const { return first_device_bucket_; }
   const ParamLayout& layout() const { return layout_; }
-  size_t state_bytes() const;       // device memory of parameters, gradients and optimizer state
+  const ShardLayout& shards() const { return shards_; }
+  size_t state_bytes() const;       // device memory of parameter/gradient shards and optimizer state
   size_t host_state_bytes() const;  // host memory of offloaded state
   std::string describe() const;     // one line: mode, placement, threads, casts
 
  private:
   const ParamInfo& info(int param_id) const;
-  bool on_host(int64_t element) const { return element >= device_end_; }
+  bool on_host(int64_t shard_element) const { return shard_element >= device_end_; }
   void drain_optimizer();
+  float* state_ptr(int64_t shard_element, OptimState which);
+  // ZeRO-3 gathers: make bucket b's full weights available / make compute wait for them / drop them.
+  void gather(size_t b);
+  void use_gathered(size_t b);
+  void release_gathered(size_t b);
+  // Units u of the current pass: gather what u reads, prefetch the next unit's, drop the rest.
+  void enter_unit(int unit, bool backward);
+  void wait_offloaded_weights(size_t b);  // unsharded: compute waits for the CPU's new weights
 
   Backend& backend_;
   const ParamLayout& layout_;
   EngineOptions opts_;
   Communicator& comm_;
   std::vector<Bucket> buckets_;
+  ShardLayout shards_;
   size_t first_device_bucket_ = 0;  // buckets [0, this) are offloaded (first in backward order)
-  int64_t device_end_ = 0;          // device-resident optimizer state covers elements [0, this)
+  int64_t device_end_ = 0;          // device-resident optimizer state covers shard elements [0, this)
   std::vector<std::vector<size_t>> unit_buckets_;  // unit -> buckets holding its parameters
+  std::vector<int> bucket_lo_, bucket_hi_;         // first and last unit reading each bucket
+  std::vector<size_t> param_bucket_;               // parameter id -> bucket
 
-  DeviceBuffer weights_, grads_;                // model dtype, all elements
-  DeviceBuffer master_, exp_avg_, exp_avg_sq_;  // fp32, elements [0, device_end_)
+  DeviceBuffer weights_, grads_;                // model dtype, this rank's shards (all elements unsharded)
+  DeviceBuffer master_, exp_avg_, exp_avg_sq_;  // fp32, shard elements [0, device_end_)
+  std::vector<DeviceBuffer> gathered_, full_grads_;  // ZeRO-3: per bucket, full size, while in use
+  std::vector<std::unique_ptr<Event>> gathered_ev_, reduced_ev_;
+  std::vector<char> gather_used_;                    // compute already waits for this gather
+  std::unique_ptr<Event> device_step_done_;          // device buckets' new weight shards written
   DeviceBuffer bucket_sums_;                    // fp32 per device bucket
   StepTimeline timeline_;
   std::unique_ptr<GraceAdam> grace_;

@@ -69,8 +69,9 @@ class OffloadOptimizer {
   int64_t rollbacks() const { return rollbacks_.load(); }  // buckets rolled back so far
   // The compute stream waits until bucket i's last gradient copy has read the gradients.
   void wait_grads_copied(size_t i, Stream& compute) { backend_.wait(compute, *slots_[i].grads_on_host); }
-  // Bucket i's gradients are final once the compute stream reaches this point.
-  void grads_ready(size_t i);
+  // Bucket i's gradients are final once `producer` (the compute stream, or the comm stream that
+  // reduce-scattered them) reaches this point.
+  void grads_ready(size_t i, Stream& producer);
   // Per-bucket sums of squared gradients (fp32, as the device ops compute them); waits.
   std::vector<float> sums();
   void finish_step(const StepDecision& d);

@@ -19,7 +19,7 @@
 
 namespace so {
 
-enum class Lane { Compute = 0, D2H = 1, H2D = 2, Optimizer = 3 };
+enum class Lane { Compute = 0, D2H = 1, H2D = 2, Optimizer = 3, Comm = 4 };
 
 struct StepTiming {
   int64_t step = 0;

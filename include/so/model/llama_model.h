@@ -14,9 +14,10 @@ namespace so {
 struct ModelOptions {
   DType dtype = DType::F32;
   int64_t micro_batch = 1;           // sequences per micro-batch
-  int64_t seq_len = 0;               // tokens per sequence
+  int64_t seq_len = 0;               // tokens per sequence held by this rank (1/P of it under Ulysses)
   bool activation_checkpointing = false;  // keep only each layer's input; recompute in backward
   int64_t loss_chunk_tokens = 0;     // tokens per output-projection + cross-entropy chunk; 0 = auto
+  SequenceParallel* sequence_parallel = nullptr;  // Ulysses group; null = the whole sequence is here
 };
 
 // One micro-batch on the host: B*S input ids, targets (-1 = ignore) and RoPE positions.
@@ -52,6 +53,11 @@ class LlamaModel {
   void layer_forward(int l, ParamStore& p, LayerActs& a, const void* x_in, void* x_out);
   void layer_backward(int l, ParamStore& p, LayerActs& a, const void* x_in);
   void head_forward_backward(ParamStore& p, float loss_scale, bool backward);
+  // Ulysses: [B, S/P, heads, D] (local tokens, all heads) <-> [B, S, heads/P, D] (all tokens,
+  // this rank's heads), through the sequence-parallel all-to-all.
+  void scatter_heads(void* full, const void* local, int64_t heads);
+  void gather_heads(void* local, const void* full, int64_t heads);
+  int sp_size() const { return opts_.sequence_parallel ? opts_.sequence_parallel->size() : 1; }
   void linear(const void* in, const void* w, void* out, int64_t rows, int64_t out_dim, int64_t in_dim, float beta);
   void linear_backward(const void* dout, const void* in, const void* w, void* din, void* dw, int64_t rows,
                        int64_t out_dim, int64_t in_dim, float din_beta);
@@ -63,6 +69,7 @@ class LlamaModel {
   ModelOptions opts_;
   ParamLayout layout_;
   std::unique_ptr<Activations> acts_;
+  int64_t kv_copies_ = 1;  // Ulysses with more ranks than KV heads: copies of each KV head sent
 };
 
 }  // namespace so

@@ -32,6 +32,8 @@ struct RunConfig {
   DType dtype = DType::F32;
   int64_t micro_batch = 1;
   int64_t grad_accum = 1;
+  int64_t train_batch_size = 0;  // 0 = not given; else micro x accumulation x data-parallel size
+  int sequence_parallel_size = 1;
   float grad_clip = 0.0f;
   AdamWParams adam;
   LrSchedule schedule;

@@ -1,15 +1,21 @@
 #pragma once
 // The training loop: data -> forward/backward per micro-batch -> optimizer step -> metrics.
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "parallel/communicator.h"
 #include "so/train/run_config.h"
 
 namespace so {
 
+class Engine;
+
 struct TrainOptions {
   std::string metrics_path;  // JSON lines; empty = none
   std::string trace_path;    // Chrome/Perfetto trace of every step; empty = none
+  // Called with the engine after the last step (collectively on every rank): tests, exports.
+  std::function<void(Engine&)> at_end;
 };
 
 struct TrainSummary {
@@ -20,6 +26,7 @@ struct TrainSummary {
   double mean_optimizer_busy_s = 0.0;
   int64_t steps = 0;
   int64_t clipped_steps = 0, skipped_steps = 0;
+  std::vector<double> losses;  // every step's global mean loss
 };
 
 TrainSummary train(const RunConfig& cfg, Communicator& comm, const TrainOptions& opts);

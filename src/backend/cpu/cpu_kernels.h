@@ -26,6 +26,10 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t rows, 
 template <typename T>
 void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t rows,
                       int64_t dim, bool accumulate);
+void transpose_blocks(void* dst, const void* src, int64_t d0, int64_t d1, size_t inner_bytes);
+template <typename T>
+void replicate_heads(T* out, const T* in, int64_t rows, int64_t heads, int64_t copies, int64_t head_dim,
+                     bool reverse);
 template <typename T>
 void rope(T* x, const int32_t* positions, int64_t T_, int64_t heads, int64_t head_dim, float theta, bool inverse);
 template <typename T>

@@ -164,4 +164,31 @@ template void cast<float, bf16>(float*, const bf16*, int64_t);
 template void cast<bf16, float>(bf16*, const float*, int64_t);
 template void cast<bf16, bf16>(bf16*, const bf16*, int64_t);
 
+void transpose_blocks(void* dst, const void* src, int64_t d0, int64_t d1, size_t inner_bytes) {
+  auto* out = static_cast<char*>(dst);
+  const auto* in = static_cast<const char*>(src);
+  for (int64_t i = 0; i < d0; ++i)
+    for (int64_t j = 0; j < d1; ++j) std::memcpy(out + (j * d0 + i) * inner_bytes, in + (i * d1 + j) * inner_bytes, inner_bytes);
+}
+
+template <typename T>
+void replicate_heads(T* out, const T* in, int64_t rows, int64_t heads, int64_t copies, int64_t D, bool reverse) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < heads; ++h) {
+      if (!reverse) {
+        const T* src = in + (r * heads + h) * D;
+        for (int64_t c = 0; c < copies; ++c) std::memcpy(out + ((r * heads + h) * copies + c) * D, src, D * sizeof(T));
+        continue;
+      }
+      T* dst = out + (r * heads + h) * D;
+      for (int64_t d = 0; d < D; ++d) {
+        float acc = 0.0f;
+        for (int64_t c = 0; c < copies; ++c) acc += to_f32(in[((r * heads + h) * copies + c) * D + d]);
+        dst[d] = from_f32<T>(acc);
+      }
+    }
+}
+template void replicate_heads<float>(float*, const float*, int64_t, int64_t, int64_t, int64_t, bool);
+template void replicate_heads<bf16>(bf16*, const bf16*, int64_t, int64_t, int64_t, int64_t, bool);
+
 }  // namespace so::cpu

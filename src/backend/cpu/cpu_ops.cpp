@@ -129,6 +129,20 @@ void CpuOps::adamw(Stream& s, float* p, float* m, float* v, const void* grad, DT
   SO_ENQUEUE(s, optimizer_kernels().step(p, m, v, grad, grad_dt, out, out_dt, n, hp));
 }
 
+void CpuOps::transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
+                              DType dt) {
+  const size_t inner_bytes = static_cast<size_t>(inner) * dtype_size(dt);
+  SO_ENQUEUE(s, cpu::transpose_blocks(dst, src, d0, d1, inner_bytes));
+}
+
+void CpuOps::replicate_heads(Stream& s, void* out, const void* in, int64_t rows, int64_t heads, int64_t copies,
+                             int64_t head_dim, bool reverse, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::replicate_heads(typed<X>(out), typed<X>(in), rows, heads, copies, head_dim, reverse);
+  }));
+}
+
 #undef SO_ENQUEUE
 
 }  // namespace so::cpu

@@ -33,6 +33,10 @@ class CpuOps final : public Ops {
   void cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
                      int64_t rows, int64_t V, float scale, DType dt) override;
   void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) override;
+  void transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
+                        DType dt) override;
+  void replicate_heads(Stream& s, void* out, const void* in, int64_t rows, int64_t heads, int64_t copies,
+                       int64_t head_dim, bool reverse, DType dt) override;
   void cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) override;
   void adamw(Stream& s, float* p, float* m, float* v, const void* grad, DType grad_dt, void* out, DType out_dt,
              int64_t n, const AdamWParams& hp) override;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# kill_one_rank.sh MPIRUN SO_TRAIN: SIGKILL one rank of a 2-rank training run once it is training.
+# mpirun must end the job (the other rank included) with a non-zero exit within 60 s: a rank that
+# dies without a word must not leave its peers waiting in a collective forever.
+set -u
+mpirun=$1 so_train=$2
+fail() { echo "FAIL: $*"; [ -s "$log" ] && cat "$log"; kill "$job" 2>/dev/null; exit 1; }
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+"$mpirun" --oversubscribe -np 2 "$so_train" --config configs/runs/tiny-demo.json --steps 100000 \
+  --set data.seq_len=32 --set steps_per_print=1 >"$log" 2>&1 &
+job=$!
+for _ in $(seq 600); do  # up to 60 s for the first step
+  grep -q "^step " "$log" && break
+  kill -0 "$job" 2>/dev/null || fail "the job ended before training"
+  sleep 0.1
+done
+grep -q "^step " "$log" || fail "no training step within 60 s"
+ranks=($(pgrep -P "$job"))
+[ ${#ranks[@]} -eq 2 ] || fail "expected mpirun to have 2 rank processes, found: ${ranks[*]}"
+start=$(date +%s)
+kill -9 "${ranks[1]}"
+for _ in $(seq 600); do
+  kill -0 "$job" 2>/dev/null || break
+  sleep 0.1
+done
+elapsed=$(($(date +%s) - start))
+kill -0 "$job" 2>/dev/null && fail "mpirun still running 60 s after the kill"
+wait "$job"
+rc=$?
+kill -0 "${ranks[0]}" 2>/dev/null && fail "rank 0 (pid ${ranks[0]}) outlived the job"
+tail -5 "$log"
+[ $rc -ne 0 ] || fail "mpirun exited 0 after a rank was killed"
+echo "ok: mpirun exited $rc ${elapsed} s after rank pid ${ranks[1]} was killed"
