@@ -23,14 +23,21 @@ struct Result {
   size_t state_bytes = 0;  // parameter, gradient and optimizer state of this rank (device + host)
 };
 
-Result run(Communicator& comm, int sp, const std::string& offload) {
+struct Mode {
+  const char* name;
+  const char* offload;  // the zero_optimization.offload_optimizer block
+  bool checkpointing;   // recompute in backward: gathers from before_unit during backward
+};
+
+Result run(Communicator& comm, int sp, const Mode& mode) {
   nlohmann::json doc = load_json_file("configs/runs/tiny-demo.json");
   const int dp = comm.size() / sp;
   for (const std::string& s :
        {std::string("train.steps=12"), std::string("data.seq_len=32"), std::string("steps_per_print=100"),
         "train_micro_batch_size_per_gpu=" + std::to_string(kGlobalBatch / dp), "sequence_parallel_size=" + std::to_string(sp),
         std::string("zero_optimization.stage=3"), std::string("zero_optimization.sub_group_size=60000"),
-        std::string("gradient_clipping=0.5"), "zero_optimization.offload_optimizer=" + offload})
+        std::string("gradient_clipping=0.5"), std::string("zero_optimization.offload_optimizer=") + mode.offload,
+        std::string("train.activation_checkpointing=") + (mode.checkpointing ? "true" : "false")})
     apply_override(doc, s);
   const RunConfig cfg = parse_run_config(doc, "test_distributed");
   Result r;
@@ -43,7 +50,7 @@ Result run(Communicator& comm, int sp, const std::string& offload) {
   return r;
 }
 
-class Distributed : public testing::TestWithParam<const char*> {
+class Distributed : public testing::TestWithParam<Mode> {
  protected:
   void SetUp() override { world_ = make_mpi_world_communicator(); }
   std::unique_ptr<Communicator> world_;
@@ -70,8 +77,8 @@ TEST_P(Distributed, Zero3AndUlyssesMatchOneRank) {
       worst_w = std::max(worst_w, std::sqrt(num / den));
     }
     if (world_->rank() == 0)
-      std::printf("[(dp, sp) = (%d, %d), offload %s] worst loss rel diff %.3e, worst weight tensor rel diff %.3e\n",
-                  world_->size() / sp, sp, GetParam(), worst_loss, worst_w);
+      std::printf("[(dp, sp) = (%d, %d), %s] worst loss rel diff %.3e, worst weight tensor rel diff %.3e\n",
+                  world_->size() / sp, sp, GetParam().name, worst_loss, worst_w);
     EXPECT_LE(worst_loss, 1e-6) << "(dp, sp) = (" << world_->size() / sp << ", " << sp << ")";
     // Gradients summed in a different order (reduce-scatter, sequence slices) move the weights by
     // float rounding, amplified a little by 12 Adam steps.
@@ -85,11 +92,11 @@ TEST_P(Distributed, Zero3AndUlyssesMatchOneRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, Distributed,
-                         testing::Values(R"({"device": "none"})", R"({"device": "cpu"})",
-                                         R"({"device": "cpu", "super_offload": true, "ratio": 0.5})"),
-                         [](const testing::TestParamInfo<const char*>& i) {
-                           return std::string(i.index == 0 ? "device" : i.index == 1 ? "zero_offload" : "superoffload");
-                         });
+                         testing::Values(Mode{"device", R"({"device": "none"})", false},
+                                         Mode{"zero_offload", R"({"device": "cpu"})", false},
+                                         Mode{"superoffload_checkpointing",
+                                              R"({"device": "cpu", "super_offload": true, "ratio": 0.5})", true}),
+                         [](const testing::TestParamInfo<Mode>& i) { return std::string(i.param.name); });
 
 }  // namespace
 }  // namespace so
