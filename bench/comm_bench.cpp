@@ -165,8 +165,8 @@ int comm_bench(int argc, char** argv, Communicator& comm) {
                   static_cast<long long>(max_bytes), factor, warmup, iters, backend->name().c_str());
       std::printf("#%11s  %12s  %8s  %6s  %6s  %9s  %8s  %8s  %6s\n", "size", "count", "type", "redop", "root", "time",
                   "algbw", "busbw", "#wrong");
-      std::printf("#%11s  %12s  %8s  %6s  %6s  %9s  %8s  %8s  %6s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)",
-                  "(GB/s)", "");
+      std::printf("#%11s  %12s  %8s  %6s  %6s  %9s  %8s  %8s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)",
+                  "(GB/s)");
     }
     double busbw_sum = 0;
     int rows = 0;

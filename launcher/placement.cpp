@@ -75,11 +75,12 @@ RankPlacement place_rank(const Topology& topo, int local_rank, int local_size, d
 }
 
 std::vector<int> parse_core_list(const std::string& text) {
-  // A CPU id: digits only (no sign, no spaces).
+  // A CPU id: digits only (no sign, no spaces), and small enough that a typo cannot make a
+  // range of billions.
   auto number = [](const std::string& s, long& v) {
-    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return false;
+    if (s.empty() || s.size() > 6 || s.find_first_not_of("0123456789") != std::string::npos) return false;
     v = std::strtol(s.c_str(), nullptr, 10);
-    return true;
+    return v < (1 << 16);
   };
   std::vector<int> cores;
   std::stringstream in(text);

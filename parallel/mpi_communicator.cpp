@@ -2,33 +2,20 @@
 
 #include <climits>
 #include <cstdlib>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "parallel/communicator.h"
+#include "parallel/mpi_check.h"
 #include "so/backend/backend.h"
 #include "so/core/error.h"
 
-// Every MPI call is checked; the error names the call, the context given after it (collective,
-// count, dtype, group) and, through SO_FAIL, the world rank.
-#define SO_MPI_CHECK(call, ...)                                                                  \
-  do {                                                                                           \
-    const int so_mpi_rc_ = (call);                                                               \
-    if (so_mpi_rc_ != MPI_SUCCESS)                                                               \
-      SO_FAIL("MPI call failed: ", #call __VA_OPT__(, " (", __VA_ARGS__, ")"), ": ",             \
-              ::so::mpi_error_string(so_mpi_rc_));                                               \
-  } while (0)
 
 namespace so {
 
 namespace {
 
-std::string mpi_error_string(int rc) {
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  return std::string(msg, len);
-}
 
 bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   const auto* pa = static_cast<const char*>(a);
@@ -40,8 +27,9 @@ bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 MPI_Datatype raw_type(DType dt) { return dt == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
 
 // The fp32 buffer an MPI reduction runs on: fp32 data itself, or bf16 widened into a scratch
-// buffer (MPI has no bf16 type, and bf16 must accumulate in fp32). The scratch is per thread:
-// every stream has its own worker, so concurrent collectives on different streams never share it.
+// buffer (MPI has no bf16 type, and bf16 must accumulate in fp32). The scratch is per thread
+// (each CPU stream has its own worker, so collectives on different streams never share it) and
+// kept at its largest size, so steady-state collectives do not allocate.
 float* reducible(const void* data, int64_t n, DType dt) {
   if (dt == DType::F32) return static_cast<float*>(const_cast<void*>(data));
   thread_local std::vector<float> scratch;
@@ -155,7 +143,7 @@ class MpiCommunicator final : public Communicator {
 
   void broadcast(Stream& s, void* buf, int64_t count, DType dt, int root) override {
     const int n = checked("broadcast", count, dt);
-    SO_CHECK(root >= 0 && root < size_, context("broadcast", count, dt), ": root ", root, " is not a rank of it");
+    SO_CHECK(root >= 0 && root < size_, context("broadcast", count, dt), ": root ", root, " is outside the group");
     backend_->host_func(s, [=, this] {
       SO_MPI_CHECK(MPI_Bcast(buf, n, raw_type(dt), root, stream_comm_), context("broadcast", count, dt), " from root ",
                    root);

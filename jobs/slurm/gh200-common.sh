@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # The body of the GH200 sbatch templates (gh200-*.sbatch source it; it is not run on its own).
 # One rank per GH200 (4 per node); so_train binds each rank to its GPU's Grace and splits that
 # Grace's cores between compute and GraceAdam itself, so srun places nothing (--cpu-bind=none).
@@ -31,6 +32,7 @@ export CUDA_DEVICE_MAX_CONNECTIONS=8
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 # The network (NCCL over InfiniBand or, on Slingshot, the aws-ofi-nccl plugin with FI_PROVIDER=cxi)
 # is the site's business: set it in SO_SITE_ENV.
+# shellcheck source=/dev/null
 if [ -n "${SO_SITE_ENV:-}" ]; then source "$SO_SITE_ENV"; fi
 
 args=(--config "$config" --metrics "$run_dir/logs/metrics.jsonl")

@@ -30,7 +30,7 @@ fi
 expand() { local part; for part in ${1//,/ }; do seq -s ' ' "${part%-*}" "${part#*-}"; done | tr '\n' ' '; }
 p1=() p2=()
 for list in /sys/devices/system/node/node*/cpulist; do
-  cpus=($(expand "$(cat "$list")"))
+  read -ra cpus <<<"$(expand "$(cat "$list")")"
   [ ${#cpus[@]} -gt 0 ] || continue  # GH200's HBM nodes have no CPUs
   p1+=("${cpus[@]:0:compute}")
   p2+=("${cpus[@]:compute}")

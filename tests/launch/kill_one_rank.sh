@@ -16,7 +16,7 @@ for _ in $(seq 600); do  # up to 60 s for the first step
   sleep 0.1
 done
 grep -q "^step " "$log" || fail "no training step within 60 s"
-ranks=($(pgrep -P "$job"))
+mapfile -t ranks < <(pgrep -P "$job")
 [ ${#ranks[@]} -eq 2 ] || fail "expected mpirun to have 2 rank processes, found: ${ranks[*]}"
 alive() { local s; s=$(ps -o stat= -p "$1") && [[ $s != Z* ]]; }  # a zombie has ended
 start=$(date +%s)

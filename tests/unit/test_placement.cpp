@@ -284,7 +284,7 @@ TEST(Placement, CoreListReplacesTheTopologysCores) {
 TEST(Placement, ParseCoreList) {
   EXPECT_EQ(parse_core_list("0-3,8,10-11"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
   EXPECT_EQ(parse_core_list("5,1,1"), (std::vector<int>{1, 5}));
-  for (const char* bad : {"", "a", "3-1", "1,,2", "-2", "1-", "1 2", "0x3"}) EXPECT_THROW(parse_core_list(bad), Error) << bad;
+  for (const char* bad : {"", "a", "3-1", "1,,2", "-2", "1-", "1 2", "0x3", "0-99999999"}) EXPECT_THROW(parse_core_list(bad), Error) << bad;
 }
 
 TEST(Topology, CudaVisibleDevicesSelectsAndOrdersGpus) {
