@@ -21,6 +21,9 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   std::string config, metrics, trace, bind_mode, bind_core_list;
   std::vector<std::string> sets;
   int64_t steps = 0;
+  std::string save_dir, resume;
+  int64_t save_every = 0;
+  int keep = 3;
   desc.add_options()("help,h", "show this help")(
       "config,c", po::value<std::string>(&config), "run config (JSON, DeepSpeed vocabulary + model/data/train)")(
       "steps", po::value<int64_t>(&steps), "number of optimizer steps (overrides train.steps)")(
@@ -34,7 +37,12 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       "node's cores, host memory there; none: leave the process as launched")(
       "bind-core-list", po::value<std::string>(&bind_core_list),
       "hand out only these CPUs to the node's ranks, e.g. 0-63,72-135 (like DeepSpeed's --bind_core_list)")(
-      "print-binding", "bind, print every rank's binding (rank 0, one line per rank) and exit without training");
+      "print-binding", "bind, print every rank's binding (rank 0, one line per rank) and exit without training")(
+      "save-dir", po::value<std::string>(&save_dir),
+      "write HDF5 checkpoints here (atomically, with a `latest` pointer); also on SIGTERM/SIGUSR1")(
+      "save-every", po::value<int64_t>(&save_every), "checkpoint every N steps (needs --save-dir)")(
+      "keep", po::value<int>(&keep)->default_value(3), "checkpoints to keep in --save-dir")(
+      "resume", po::value<std::string>(&resume), "resume from a checkpoint file, or the `latest` one of a directory");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
@@ -72,6 +80,13 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   so::TrainOptions opts;
   opts.metrics_path = metrics;
   opts.trace_path = trace;
+  if (save_every < 0) throw so::Error("command line: --save-every must not be negative");
+  if (save_every > 0 && save_dir.empty()) throw so::Error("command line: --save-every needs --save-dir");
+  if (keep < 1) throw so::Error("command line: --keep must be at least 1");
+  opts.save_dir = save_dir;
+  opts.save_every = save_every;
+  opts.keep = keep;
+  opts.resume = resume;
   const so::TrainSummary s = so::train(cfg, *comm, opts);
   if (comm->rank() == 0)
     std::printf("done: %lld steps, loss %.4f -> %.4f, mean %.0f tokens/s, exposed optimizer %.2f ms/step "

@@ -8,6 +8,7 @@
 
 #include "parallel/communicator.h"
 #include "parallel/mpi_check.h"
+#include "parallel/mpi_comm.h"
 #include "so/backend/backend.h"
 #include "so/core/error.h"
 
@@ -62,6 +63,7 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
 
+  MPI_Comm host_comm() const { return host_comm_; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return name_; }
@@ -211,6 +213,12 @@ void MpiSession::abort_job(int code) {
   MPI_Finalized(&finalized);
   if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
   std::exit(code);
+}
+
+MPI_Comm mpi_comm_of(const Communicator& comm) {
+  const auto* mpi = dynamic_cast<const MpiCommunicator*>(&comm);
+  SO_CHECK(mpi, "communicator '", comm.name(), "' is not MPI-backed");
+  return mpi->host_comm();
 }
 
 std::unique_ptr<Communicator> make_mpi_world_communicator() {

@@ -11,6 +11,7 @@ packages=(
   libhdf5-openmpi-dev hdf5-tools        # parallel HDF5: checkpoints, fixtures, token datasets
   libopenblas-pthread-dev               # CPU GEMM; pthread build chosen on purpose (see cmake/SoDependencies.cmake)
   nlohmann-json3-dev libgtest-dev googletest
+  python3-h5py python3-numpy            # checkpoint interop test (h5py reads so_train checkpoints)
   g++-aarch64-linux-gnu qemu-user       # Arm NEON/SVE optimizer kernels: cross build + emulated tests (tests/cross)
 )
 missing=()

@@ -1,6 +1,9 @@
 #pragma once
 // Helpers shared by the tests: relative error, device upload/download through a backend, errors.
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -51,5 +54,26 @@ std::string error_message(Fn&& fn) {
   }
   return "";
 }
+
+// A fresh directory under the system's temporary directory, unique to this process and `name`
+// (e.g. the test's name), removed with its contents when it goes out of scope.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& name)
+      : path_(std::filesystem::temp_directory_path() / str_cat("so_test_", ::getpid(), "_", name)) {
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 }  // namespace so::test

@@ -1,6 +1,7 @@
 #include "so/core/json_reader.h"
 
 #include <cmath>
+#include <fstream>
 
 #include "so/core/error.h"
 
@@ -87,6 +88,16 @@ JsonReader JsonReader::child(const std::string& key) {
 void JsonReader::finish() const {
   for (const auto& [key, value] : obj_.items())
     if (!used_.count(key)) throw Error(str_cat(source_, ": unknown key '", key_path(key), "'"));
+}
+
+nlohmann::json read_json_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path);
+  SO_CHECK(in.good(), "cannot open ", what, " '", path, "'");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    SO_FAIL(what, " '", path, "' is not valid JSON: ", e.what());
+  }
 }
 
 template bool JsonReader::get<bool>(const std::string&, const bool&);

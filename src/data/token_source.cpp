@@ -1,57 +1,16 @@
 #include "so/data/token_source.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 #include <fstream>
 
 #include "so/core/error.h"
 #include "so/core/random.h"
 #include "so/io/hdf5_file.h"
+#include "so/io/mapped_file.h"
 
 namespace so {
 
 namespace {
-
-// Read-only memory map of a whole file (RAII).
-class MappedFile {
- public:
-  explicit MappedFile(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY);
-    SO_CHECK(fd >= 0, "cannot open data file '", path, "': ", std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      SO_FAIL("cannot stat data file '", path, "'");
-    }
-    size_ = static_cast<size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      ::close(fd);
-      SO_CHECK(p != MAP_FAILED, "cannot map data file '", path, "': ", std::strerror(errno));
-      data_ = static_cast<const uint8_t*>(p);
-    } else {
-      ::close(fd);
-    }
-  }
-  ~MappedFile() {
-    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  const uint8_t* data() const { return data_; }
-  size_t size() const { return size_; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  const uint8_t* data_ = nullptr;
-  size_t size_ = 0;
-};
 
 void check_range(const TokenSource& s, int64_t offset, int64_t count) {
   SO_CHECK(offset >= 0 && count >= 0 && offset + count <= s.size(), s.describe(), ": read of [", offset, ", ",

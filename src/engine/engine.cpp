@@ -183,50 +183,75 @@ float* Engine::state_ptr(int64_t e, OptimState which) {
   return buf.as<float>() + e;
 }
 
+ParamSlice Engine::owned_slice(int id) const {
+  const ParamInfo& p = info(id);
+  const size_t b = param_bucket_[id];
+  const std::optional<OwnedPart> part = owned_part(shards_, buckets_[b], b, p.offset, p.numel);
+  return part ? ParamSlice{part->src, part->n} : ParamSlice{};
+}
+
 void Engine::load_weight(int id, const std::vector<float>& values) {
   const ParamInfo& p = info(id);
   SO_CHECK(static_cast<int64_t>(values.size()) == p.numel, "engine: loading '", p.name, "' with ", values.size(),
            " values; it has ", p.numel);
-  drain_optimizer();
+  const ParamSlice mine = owned_slice(id);
+  write_owned(id, OptimState::Master,
+              std::vector<float>(values.begin() + mine.first, values.begin() + mine.first + mine.count));
+}
+
+void Engine::write_owned(int id, OptimState which, const std::vector<float>& values) {
+  const ParamInfo& p = info(id);
   const size_t b = param_bucket_[id];
   const std::optional<OwnedPart> part = owned_part(shards_, buckets_[b], b, p.offset, p.numel);
-  if (!part) return;  // another rank owns all of it
+  SO_CHECK(static_cast<int64_t>(values.size()) == (part ? part->n : 0), "engine: writing ", values.size(),
+           " values of '", p.name, "'; this rank owns ", part ? part->n : 0);
+  if (!part) return;
+  drain_optimizer();
   Stream& s = backend_.stream(StreamKind::Compute);
-  const float* src = values.data() + part->src;
-  const size_t n = static_cast<size_t>(part->n);
-  // The fp32 master copy (host memory for offloaded buckets, device memory otherwise), and the
-  // model-dtype copy rounded on the host the way every cast rounds.
+  const size_t n = values.size();
   if (on_host(part->dst))
-    std::memcpy(state_ptr(part->dst, OptimState::Master), src, n * sizeof(float));
+    std::memcpy(state_ptr(part->dst, which), values.data(), n * sizeof(float));
   else
-    backend_.copy_h2d(state_ptr(part->dst, OptimState::Master), src, n * sizeof(float), s);
-  std::vector<char> dev(n * dtype_size(opts_.dtype));
-  if (opts_.dtype == DType::F32) {
-    std::memcpy(dev.data(), src, dev.size());
-  } else {
-    bf16* out = reinterpret_cast<bf16*>(dev.data());
-    for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(src[i]);
+    backend_.copy_h2d(state_ptr(part->dst, which), values.data(), n * sizeof(float), s);
+  std::vector<char> dev;
+  if (which == OptimState::Master) {
+    // The device copy in model dtype, rounded on the host the way every cast rounds.
+    dev.resize(n * dtype_size(opts_.dtype));
+    if (opts_.dtype == DType::F32) {
+      std::memcpy(dev.data(), values.data(), dev.size());
+    } else {
+      bf16* out = reinterpret_cast<bf16*>(dev.data());
+      for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(values[i]);
+    }
+    backend_.copy_h2d(static_cast<char*>(weights_.data()) + part->dst * dtype_size(opts_.dtype), dev.data(),
+                      dev.size(), s);
   }
-  backend_.copy_h2d(static_cast<char*>(weights_.data()) + part->dst * dtype_size(opts_.dtype), dev.data(), dev.size(),
-                    s);
   backend_.synchronize(s);  // `values` and `dev` go away after return
+}
+
+std::vector<float> Engine::read_owned(int id, OptimState which) {
+  const ParamInfo& p = info(id);
+  const size_t b = param_bucket_[id];
+  const std::optional<OwnedPart> part = owned_part(shards_, buckets_[b], b, p.offset, p.numel);
+  std::vector<float> out(part ? static_cast<size_t>(part->n) : 0);
+  if (!part) return out;
+  drain_optimizer();
+  if (on_host(part->dst)) {
+    std::memcpy(out.data(), state_ptr(part->dst, which), out.size() * sizeof(float));
+  } else {
+    Stream& s = backend_.stream(StreamKind::Compute);
+    backend_.copy_d2h(out.data(), state_ptr(part->dst, which), out.size() * sizeof(float), s);
+    backend_.synchronize(s);
+  }
+  return out;
 }
 
 std::vector<float> Engine::read_state(int id, OptimState which) {
   const ParamInfo& p = info(id);
-  drain_optimizer();
+  const ParamSlice mine = owned_slice(id);
+  const std::vector<float> part = read_owned(id, which);
   std::vector<float> out(static_cast<size_t>(p.numel), 0.0f);
-  const size_t b = param_bucket_[id];
-  if (const std::optional<OwnedPart> part = owned_part(shards_, buckets_[b], b, p.offset, p.numel)) {
-    float* dst = out.data() + part->src;
-    if (on_host(part->dst)) {
-      std::memcpy(dst, state_ptr(part->dst, which), part->n * sizeof(float));
-    } else {
-      Stream& s = backend_.stream(StreamKind::Compute);
-      backend_.copy_d2h(dst, state_ptr(part->dst, which), part->n * sizeof(float), s);
-      backend_.synchronize(s);
-    }
-  }
+  std::copy(part.begin(), part.end(), out.begin() + mine.first);
   if (!shards_.sharded()) return out;
   // Every rank contributes its part, zeros elsewhere: the sum is the whole tensor, exactly.
   std::vector<double> wide(out.begin(), out.end());

@@ -1,6 +1,7 @@
 #include "so/model/model_config.h"
 
-#include <fstream>
+#include <charconv>
+#include <cstdlib>
 
 #include "so/core/error.h"
 #include "so/core/json_reader.h"
@@ -14,6 +15,15 @@ const char* kIgnoredHfKeys[] = {"architectures", "bos_token_id", "eos_token_id",
                                 "dtype", "transformers_version", "use_cache", "pretraining_tp", "_name_or_path",
                                 "attention_dropout", "output_attentions", "output_hidden_states", "return_dict",
                                 "max_window_layers", "layer_types", "model_name", "is_decoder"};
+
+// The shortest decimal that reads back as the same float, as a JSON number: 1e-05 rather than
+// the float's exact double value 9.999999747378752e-06.
+double shortest_decimal(float f) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof(buf) - 1, f);
+  *r.ptr = '\0';
+  return std::strtod(buf, nullptr);
+}
 }  // namespace
 
 int64_t ModelConfig::num_parameters() const {
@@ -82,15 +92,7 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
 }
 
 ModelConfig ModelConfig::from_hf_file(const std::string& path) {
-  std::ifstream in(path);
-  SO_CHECK(in.good(), "cannot open model config '", path, "'");
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception& e) {
-    SO_FAIL("model config '", path, "' is not valid JSON: ", e.what());
-  }
-  return from_hf_json(j, path);
+  return from_hf_json(read_json_file(path, "model config"), path);
 }
 
 nlohmann::json ModelConfig::to_hf_json() const {
@@ -105,9 +107,9 @@ nlohmann::json ModelConfig::to_hf_json() const {
                       {"head_dim", head_dim},
                       {"max_position_embeddings", max_position_embeddings},
                       {"rope_theta", rope_theta},
-                      {"rms_norm_eps", rms_norm_eps},
+                      {"rms_norm_eps", shortest_decimal(rms_norm_eps)},
                       {"tie_word_embeddings", tie_word_embeddings},
-                      {"initializer_range", initializer_range},
+                      {"initializer_range", shortest_decimal(initializer_range)},
                       {"hidden_act", "silu"}};
   return j;
 }

@@ -169,11 +169,18 @@ void parse_zero(JsonReader r, RunConfig& c) {
 }
 
 void parse_model(JsonReader r, RunConfig& c) {
-  const bool has_path = r.has("config"), has_inline = r.has("inline");
-  if (has_path == has_inline) r.fail("config", "give exactly one of model.config (path to an HF config.json) or model.inline");
-  if (has_path) {
+  if (r.has("config") + r.has("inline") + r.has("hf_dir") != 1)
+    r.fail("config", "give exactly one of model.config (path to an HF config.json), model.inline or model.hf_dir "
+                     "(a Hugging Face model directory)");
+  if (r.has("config")) {
     c.model_source = r.require<std::string>("config");
     c.model = ModelConfig::from_hf_file(c.model_source);
+  } else if (r.has("hf_dir")) {
+    // The weights are read by the trainer (load_hf_weights), after the engine exists.
+    c.init_hf_dir = r.require<std::string>("hf_dir");
+    if (!std::filesystem::is_directory(c.init_hf_dir)) r.fail("hf_dir", "names '" + c.init_hf_dir + "', which is not a directory");
+    c.model_source = c.init_hf_dir;
+    c.model = ModelConfig::from_hf_file((std::filesystem::path(c.init_hf_dir) / "config.json").string());
   } else {
     JsonReader in = r.child("inline");
     c.model_source = c.source + ": model.inline";
@@ -264,7 +271,7 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
   parse_optimizer(r.child("optimizer"), c);
   if (r.has("scheduler")) parse_scheduler(r.child("scheduler"), c);
   parse_zero(r.child("zero_optimization"), c);
-  if (!r.has("model")) r.fail("model", "is required (model.config: path to an HF config.json, or model.inline)");
+  if (!r.has("model")) r.fail("model", "is required (model.config: path to an HF config.json, model.inline or model.hf_dir)");
   parse_model(r.child("model"), c);
   if (!r.has("data")) r.fail("data", "is required");
   parse_data(r.child("data"), c);

@@ -1,5 +1,6 @@
 #include "so/train/trainer.h"
 
+#include <csignal>
 #include <cstdio>
 #include <optional>
 
@@ -8,12 +9,18 @@
 #include "so/core/log.h"
 #include "so/data/batch_sampler.h"
 #include "so/engine/engine.h"
+#include "so/model/hf_model.h"
 #include "so/model/llama_model.h"
+#include "so/train/checkpoint.h"
 #include "so/train/metrics.h"
 
 namespace so {
 
 namespace {
+
+// SIGTERM / SIGUSR1 (Slurm's preemption signals): finish the step, save, exit cleanly.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 std::unique_ptr<TokenSource> open_data(const DataConfig& d, int64_t vocab) {
   if (d.type == "text") return open_text_bytes(d.path);
@@ -93,6 +100,22 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
                      "): parameters + gradients + optimizer state ", mib(engine.state_bytes()), " MiB on the device, ",
                      mib(engine.host_state_bytes()), " MiB on the host"));
   engine.init_weights(cfg.seed, cfg.model.initializer_range);
+  if (!cfg.init_hf_dir.empty()) {
+    load_hf_weights(cfg.init_hf_dir, model.layout(),
+                    [&](int id, std::vector<float> values) { engine.load_weight(id, values); });
+    if (comm.rank() == 0) log_info(str_cat("weights loaded from the Hugging Face model in ", cfg.init_hf_dir));
+  }
+  TrainState state;
+  if (!opts.resume.empty()) {
+    state = load_checkpoint(engine, comm, cfg, opts.resume);
+    if (comm.rank() == 0)
+      log_info(str_cat("resumed from ", resolve_checkpoint(opts.resume), " at step ", state.iteration,
+                       " (optimizer step ", state.steps_taken, ", sample ", state.data_position, ")"));
+  }
+  if (!opts.save_dir.empty()) {
+    std::signal(SIGTERM, on_stop_signal);
+    std::signal(SIGUSR1, on_stop_signal);
+  }
 
   std::unique_ptr<TokenSource> source = open_data(cfg.data, cfg.model.vocab_size);
   BatchSampler sampler(*source, cfg.data.seq_len, cfg.micro_batch, cfg.model.vocab_size, cfg.data.seed);
@@ -123,6 +146,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   // A step's timing is known once the next step's forward has started (the optimizer of an
   // offloaded step overlaps it), so each line is written one step late.
   std::optional<StepMetrics> pending;
+  const int64_t first_step = state.iteration + 1;
   auto emit = [&](StepMetrics m) {
     const std::optional<StepTiming> t = engine.timeline().finish(m.step);
     SO_CHECK(t, "timeline of step ", m.step, " is not complete");
@@ -135,12 +159,20 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     sink.write(m, cfg.steps, lead && (m.step % cfg.log_every == 0 || m.step == 1 || m.step == cfg.steps));
     std::fflush(stdout);
     tokens_per_s_sum += m.tokens_per_s;
-    if (m.step > 1) step_sum += m.seconds, exposed_sum += m.exposed_optimizer_s, busy_sum += m.optimizer_busy_s;
+    if (m.step > first_step)  // the first step of a run pays start-up effects
+      step_sum += m.seconds, exposed_sum += m.exposed_optimizer_s, busy_sum += m.optimizer_busy_s;
   };
 
   const float loss_scale = 1.0f / static_cast<float>(tokens_per_step);
-  int64_t sample = 0;  // the data position: index of the next global sample
-  for (int64_t step = 1; step <= cfg.steps; ++step) {
+  int64_t sample = state.data_position;  // index of the next global sample
+  auto save = [&] {
+    state.data_position = sample;
+    state.steps_taken = engine.steps_taken();
+    state.last_step_redone = engine.last_step_redone();
+    const std::string path = save_checkpoint(engine, comm, cfg, state, opts.save_dir, opts.keep);
+    if (lead) log_info(str_cat("checkpoint saved: ", path));
+  };
+  for (int64_t step = state.iteration + 1; step <= cfg.steps; ++step) {
     const double lr = cfg.schedule.lr_at(engine.steps_taken());
     engine.begin_step(static_cast<float>(lr), static_cast<int>(cfg.grad_accum));
     model.zero_loss();
@@ -172,19 +204,32 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
 
     summary.clipped_steps += !r.skipped && r.clip_coef < 1.0f;
     summary.skipped_steps += r.skipped;
-    if (step == 1) summary.first_loss = loss;
+    state.iteration = step;
+    if (summary.losses.empty()) summary.first_loss = loss;
     summary.last_loss = loss;
     summary.losses.push_back(loss_sum);
     summary.steps = step;
+
+    if (opts.save_dir.empty()) continue;
+    // Every rank learns of a signal at the same step boundary, so all save and stop together.
+    double stop = g_stop_signal != 0 ? 1.0 : 0.0;
+    comm.all_reduce_sum(&stop, 1);
+    if ((opts.save_every > 0 && step % opts.save_every == 0) || stop > 0) save();
+    if (stop > 0) {
+      if (lead) log_info(str_cat("stopping after step ", step, " on a termination signal; resume with --resume ", opts.save_dir));
+      summary.stopped_by_signal = true;
+      break;
+    }
   }
   engine.finish();
   if (opts.at_end) opts.at_end(engine);
   if (pending) emit(*pending);
   engine.timeline().write_trace();
-  summary.mean_tokens_per_s = tokens_per_s_sum / std::max<int64_t>(1, summary.steps);
-  summary.mean_step_s = step_sum / std::max<int64_t>(1, summary.steps - 1);
-  summary.mean_exposed_optimizer_s = exposed_sum / std::max<int64_t>(1, summary.steps - 1);
-  summary.mean_optimizer_busy_s = busy_sum / std::max<int64_t>(1, summary.steps - 1);
+  const int64_t ran = static_cast<int64_t>(summary.losses.size());
+  summary.mean_tokens_per_s = tokens_per_s_sum / std::max<int64_t>(1, ran);
+  summary.mean_step_s = step_sum / std::max<int64_t>(1, ran - 1);
+  summary.mean_exposed_optimizer_s = exposed_sum / std::max<int64_t>(1, ran - 1);
+  summary.mean_optimizer_busy_s = busy_sum / std::max<int64_t>(1, ran - 1);
   return summary;
 }
 

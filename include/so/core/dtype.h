@@ -33,6 +33,33 @@ inline bf16 f32_to_bf16(float f) {
   return bf16{static_cast<uint16_t>(u >> 16)};
 }
 
+// IEEE binary16 (a source dtype of imported weights) widened exactly: every fp16 value,
+// subnormals included, is an fp32 value; Inf stays Inf and NaN keeps its payload.
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {
+    u = sign | ((exp + 112) << 23) | (mant << 13);  // rebias 15 -> 127
+  } else if (mant == 0) {
+    u = sign;
+  } else {
+    // Subnormal mant * 2^-24: shift the leading one into the implicit bit, lowering the exponent.
+    uint32_t e = 113;  // biased fp32 exponent of 2^-14
+    while (!(mant & 0x400u)) {
+      mant <<= 1;
+      --e;
+    }
+    u = sign | (e << 23) | ((mant & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 // Uniform load/store used by templated kernels: compute in fp32 whatever the storage.
 inline float to_f32(float x) { return x; }
 inline float to_f32(bf16 x) { return bf16_to_f32(x); }

@@ -37,4 +37,7 @@ class JsonReader {
   std::set<std::string> used_;
 };
 
+// Parses the JSON file at `path`; errors name it as `what` (e.g. "model config") and the path.
+nlohmann::json read_json_file(const std::string& path, const std::string& what);
+
 }  // namespace so

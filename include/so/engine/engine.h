@@ -55,6 +55,12 @@ struct StepResult {
 
 enum class OptimState { Master, ExpAvg, ExpAvgSq };
 
+// The part of one parameter this rank owns: elements [first, first + count) of the flattened
+// tensor (count 0: none). The whole tensor without ZeRO-3.
+struct ParamSlice {
+  int64_t first = 0, count = 0;
+};
+
 class Engine final : public ParamStore, public ModelHooks {
  public:
   Engine(Backend& backend, const ParamLayout& layout, const EngineOptions& opts, Communicator& comm);
@@ -74,6 +80,19 @@ class Engine final : public ParamStore, public ModelHooks {
   std::vector<float> read_state(int param_id, OptimState which);
   std::vector<float> read_weight(int param_id) { return read_state(param_id, OptimState::Master); }
   std::vector<float> read_grad(int param_id);  // the last step's gradients, widened to fp32
+
+  // Checkpoints: this rank's part of each tensor, without any collective.
+  ParamSlice owned_slice(int param_id) const;
+  std::vector<float> read_owned(int param_id, OptimState which);  // slice.count values
+  // Master writes also refresh the device copy in model dtype (rounded as every cast rounds).
+  void write_owned(int param_id, OptimState which, const std::vector<float>& values);
+  bool last_step_redone() const { return last_step_redone_; }
+  // Resuming: the loop's and the optimizer's counters as the checkpoint recorded them.
+  void restore_counters(int64_t iteration, int64_t steps_taken, bool last_step_redone) {
+    iteration_ = iteration;
+    steps_ = steps_taken;
+    last_step_redone_ = last_step_redone;
+  }
 
   // Opens a step: zeroes the gradients and fixes the learning rate the (speculative) CPU steps
   // use. The last of `micro_batches` backward passes hands the gradients to the optimizer.

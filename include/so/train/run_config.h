@@ -29,6 +29,7 @@ struct RunConfig {
   nlohmann::json resolved;   // the document after --set overrides
   ModelConfig model;
   std::string model_source;  // where the model config came from
+  std::string init_hf_dir;   // model.hf_dir: start from these Hugging Face weights; empty = random init
   DType dtype = DType::F32;
   int64_t micro_batch = 1;
   int64_t grad_accum = 1;

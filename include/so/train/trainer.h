@@ -14,6 +14,10 @@ class Engine;
 struct TrainOptions {
   std::string metrics_path;  // JSON lines; empty = none
   std::string trace_path;    // Chrome/Perfetto trace of every step; empty = none
+  std::string save_dir;      // checkpoints go here (docs/checkpoints.md); empty = never saved
+  int64_t save_every = 0;    // steps between checkpoints; 0 = only on SIGTERM/SIGUSR1
+  int keep = 3;              // checkpoints kept in save_dir
+  std::string resume;        // checkpoint file, or a directory with a `latest` pointer
   // Called with the engine after the last step (collectively on every rank): tests, exports.
   std::function<void(Engine&)> at_end;
 };
@@ -26,7 +30,8 @@ struct TrainSummary {
   double mean_optimizer_busy_s = 0.0;
   int64_t steps = 0;
   int64_t clipped_steps = 0, skipped_steps = 0;
-  std::vector<double> losses;  // every step's global mean loss
+  std::vector<double> losses;  // every step's global mean loss (of this run, after any resume)
+  bool stopped_by_signal = false;
 };
 
 TrainSummary train(const RunConfig& cfg, Communicator& comm, const TrainOptions& opts);

@@ -1,0 +1,235 @@
+#include "so/model/hf_model.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "so/core/error.h"
+#include "so/core/json_reader.h"
+#include "so/io/atomic_file.h"
+#include "so/io/safetensors.h"
+
+namespace so {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kSingleFile[] = "model.safetensors";
+constexpr char kIndexFile[] = "model.safetensors.index.json";
+constexpr char kTiedHead[] = "lm_head.weight";
+// Shard names as transformers writes them: model-00001-of-00003.safetensors.
+const std::regex kShardName(R"(model-\d{5}-of-\d{5}\.safetensors)");
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Buffers that older transformers versions saved beside the parameters: not weights.
+bool is_known_buffer(const std::string& name) { return name.ends_with("rotary_emb.inv_freq"); }
+
+// Every tensor of a model directory and the file that holds it, headers validated.
+struct TensorFiles {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, const SafetensorsFile*> where;
+
+  const SafetensorsTensor* find(const std::string& name) const {
+    const auto it = where.find(name);
+    return it == where.end() ? nullptr : it->second->find(name);
+  }
+};
+
+TensorFiles open_single(const fs::path& path) {
+  TensorFiles tf;
+  tf.files.push_back(std::make_unique<SafetensorsFile>(path.string()));
+  for (const SafetensorsTensor& t : tf.files.back()->tensors()) tf.where[t.name] = tf.files.back().get();
+  return tf;
+}
+
+// The index maps every tensor to a shard; each shard must exist and hold exactly the tensors
+// the index gives it.
+TensorFiles open_sharded(const fs::path& dir) {
+  const std::string index_path = (dir / kIndexFile).string();
+  const nlohmann::json index = read_json_file(index_path, "shard index");
+  SO_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), "'", index_path,
+           "' has no 'weight_map' object");
+  std::map<std::string, std::string> map;  // tensor -> shard file name
+  for (const auto& [tensor, file] : index["weight_map"].items()) {
+    SO_CHECK(file.is_string(), "'", index_path, "': weight_map entry of tensor '", tensor, "' must be a file name");
+    const std::string name = file.get<std::string>();
+    // A shard is a file of this directory: no paths that lead elsewhere.
+    SO_CHECK(!name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos, "'", index_path,
+             "': tensor '", tensor, "' is mapped to '", name, "', which is not a file name in the directory");
+    map[tensor] = name;
+  }
+  TensorFiles tf;
+  std::map<std::string, const SafetensorsFile*> shards;
+  for (const auto& [tensor, name] : map) {
+    if (shards.count(name)) continue;
+    const fs::path path = dir / name;
+    SO_CHECK(fs::is_regular_file(path), "'", index_path, "' maps tensor '", tensor, "' to shard '", name,
+             "', which does not exist");
+    tf.files.push_back(std::make_unique<SafetensorsFile>(path.string()));
+    shards[name] = tf.files.back().get();
+  }
+  for (const auto& [tensor, name] : map) {
+    SO_CHECK(shards[name]->find(tensor), "'", index_path, "' maps tensor '", tensor, "' to shard '",
+             shards[name]->path(), "', which does not hold it");
+    tf.where[tensor] = shards[name];
+  }
+  for (const auto& [name, shard] : shards)
+    for (const SafetensorsTensor& t : shard->tensors())
+      SO_CHECK(map.count(t.name) && map[t.name] == name, "shard '", shard->path(), "' holds tensor '", t.name,
+               "', which '", index_path, "' ", map.count(t.name) ? "maps to shard '" + map[t.name] + "'" : "does not list");
+  return tf;
+}
+
+TensorFiles open_tensors(const fs::path& dir) {
+  // transformers' order: the single file wins over an index.
+  if (fs::exists(dir / kSingleFile)) return open_single(dir / kSingleFile);
+  SO_CHECK(fs::exists(dir / kIndexFile), "model directory '", dir.string(), "' holds neither ", kSingleFile, " nor ",
+           kIndexFile, " (only safetensors weights are read)");
+  return open_sharded(dir);
+}
+
+// Fails unless the tensors are exactly the layout's parameters with the layout's shapes, plus
+// the tolerated extras (a tied lm_head, rotary buffers). All problems are listed at once.
+void check_against_layout(const fs::path& dir, const TensorFiles& tf, const ParamLayout& layout) {
+  const bool tied = layout.lm_head == layout.embedding;
+  std::vector<std::string> problems;
+  auto check_shape = [&](const std::string& name, const std::vector<int64_t>& expected) {
+    const SafetensorsTensor* t = tf.find(name);
+    if (!t) {
+      problems.push_back(str_cat("tensor '", name, "' ", shape_str(expected), " is missing",
+                                 name == kTiedHead ? " (config.json has tie_word_embeddings false)" : ""));
+    } else if (t->shape != expected) {
+      problems.push_back(str_cat("tensor '", name, "' in '", tf.where.at(name)->path(), "' has shape ",
+                                 shape_str(t->shape), " (", safetensors_dtype_name(t->dtype), "); config.json needs ",
+                                 shape_str(expected)));
+    }
+  };
+  std::set<std::string> expected;
+  for (const ParamInfo& p : layout.params) {
+    check_shape(p.name, p.shape);
+    expected.insert(p.name);
+  }
+  if (tied && tf.find(kTiedHead)) {
+    check_shape(kTiedHead, layout.params[layout.embedding].shape);
+    expected.insert(kTiedHead);
+  }
+  for (const auto& [name, file] : tf.where)
+    if (!expected.count(name) && !is_known_buffer(name)) {
+      const SafetensorsTensor& t = *file->find(name);
+      problems.push_back(str_cat("unexpected tensor '", name, "' ", shape_str(t.shape), " (",
+                                 safetensors_dtype_name(t.dtype), ") in '", file->path(),
+                                 "': the model of config.json has no such parameter"));
+    }
+  if (problems.empty()) return;
+  constexpr size_t kListed = 20;  // a wholly different model would list every tensor
+  std::string msg;
+  for (size_t i = 0; i < problems.size() && i < kListed; ++i) msg += (i ? "; " : " ") + problems[i];
+  if (problems.size() > kListed) msg += str_cat("; and ", problems.size() - kListed, " more");
+  SO_FAIL("model directory '", dir.string(), "' does not match its config.json (", problems.size(), " problem",
+          problems.size() > 1 ? "s" : "", "):", msg);
+}
+
+const char* hf_dtype_name(DType t) { return t == DType::F32 ? "float32" : "bfloat16"; }
+
+}  // namespace
+
+void load_hf_weights(const std::string& dir, const ParamLayout& layout,
+                     const std::function<void(int param_id, std::vector<float> values)>& load) {
+  const TensorFiles tf = open_tensors(dir);
+  check_against_layout(dir, tf, layout);
+  const bool tied = layout.lm_head == layout.embedding;
+  for (size_t id = 0; id < layout.params.size(); ++id) {
+    const std::string& name = layout.params[id].name;
+    std::vector<float> values = tf.where.at(name)->read_f32(name);
+    if (tied && static_cast<int>(id) == layout.embedding && tf.find(kTiedHead)) {
+      // Bit patterns, so a NaN equals itself.
+      const std::vector<float> head = tf.where.at(kTiedHead)->read_f32(kTiedHead);
+      SO_CHECK(std::memcmp(head.data(), values.data(), values.size() * sizeof(float)) == 0, "model directory '", dir,
+               "': ", kTiedHead, " differs from ", name, " but config.json ties them (tie_word_embeddings true)");
+    }
+    load(static_cast<int>(id), std::move(values));
+  }
+}
+
+HfModel load_hf_model(const std::string& dir) {
+  HfModel m;
+  m.config = ModelConfig::from_hf_file((fs::path(dir) / "config.json").string());
+  m.layout = ParamLayout::for_model(m.config);
+  m.values.resize(m.layout.params.size());
+  load_hf_weights(dir, m.layout, [&](int id, std::vector<float> v) { m.values[id] = std::move(v); });
+  return m;
+}
+
+void export_hf_model(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout,
+                     const std::function<std::vector<float>(int param_id)>& get, const HfExportOptions& opts) {
+  SO_CHECK(opts.max_shard_bytes >= 0, "export to '", dir, "': max_shard_bytes must not be negative");
+  const fs::path root(dir);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  SO_CHECK(!ec, "cannot create model directory '", dir, "': ", ec.message());
+  // What save_pretrained writes; transformers 4.x refuses metadata without a framework "format".
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+
+  // Shards in layout order: a new one starts when the next tensor would overflow the limit.
+  std::vector<std::vector<int>> shards(1);
+  int64_t shard_bytes = 0, total_bytes = 0, total_params = 0;
+  for (size_t id = 0; id < layout.params.size(); ++id) {
+    const int64_t bytes = layout.params[id].numel * static_cast<int64_t>(dtype_size(opts.dtype));
+    if (opts.max_shard_bytes > 0 && !shards.back().empty() && shard_bytes + bytes > opts.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(static_cast<int>(id));
+    shard_bytes += bytes;
+    total_bytes += bytes;
+    total_params += layout.params[id].numel;
+  }
+  auto write_shard = [&](const fs::path& path, const std::vector<int>& ids) {
+    std::vector<SafetensorsEntry> entries;
+    for (int id : ids) entries.push_back({layout.params[id].name, layout.params[id].shape});
+    write_safetensors(path.string(), entries, opts.dtype, [&](size_t i) { return get(ids[i]); }, metadata);
+  };
+
+  std::set<std::string> written;
+  if (shards.size() == 1) {
+    write_shard(root / kSingleFile, shards[0]);
+  } else {
+    nlohmann::json weight_map = nlohmann::json::object();
+    for (size_t s = 0; s < shards.size(); ++s) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+      write_shard(root / name, shards[s]);
+      written.insert(name);
+      for (int id : shards[s]) weight_map[layout.params[id].name] = name;
+    }
+    const nlohmann::json index = {{"metadata", {{"total_size", total_bytes}, {"total_parameters", total_params}}},
+                                  {"weight_map", weight_map}};
+    write_file_atomically((root / kIndexFile).string(), index.dump(2) + "\n");
+  }
+  // What an earlier export of the other layout left: transformers would read it first (the
+  // single file) or it would sit there unreferenced (shards, index).
+  std::vector<fs::path> stale;  // collected first: removing while iterating is unspecified
+  for (const fs::directory_entry& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (shards.size() == 1 ? name == kIndexFile || std::regex_match(name, kShardName)
+                           : name == kSingleFile || (std::regex_match(name, kShardName) && !written.count(name)))
+      stale.push_back(e.path());
+  }
+  for (const fs::path& p : stale) fs::remove(p);
+  nlohmann::json config = cfg.to_hf_json();
+  config["dtype"] = hf_dtype_name(opts.dtype);
+  write_file_atomically((root / "config.json").string(), config.dump(2) + "\n");
+}
+
+}  // namespace so

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Generate tiny Hugging Face model directories for so_train's import tests (hf_models/).
+
+Each model is a LlamaForCausalLM or Qwen3ForCausalLM with seeded random weights (initialised as
+make_fixtures.py does), cast to its storage dtype and written with save_pretrained, exactly as a
+user's model would be. Beside them, reference.json holds one token sequence and, per model, the
+loss transformers computes on it after loading the directory back in float32 (bf16 and fp16
+weights widen exactly, so so_train in fp32 must match it to fp32 rounding); tokens.sotokens holds
+the same sequence as an so_train token file (SOTOKENS v1, 2 bytes per token), so that so_train's
+first training step sees exactly these tokens. See README.md in this directory.
+
+Usage (from the repository root):
+    python3 tests/reference/make_hf_models.py            # writes tests/reference/hf_models/
+    python3 tests/reference/make_hf_models.py --out DIR
+"""
+import argparse
+import json
+import os
+import shutil
+import struct
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from check_hf_export import hf_loss
+from make_fixtures import reinit_
+
+SEQ_TOKENS = 33  # one sequence: 32 positions of next-token loss
+TOKEN_SEED = 99
+COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, hidden_act="silu",
+              attention_bias=False)
+
+MODELS = [
+    dict(name="llama_tied_bf16", cls="llama", seed=11, dtype=torch.bfloat16,
+         config=dict(tie_word_embeddings=True, rope_theta=10000.0)),
+    dict(name="llama_untied_fp32", cls="llama", seed=12, dtype=torch.float32,
+         config=dict(tie_word_embeddings=False, rope_theta=500000.0)),
+    dict(name="llama_untied_fp16_sharded", cls="llama", seed=13, dtype=torch.float16, max_shard_size="80KB",
+         config=dict(tie_word_embeddings=False, rope_theta=10000.0, num_key_value_heads=1)),
+    dict(name="qwen3_tied_bf16", cls="qwen3", seed=14, dtype=torch.bfloat16,
+         config=dict(tie_word_embeddings=True, rope_theta=1000000.0, head_dim=32, use_sliding_window=False)),
+]
+
+
+def build(spec):
+    kw = dict(COMMON, **spec["config"])
+    theta = kw.pop("rope_theta")
+    if spec["cls"] == "llama":
+        cfg, cls = LlamaConfig(**kw), LlamaForCausalLM
+    else:
+        cfg, cls = Qwen3Config(**kw), Qwen3ForCausalLM
+    cfg.rope_parameters = {"rope_type": "default", "rope_theta": theta}
+    torch.manual_seed(spec["seed"])
+    model = cls(cfg).float()
+    reinit_(model)
+    return model.to(spec["dtype"])
+
+
+def write_sotokens(path, tokens):
+    header = b"SOTOKENS" + struct.pack("<IIQ", 1, 2, len(tokens))
+    with open(path, "wb") as f:
+        f.write(header.ljust(32, b"\0"))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_models"))
+    args = ap.parse_args()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    os.makedirs(args.out, exist_ok=True)
+
+    gen = torch.Generator().manual_seed(TOKEN_SEED)
+    tokens = torch.randint(0, COMMON["vocab_size"], (SEQ_TOKENS,), generator=gen).tolist()
+    reference = dict(tokens=tokens, torch_version=torch.__version__, transformers_version=transformers.__version__,
+                     models={})
+    for spec in MODELS:
+        path = os.path.join(args.out, spec["name"])
+        shutil.rmtree(path, ignore_errors=True)
+        build(spec).save_pretrained(path, max_shard_size=spec.get("max_shard_size", "5GB"))
+        loss = hf_loss(path, tokens)
+        # so_train's CLI test compares the first loss to 4 decimals: keep clear of a rounding edge.
+        assert abs((loss * 1e4) % 1 - 0.5) > 0.01, f"{spec['name']}: loss {loss} is too close to a rounding edge"
+        reference["models"][spec["name"]] = dict(loss=loss, loss_4dp=f"{loss:.4f}", dtype=str(spec["dtype"]),
+                                                  files=sorted(os.listdir(path)))
+        size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+        print(f"{spec['name']}: loss {loss:.7f}, {size / 1024:.0f} KiB, {sorted(os.listdir(path))}")
+    with open(os.path.join(args.out, "reference.json"), "w") as f:
+        json.dump(reference, f, indent=1)
+        f.write("\n")
+    write_sotokens(os.path.join(args.out, "tokens.sotokens"), tokens)
+
+
+if __name__ == "__main__":
+    main()
