@@ -20,6 +20,7 @@ DType parse_dtype(const std::string& s, const char* what);
 
 int adam_bench(int argc, char** argv, Communicator& comm);
 int step_bench(int argc, char** argv, Communicator& comm);
+int ckpt_bench(int argc, char** argv, Communicator& comm);
 int comm_bench(int argc, char** argv, Communicator& comm);
 
 }  // namespace so::bench

@@ -44,6 +44,8 @@ constexpr Subcommand kSubcommands[] = {
      adam_bench},
     {"step", "exposed optimizer time per step: ZeRO-Offload vs SuperOffload on the same model and data",
      step_bench},
+    {"ckpt", "HDF5 checkpoint save and load time, file size and bytes/s for a model from random weights",
+     ckpt_bench},
     {"comm", "collectives' time, algorithm and bus bandwidth per size (nccl-tests' table), results checked",
      comm_bench},
 };

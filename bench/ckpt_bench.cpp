@@ -1,0 +1,72 @@
+// so_bench ckpt: save and load time of an HDF5 checkpoint for a model built from random weights,
+// through the same save_checkpoint / load_checkpoint the trainer uses (all ranks of the job
+// writing their ZeRO-3 shards), with file size and bytes per second.
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "bench/bench_commands.h"
+#include "so/core/error.h"
+#include "so/engine/engine.h"
+#include "so/model/param_layout.h"
+#include "so/train/checkpoint.h"
+
+namespace so::bench {
+
+namespace po = boost::program_options;
+
+int ckpt_bench(int argc, char** argv, Communicator& comm) {
+  po::options_description desc("so_bench ckpt options");
+  std::string model = "configs/models/tiny.json", dir = "build/ckpt-bench";
+  int reps = 3;
+  desc.add_options()("help,h", "show this help")("model", po::value<std::string>(&model)->default_value(model),
+                                                 "HF config.json of the model")(
+      "dir", po::value<std::string>(&dir)->default_value(dir), "checkpoint directory (overwritten)")(
+      "reps", po::value<int>(&reps)->default_value(reps), "saves and loads timed (the best is reported)");
+  po::variables_map vm;
+  if (!parse_command_line(desc, argc, argv, vm)) return 0;
+  SO_CHECK(reps >= 1, "--reps must be at least 1");
+
+  nlohmann::json doc = {{"model", {{"config", model}}},
+                        {"data", {{"type", "synthetic"}, {"seq_len", 16}}},
+                        {"zero_optimization", {{"stage", 3}}},
+                        {"train", {{"steps", 1}}}};
+  const RunConfig cfg = parse_run_config(doc, "so_bench ckpt");
+  auto backend = create_backend(BackendOptions{});
+  const ParamLayout layout = ParamLayout::for_model(cfg.model);
+  EngineOptions eo;
+  Engine engine(*backend, layout, eo, comm);
+  engine.init_weights(cfg.seed, cfg.model.initializer_range);
+  const double params = static_cast<double>(cfg.model.num_parameters());
+
+  auto clock = [] { return std::chrono::steady_clock::now(); };
+  auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  double best_save = 1e30, best_load = 1e30;
+  std::string path;
+  TrainState state;
+  for (int r = 0; r < reps; ++r) {
+    comm.barrier();
+    auto t0 = clock();
+    state.steps_taken = r + 1;
+    path = save_checkpoint(engine, comm, cfg, state, dir, 1);
+    best_save = std::min(best_save, secs(t0, clock()));
+    comm.barrier();
+    t0 = clock();
+    load_checkpoint(engine, comm, cfg, path);
+    comm.barrier();
+    best_load = std::min(best_load, secs(t0, clock()));
+  }
+  if (comm.rank() == 0) {
+    const double bytes = static_cast<double>(std::filesystem::file_size(path));
+    std::printf("# so_bench ckpt: %s, %.3fM parameters, %d ranks, best of %d\n", model.c_str(), params / 1e6, comm.size(),
+                reps);
+    std::printf("# %12s %14s %12s %12s %14s %14s\n", "file MiB", "B/parameter", "save s", "load s", "save GB/s",
+                "load GB/s");
+    std::printf("  %12.1f %14.2f %12.3f %12.3f %14.3f %14.3f\n", bytes / (1 << 20), bytes / params, best_save,
+                best_load, bytes / best_save / 1e9, bytes / best_load / 1e9);
+  }
+  return 0;
+}
+
+}  // namespace so::bench
