@@ -9,6 +9,7 @@
 #include "bench/bench_commands.h"
 #include "so/core/error.h"
 #include "so/engine/engine.h"
+#include "so/io/atomic_file.h"
 #include "so/model/param_layout.h"
 #include "so/train/checkpoint.h"
 
@@ -59,12 +60,25 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
   }
   if (comm.rank() == 0) {
     const double bytes = static_cast<double>(std::filesystem::file_size(path));
+    // The bound: the same bytes written sequentially into the same directory and fsynced.
+    const std::string probe = dir + "/.disk-bound-probe";
+    std::vector<char> block(size_t{64} << 20, 1);
+    auto t0 = clock();
+    {
+      AtomicFileWriter out(probe);
+      for (double left = bytes; left > 0; left -= static_cast<double>(block.size()))
+        out.write(block.data(), static_cast<size_t>(std::min(left, static_cast<double>(block.size()))));
+      out.commit();
+    }
+    const double disk = bytes / secs(t0, clock()) / 1e9;
+    std::filesystem::remove(probe);
     std::printf("# so_bench ckpt: %s, %.3fM parameters, %d ranks, best of %d\n", model.c_str(), params / 1e6, comm.size(),
                 reps);
-    std::printf("# %12s %14s %12s %12s %14s %14s\n", "file MiB", "B/parameter", "save s", "load s", "save GB/s",
-                "load GB/s");
-    std::printf("  %12.1f %14.2f %12.3f %12.3f %14.3f %14.3f\n", bytes / (1 << 20), bytes / params, best_save,
-                best_load, bytes / best_save / 1e9, bytes / best_load / 1e9);
+    std::printf("# %10s %12s %9s %9s %10s %10s %16s %12s\n", "file MiB", "B/parameter", "save s", "load s",
+                "save GB/s", "load GB/s", "disk+fsync GB/s", "save/disk");
+    std::printf("  %10.1f %12.2f %9.3f %9.3f %10.3f %10.3f %16.3f %12.2f\n", bytes / (1 << 20), bytes / params,
+                best_save, best_load, bytes / best_save / 1e9, bytes / best_load / 1e9, disk,
+                bytes / best_save / 1e9 / disk);
   }
   return 0;
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -54,30 +55,53 @@ H5Id collective_transfer() {
   return dxpl;
 }
 
-// Selects flattened elements [first, first + count) of a row-major 1-D or 2-D dataspace: up to
-// three hyperslabs (the tail of a first row, whole rows, the head of a last row).
-void select_flat_range(hid_t space, const std::vector<int64_t>& shape, int64_t first, int64_t count) {
-  if (count == 0) {
-    SO_H5(H5Sselect_none(space), "empty selection");
-    return;
-  }
-  auto add = [&, op = H5S_SELECT_SET](hsize_t r, hsize_t c, hsize_t nr, hsize_t nc) mutable {
-    const hsize_t start2[2] = {r, c}, count2[2] = {nr, nc};
-    const hsize_t start1[1] = {c}, count1[1] = {nc};
-    SO_H5(H5Sselect_hyperslab(space, op, shape.size() == 2 ? start2 : start1, nullptr,
-                              shape.size() == 2 ? count2 : count1, nullptr),
-          "hyperslab");
-    op = H5S_SELECT_OR;
+// Flattened elements [first, first + count) of a row-major 1-D or 2-D tensor as three
+// rectangles — the tail of a first row, whole rows, the head of a last row — any of them empty.
+// Always three, so every rank makes the same number of collective calls per dataset.
+struct Rect {
+  hsize_t start[2] = {0, 0}, count[2] = {0, 0};
+  int64_t offset = 0;  // into the rank's contiguous buffer
+  int64_t size() const { return static_cast<int64_t>(count[0] * count[1]); }
+};
+std::array<Rect, 3> split_range(const std::vector<int64_t>& shape, int64_t first, int64_t count) {
+  SO_CHECK(shape.size() == 1 || shape.size() == 2, "checkpoint: tensors of rank ", shape.size(), " are not supported");
+  const int64_t C = shape.back(), end = first + count;
+  std::array<Rect, 3> r;
+  auto set = [&](Rect& x, int64_t row, int64_t col, int64_t rows, int64_t cols, int64_t offset) {
+    if (rows <= 0 || cols <= 0) return;
+    x.start[0] = static_cast<hsize_t>(row), x.start[1] = static_cast<hsize_t>(col);
+    x.count[0] = static_cast<hsize_t>(rows), x.count[1] = static_cast<hsize_t>(cols);
+    x.offset = offset;
   };
-  if (shape.size() == 1) return add(0, static_cast<hsize_t>(first), 1, static_cast<hsize_t>(count));
-  SO_CHECK(shape.size() == 2, "checkpoint: tensors of rank ", shape.size(), " are not supported");
-  const int64_t C = shape[1], end = first + count;
+  if (count == 0) return r;
   int64_t r0 = first / C, c0 = first % C;
   const int64_t r1 = end / C, c1 = end % C;
-  if (r0 == r1) return add(r0, c0, 1, c1 - c0);
-  if (c0 > 0) add(r0, c0, 1, C - c0), ++r0;
-  if (r1 > r0) add(r0, 0, r1 - r0, C);
-  if (c1 > 0) add(r1, 0, 1, c1);
+  if (r0 == r1) {
+    set(r[0], r0, c0, 1, c1 - c0, 0);
+    return r;
+  }
+  int64_t at = 0;
+  if (c0 > 0) set(r[0], r0, c0, 1, C - c0, 0), at = C - c0, ++r0;
+  set(r[1], r0, 0, r1 - r0, C, at);
+  set(r[2], r1, 0, 1, c1, at + (r1 - r0) * C);
+  return r;
+}
+
+// File and memory dataspaces of one rectangle (a 1-D tensor is one row of a 2-D view).
+std::pair<H5Id, H5Id> rect_spaces(hid_t dataset, const std::vector<int64_t>& shape, const Rect& x) {
+  H5Id file = check_id(H5Dget_space(dataset), "H5Dget_space");
+  const bool one_d = shape.size() == 1;
+  const hsize_t mem_dims[2] = {std::max<hsize_t>(x.count[0], 1), std::max<hsize_t>(x.count[1], 1)};
+  H5Id mem = check_id(H5Screate_simple(one_d ? 1 : 2, one_d ? mem_dims + 1 : mem_dims, nullptr), "memory dataspace");
+  if (x.size() == 0) {
+    SO_H5(H5Sselect_none(file.get()), "empty selection");
+    SO_H5(H5Sselect_none(mem.get()), "empty selection");
+  } else {
+    SO_H5(H5Sselect_hyperslab(file.get(), H5S_SELECT_SET, one_d ? x.start + 1 : x.start, nullptr,
+                              one_d ? x.count + 1 : x.count, nullptr),
+          "hyperslab");
+  }
+  return {std::move(file), std::move(mem)};
 }
 
 std::vector<hsize_t> dims_of(const std::vector<int64_t>& shape) { return {shape.begin(), shape.end()}; }
@@ -180,17 +204,18 @@ std::string save_checkpoint(Engine& engine, Communicator& comm, const RunConfig&
         H5Id dcpl = check_id(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate(dataset)");
         SO_H5(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), "chunking ", name);
         SO_H5(H5Pset_fletcher32(dcpl.get()), "Fletcher32 on ", name);
+        // Every element is written: skip the fill values parallel HDF5 would write at creation.
+        SO_H5(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "fill time of ", name);
         H5Id fspace = check_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), "dataspace");
         H5Id ds = check_id(H5Dcreate2(f, name.c_str(), H5T_IEEE_F32LE, fspace.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
                            str_cat("creating dataset ", name));
         const ParamSlice mine = engine.owned_slice(static_cast<int>(id));
         const std::vector<float> values = engine.read_owned(static_cast<int>(id), g.which);
-        select_flat_range(fspace.get(), p.shape, mine.first, mine.count);
-        const hsize_t n = static_cast<hsize_t>(mine.count);
-        H5Id mspace = check_id(H5Screate_simple(1, &n, nullptr), "memory dataspace");
-        if (n == 0) SO_H5(H5Sselect_none(mspace.get()), "empty memory selection");
-        SO_H5(H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), dxpl.get(), values.data()), "writing ",
-              name, " to ", partial.string());
+        for (const Rect& x : split_range(p.shape, mine.first, mine.count)) {
+          auto [fs_, ms] = rect_spaces(ds.get(), p.shape, x);
+          SO_H5(H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, ms.get(), fs_.get(), dxpl.get(), values.data() + x.offset),
+                "writing ", name, " to ", partial.string());
+        }
       }
   }  // closing the file flushes it on every rank
   comm.barrier();
@@ -266,15 +291,14 @@ TrainState load_checkpoint(Engine& engine, Communicator& comm, const RunConfig& 
       SO_CHECK(dims == dims_of(p.shape), "checkpoint '", path, "': dataset ", name, " has the wrong shape");
       const ParamSlice mine = engine.owned_slice(static_cast<int>(id));
       std::vector<float> values(static_cast<size_t>(mine.count));
-      select_flat_range(fspace.get(), p.shape, mine.first, mine.count);
-      const hsize_t n = static_cast<hsize_t>(mine.count);
-      H5Id mspace = check_id(H5Screate_simple(1, &n, nullptr), "memory dataspace");
-      if (n == 0) SO_H5(H5Sselect_none(mspace.get()), "empty memory selection");
-      herr_t rc;
-      H5E_BEGIN_TRY { rc = H5Dread(ds.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), dxpl.get(), values.data()); }
-      H5E_END_TRY;
-      SO_CHECK(rc >= 0, "checkpoint '", path, "': reading dataset ", name,
-               " failed (checksum mismatch or truncated file: the checkpoint is damaged)");
+      for (const Rect& x : split_range(p.shape, mine.first, mine.count)) {
+        auto [fs_, ms] = rect_spaces(ds.get(), p.shape, x);
+        herr_t rc;
+        H5E_BEGIN_TRY { rc = H5Dread(ds.get(), H5T_NATIVE_FLOAT, ms.get(), fs_.get(), dxpl.get(), values.data() + x.offset); }
+        H5E_END_TRY;
+        SO_CHECK(rc >= 0, "checkpoint '", path, "': reading dataset ", name,
+                 " failed (checksum mismatch or truncated file: the checkpoint is damaged)");
+      }
       engine.write_owned(static_cast<int>(id), g.which, values);
     }
   TrainState s;
