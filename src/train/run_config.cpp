@@ -10,17 +10,7 @@
 
 namespace so {
 
-nlohmann::json load_json_file(const std::string& path) {
-  std::ifstream in(path);
-  SO_CHECK(in.good(), "cannot open config file '", path, "'");
-  try {
-    nlohmann::json j;
-    in >> j;
-    return j;
-  } catch (const nlohmann::json::exception& e) {
-    SO_FAIL("config file '", path, "' is not valid JSON: ", e.what());
-  }
-}
+nlohmann::json load_json_file(const std::string& path) { return read_json_file(path, "config file"); }
 
 void apply_override(nlohmann::json& doc, const std::string& assignment) {
   const size_t eq = assignment.find('=');
