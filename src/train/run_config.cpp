@@ -1,7 +1,6 @@
 #include "so/train/run_config.h"
 
 #include <filesystem>
-#include <fstream>
 
 #include "so/core/error.h"
 #include "so/optim/simd_isa.h"
