@@ -2,6 +2,7 @@
 // Helpers shared by the tests: relative error, device upload/download through a backend, errors.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -21,6 +22,14 @@ inline double rel_error(const std::vector<float>& a, const std::vector<float>& b
   }
   if (a.size() != b.size()) return INFINITY;
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// The worst rel_error over a list of tensors (e.g. every parameter of a model).
+inline double worst_rel_error(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, rel_error(a[i], b[i]));
+  return worst;
 }
 
 // Device buffer holding `values` converted to dtype dt.

@@ -359,7 +359,8 @@ void Engine::enter_unit(int unit, bool backward) {
 
 void Engine::before_unit(int unit) {
   const int units = static_cast<int>(unit_buckets_.size());
-  timeline_.mark_compute(str_cat(in_backward_ ? "recompute " : "forward ", unit_name(unit, units)));
+  if (timeline_.tracing())  // labels cost a string per unit per step: only when someone reads them
+    timeline_.mark_compute(str_cat(in_backward_ ? "recompute " : "forward ", unit_name(unit, units)));
   enter_unit(unit, in_backward_);
 }
 
@@ -370,7 +371,7 @@ void Engine::before_backward(int unit) {
 void Engine::after_backward(int unit) {
   const int units = static_cast<int>(unit_buckets_.size());
   in_backward_ = unit > 0;
-  timeline_.mark_compute(unit > 0 ? str_cat("backward ", unit_name(unit - 1, units)) : "");
+  if (timeline_.tracing()) timeline_.mark_compute(unit > 0 ? str_cat("backward ", unit_name(unit - 1, units)) : "");
   const bool last_micro = micro_done_ == micro_batches_ - 1;
   if (unit == 0) {
     ++micro_done_;

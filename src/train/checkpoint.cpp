@@ -1,7 +1,5 @@
 #include "so/train/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -140,14 +138,6 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& pat
   return v;
 }
 
-void fsync_path(const fs::path& p) {
-  const int fd = ::open(p.c_str(), O_RDONLY);
-  SO_CHECK(fd >= 0, "cannot open '", p.string(), "' to sync it");
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  SO_CHECK(rc == 0, "fsync of '", p.string(), "' failed");
-}
-
 std::string step_file_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "step-%08lld.h5", static_cast<long long>(step));
@@ -226,9 +216,7 @@ std::string save_checkpoint(Engine& engine, Communicator& comm, const RunConfig&
     std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(pause)));
   }
   if (comm.rank() == 0) {
-    fsync_path(partial);
-    fs::rename(partial, final_path);
-    fsync_path(folder);
+    publish_file(partial.string(), final_path.string());
     write_file_atomically((folder / kLatest).string(), final_path.filename().string() + "\n");
     // Keep the newest `keep` checkpoints; never the one `latest` names.
     std::vector<fs::path> old;

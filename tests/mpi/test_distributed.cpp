@@ -13,6 +13,7 @@
 #include "so/train/checkpoint.h"
 #include "so/train/run_config.h"
 #include "so/train/trainer.h"
+#include "tests/test_util.h"
 
 namespace so {
 namespace {
@@ -67,17 +68,10 @@ TEST_P(Distributed, Zero3AndUlyssesMatchOneRank) {
   for (int sp = 1; sp <= world_->size(); sp *= 2) {
     const Result got = run(*world_, sp, GetParam());
     ASSERT_EQ(got.losses.size(), ref.losses.size());
-    double worst_loss = 0, worst_w = 0;
+    double worst_loss = 0;
     for (size_t s = 0; s < ref.losses.size(); ++s)
       worst_loss = std::max(worst_loss, std::abs(got.losses[s] - ref.losses[s]) / ref.losses[s]);
-    for (size_t p = 0; p < ref.weights.size(); ++p) {
-      double num = 0, den = 0;
-      for (size_t i = 0; i < ref.weights[p].size(); ++i) {
-        num += std::pow(double(got.weights[p][i]) - ref.weights[p][i], 2);
-        den += std::pow(double(ref.weights[p][i]), 2);
-      }
-      worst_w = std::max(worst_w, std::sqrt(num / den));
-    }
+    const double worst_w = test::worst_rel_error(got.weights, ref.weights);
     if (world_->rank() == 0)
       std::printf("[(dp, sp) = (%d, %d), %s] worst loss rel diff %.3e, worst weight tensor rel diff %.3e\n",
                   world_->size() / sp, sp, GetParam().name, worst_loss, worst_w);

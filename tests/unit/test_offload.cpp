@@ -19,6 +19,7 @@
 #include "so/data/token_source.h"
 #include "so/engine/engine.h"
 #include "so/model/llama_model.h"
+#include "tests/test_util.h"
 
 namespace so {
 namespace {
@@ -167,20 +168,6 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Worst over parameters of ||a - b|| / ||b||.
-double worst_tensor_rel(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  double worst = 0;
-  for (size_t p = 0; p < a.size(); ++p) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a[p].size(); ++i) {
-      num += (double(a[p][i]) - b[p][i]) * (double(a[p][i]) - b[p][i]);
-      den += double(b[p][i]) * b[p][i];
-    }
-    worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
-  }
-  return worst;
-}
-
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]));
@@ -247,9 +234,9 @@ TEST_F(OffloadEquivalence, InverseRollbackWithinDocumentedBound) {
   // tensor of master weights is within 5e-6 and of moments within 5e-5 (norm-wise relative) of
   // the on-device run, and no weight differs by more than 2e-3 of one step's learning rate
   // (measured: 1.4e-6, 1.0e-5, 6.5e-6, 4.2e-4 x lr).
-  const double w = worst_tensor_rel(inv.master, ref.master);
-  const double m = worst_tensor_rel(inv.exp_avg, ref.exp_avg);
-  const double v = worst_tensor_rel(inv.exp_avg_sq, ref.exp_avg_sq);
+  const double w = test::worst_rel_error(inv.master, ref.master);
+  const double m = test::worst_rel_error(inv.exp_avg, ref.exp_avg);
+  const double v = test::worst_rel_error(inv.exp_avg_sq, ref.exp_avg_sq);
   double w_abs = 0;
   for (size_t p = 0; p < ref.master.size(); ++p) w_abs = std::max(w_abs, max_abs_diff(inv.master[p], ref.master[p]));
   std::printf("inverse rollback vs on-device after %d steps: worst tensor relative error master %.3e, exp_avg %.3e, "

@@ -24,6 +24,10 @@ class AtomicFileWriter {
   int fd_ = -1;
 };
 
+// For files another library wrote under a temporary name (HDF5 checkpoints): fsync `written`,
+// rename it to `path`, fsync the directory.
+void publish_file(const std::string& written, const std::string& path);
+
 // Writes `text` to `path` through an AtomicFileWriter.
 void write_file_atomically(const std::string& path, const std::string& text);
 
