@@ -82,7 +82,8 @@ class Backend {
 };
 
 struct BackendOptions {
-  std::string type = "auto";     // auto | cpu | cuda
+  std::string type = "auto";     // auto | cpu | cuda (auto: cuda when a CUDA device is visible)
+  int device = -1;               // CUDA backend: device ordinal (the launcher's GPU for this rank); -1 = 0
   size_t device_memory_limit = 0;  // bytes; 0 = unlimited (CPU backend: emulated HBM budget)
   int compute_threads = 0;       // CPU backend: BLAS/compute threads; 0 = all cores of the process
   std::vector<int> compute_cores;  // CPU backend: cores the compute stream is pinned to; empty = unpinned
