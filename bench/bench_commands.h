@@ -22,5 +22,7 @@ int adam_bench(int argc, char** argv, Communicator& comm);
 int step_bench(int argc, char** argv, Communicator& comm);
 int ckpt_bench(int argc, char** argv, Communicator& comm);
 int comm_bench(int argc, char** argv, Communicator& comm);
+int gpu_peaks_bench(int argc, char** argv, Communicator& comm);  // gpu_bench.cpp
+int ops_bench(int argc, char** argv, Communicator& comm);        // gpu_bench.cpp
 
 }  // namespace so::bench

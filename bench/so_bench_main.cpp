@@ -48,11 +48,15 @@ constexpr Subcommand kSubcommands[] = {
      ckpt_bench},
     {"comm", "collectives' time, algorithm and bus bandwidth per size (nccl-tests' table), results checked",
      comm_bench},
+    {"gpu-peaks", "GPU ceilings: bf16 GEMM TFLOP/s (vs the nominal peak) and device copy GB/s, CUDA-event timed",
+     gpu_peaks_bench},
+    {"ops", "every op at Llama-1B sizes as a fraction of the measured ceilings; attention up to S = 131072",
+     ops_bench},
 };
 
 void print_usage(std::FILE* to) {
   std::fprintf(to, "usage: so_bench <subcommand> [options]   (so_bench <subcommand> -h for its options)\n\n");
-  for (const Subcommand& s : kSubcommands) std::fprintf(to, "  %-8s %s\n", s.name, s.description);
+  for (const Subcommand& s : kSubcommands) std::fprintf(to, "  %-10s %s\n", s.name, s.description);
 }
 
 int run(int argc, char** argv, Communicator& comm) {

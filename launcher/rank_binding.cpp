@@ -47,14 +47,15 @@ BindOptions parse_bind_options(const std::string& mode, const std::string& core_
   return o;
 }
 
-std::string bind_this_rank(const BindOptions& opts, const std::string& backend, double optimizer_fraction) {
+RankBinding bind_this_rank(const BindOptions& opts, const std::string& backend, double optimizer_fraction) {
   const NodeRanks nr = node_ranks();
   const std::string who = str_cat("rank ", nr.rank, "/", nr.size, " host ", host_name(), " (local ", nr.local_rank,
                                   "/", nr.local_size, "): ");
   if (opts.mode == BindMode::None) {
     const std::vector<int> cores = process_cores();
-    return str_cat(who, "gpu -, numa node -, cores ", format_core_list(cores), " (",
-                   describe_split(cores, optimizer_fraction), "), not bound (--bind none)");
+    return {str_cat(who, "gpu -, numa node -, cores ", format_core_list(cores), " (",
+                    describe_split(cores, optimizer_fraction), "), not bound (--bind none)"),
+            backend == "cpu" ? -1 : nr.local_rank};
   }
   Topology topo = topology_of_this_machine();
   keep_gpus_for_backend(topo, backend, nr.local_size);
@@ -66,8 +67,9 @@ std::string bind_this_rank(const BindOptions& opts, const std::string& backend, 
   if (p.shares_cores)
     status += str_cat(", sharing cores: ", p.ranks_on_node, " ranks on the ", p.cores_on_node, " cores of NUMA node ",
                       p.numa_node);
-  return str_cat(who, "gpu ", gpu, ", numa node ", p.numa_node, ", cores ", format_core_list(r.effective), " (",
-                 describe_split(r.effective, optimizer_fraction), "), ", status);
+  return {str_cat(who, "gpu ", gpu, ", numa node ", p.numa_node, ", cores ", format_core_list(r.effective), " (",
+                  describe_split(r.effective, optimizer_fraction), "), ", status),
+          p.gpu};
 }
 
 }  // namespace so

@@ -18,12 +18,18 @@ struct BindOptions {
 // From so_train's --bind and --bind-core-list ("" when not given).
 BindOptions parse_bind_options(const std::string& mode, const std::string& core_list);
 
+struct RankBinding {
+  std::string description;  // the one line below
+  int gpu = -1;             // CUDA device of this rank (-1: none placed)
+};
+
 // backend: the run's backend type. GPUs are paired with ranks for "cuda", and for "auto" when
 // every local rank can have one; "cpu" places ranks as if the node had no GPU.
 // optimizer_fraction: cpuadam_cores_perc, or 0 when the run has no optimizer pool (no offload).
-// Collective over MPI_COMM_WORLD. Returns e.g.
+// Collective over MPI_COMM_WORLD. The description reads e.g.
 //   rank 1/2 host gh01 (local 1/2): gpu 1 (0019:01:00.0), numa node 1, cores 72-143
 //   (compute 72-78, optimizer 79-143), bound
-std::string bind_this_rank(const BindOptions& opts, const std::string& backend, double optimizer_fraction);
+// With --bind none no topology is read and the GPU is the local rank's (torchrun's LOCAL_RANK).
+RankBinding bind_this_rank(const BindOptions& opts, const std::string& backend, double optimizer_fraction);
 
 }  // namespace so

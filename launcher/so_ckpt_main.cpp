@@ -2,7 +2,9 @@
 //   so_ckpt inspect FILE|DIR           tensors, shapes, training state, config
 //   so_ckpt verify FILE|DIR            every checksum and the manifest; exit 0 intact, 1 damaged
 //   so_ckpt export --hf OUT FILE|DIR   Hugging Face directory (config.json + safetensors)
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -17,7 +19,7 @@ int usage() {
   std::fprintf(stderr,
                "usage: so_ckpt inspect FILE|DIR\n"
                "       so_ckpt verify FILE|DIR\n"
-               "       so_ckpt export --hf OUT_DIR [--dtype bf16|fp32] FILE|DIR\n");
+               "       so_ckpt export --hf OUT_DIR [--dtype bf16|fp32] [--max-shard-size BYTES] FILE|DIR\n");
   return 2;
 }
 
@@ -48,10 +50,11 @@ int verify(const std::string& path) {
 }
 
 int export_hf(int argc, char** argv) {
-  std::string out, path, dtype = "bf16";
+  std::string out, path, dtype = "bf16", shard = "0";
   for (int i = 0; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--hf") && i + 1 < argc) out = argv[++i];
     else if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
+    else if (!std::strcmp(argv[i], "--max-shard-size") && i + 1 < argc) shard = argv[++i];
     else if (argv[i][0] != '-' && path.empty()) path = argv[i];
     else throw so::Error(std::string("export: unexpected argument '") + argv[i] + "'");
   }
@@ -62,6 +65,12 @@ int export_hf(int argc, char** argv) {
   const so::ParamLayout layout = so::ParamLayout::for_model(cfg);
   so::HfExportOptions opts;
   opts.dtype = dtype == "bf16" ? so::DType::BF16 : so::DType::F32;
+  // Hugging Face's max_shard_size, in bytes: 0 writes one model.safetensors.
+  char* end = nullptr;
+  errno = 0;
+  opts.max_shard_bytes = std::strtoll(shard.c_str(), &end, 10);
+  SO_CHECK(errno == 0 && end != shard.c_str() && *end == '\0' && opts.max_shard_bytes >= 0,
+           "export: --max-shard-size is '", shard, "'; give a byte count (0 = one file)");
   so::export_hf_model(out, cfg, layout,
                       [&](int id) { return so::read_checkpoint_tensor(c.path, "/model/" + layout.params[id].name); },
                       opts);

@@ -69,12 +69,13 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
 
   // Before train(): it splits the cores this binding leaves the process (process_cores()).
   const double optimizer_fraction = cfg.offload.mode != so::OffloadMode::None ? cfg.offload.cpu_cores_fraction : 0.0;
-  const std::string binding = so::bind_this_rank(bind, cfg.backend.type, optimizer_fraction);
+  const so::RankBinding binding = so::bind_this_rank(bind, cfg.backend.type, optimizer_fraction);
   if (print_binding) {
-    for (const std::string& line : so::gather_at_root(binding)) std::printf("%s\n", line.c_str());
+    for (const std::string& line : so::gather_at_root(binding.description)) std::printf("%s\n", line.c_str());
     return 0;
   }
-  so::log_info("binding: " + binding);
+  so::log_info("binding: " + binding.description);
+  if (cfg.backend.device < 0) cfg.backend.device = binding.gpu;
 
   auto comm = so::make_mpi_world_communicator();
   so::TrainOptions opts;

@@ -30,6 +30,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;  // "world", "dp", "sp": named in every error
+  // The communicator serving this one's host-side calls: itself, or the MPI communicator a NCCL
+  // one wraps. MPI-aware libraries (parallel HDF5) are handed its MPI communicator.
+  virtual const Communicator& host() const { return *this; }
 
   // Blocking, host-side: used for scalars (gradient norm, finite flags, loss).
   virtual void all_reduce_sum(double* values, int count) = 0;

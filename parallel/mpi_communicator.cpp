@@ -216,7 +216,7 @@ void MpiSession::abort_job(int code) {
 }
 
 MPI_Comm mpi_comm_of(const Communicator& comm) {
-  const auto* mpi = dynamic_cast<const MpiCommunicator*>(&comm);
+  const auto* mpi = dynamic_cast<const MpiCommunicator*>(&comm.host());
   SO_CHECK(mpi, "communicator '", comm.name(), "' is not MPI-backed");
   return mpi->host_comm();
 }

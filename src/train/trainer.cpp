@@ -13,6 +13,9 @@
 #include "so/model/llama_model.h"
 #include "so/train/checkpoint.h"
 #include "so/train/metrics.h"
+#ifdef SO_HAVE_CUDA
+#include "parallel/nccl_communicator.h"
+#endif
 
 namespace so {
 
@@ -52,14 +55,6 @@ std::string layout_total_note(int64_t full, int64_t shard) {
 }  // namespace
 
 TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& opts) {
-  ProcessGroups groups = make_process_groups(job.split(0, job.rank(), "world"), cfg.sequence_parallel_size);
-  Communicator& comm = *groups.world;
-  SO_CHECK(cfg.data.seq_len % groups.sp_size == 0, "data.seq_len (", cfg.data.seq_len,
-           ") is not divisible by sequence_parallel_size (", groups.sp_size, ")");
-  const int64_t global_batch = cfg.micro_batch * cfg.grad_accum * groups.dp_size;
-  SO_CHECK(cfg.train_batch_size == 0 || cfg.train_batch_size == global_batch, "'train_batch_size' is ",
-           cfg.train_batch_size, " but train_micro_batch_size_per_gpu x gradient_accumulation_steps x data-parallel size = ",
-           cfg.micro_batch, " x ", cfg.grad_accum, " x ", groups.dp_size, " = ", global_batch);
   // With offload, the optimizer pool and the compute stream get disjoint cores.
   const bool offload = cfg.offload.mode != OffloadMode::None;
   CoreSplit cores;
@@ -68,7 +63,20 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     cores = split_cores(process_cores(), cfg.offload.cpu_cores_fraction);
     bo.compute_cores = cores.compute;
   }
+  // The backend first: the CUDA backend selects this rank's GPU, which NCCL then binds to.
   std::unique_ptr<Backend> backend = create_backend(bo);
+  std::unique_ptr<Communicator> world = job.split(0, job.rank(), "world");
+#ifdef SO_HAVE_CUDA
+  if (!backend->device_is_host()) world = make_nccl_communicator(std::move(world));
+#endif
+  ProcessGroups groups = make_process_groups(std::move(world), cfg.sequence_parallel_size);
+  Communicator& comm = *groups.world;
+  SO_CHECK(cfg.data.seq_len % groups.sp_size == 0, "data.seq_len (", cfg.data.seq_len,
+           ") is not divisible by sequence_parallel_size (", groups.sp_size, ")");
+  const int64_t global_batch = cfg.micro_batch * cfg.grad_accum * groups.dp_size;
+  SO_CHECK(cfg.train_batch_size == 0 || cfg.train_batch_size == global_batch, "'train_batch_size' is ",
+           cfg.train_batch_size, " but train_micro_batch_size_per_gpu x gradient_accumulation_steps x data-parallel size = ",
+           cfg.micro_batch, " x ", cfg.grad_accum, " x ", groups.dp_size, " = ", global_batch);
   ModelOptions mo;
   mo.dtype = cfg.dtype;
   mo.micro_batch = cfg.micro_batch;

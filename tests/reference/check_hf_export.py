@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Load Hugging Face model directories with transformers and compare their loss with so_train's.
 
-The interop test runs it on the directories tests/tools/export_hf_for_test wrote with so_train's
-exporter; make_hf_models.py uses hf_loss() for the reference losses of the committed fixtures,
+The interop test (hf_interop.sh) runs it on the directories `so_ckpt export --hf` wrote;
+make_hf_models.py uses hf_loss() for the reference losses of the committed fixtures,
 so both sides compute the loss the same way.
 
 Usage:

@@ -1,7 +1,9 @@
 #pragma once
-// A model and its engine on the CPU backend in fp32, for tests and tools that compare so_train's
-// loss with transformers' on one token sequence (the HF import/export tests).
+// A model and its engine in fp32 on one backend (the CPU unless told otherwise: "auto" would pick a
+// GPU where there is one), for tests and tools that compare so_train's loss with transformers' on
+// one token sequence (the HF import/export tests).
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "parallel/communicator.h"
@@ -13,8 +15,12 @@ namespace so::test {
 class ModelRunner {
  public:
   // seq_len: positions per step (a token sequence has seq_len + 1 tokens).
-  ModelRunner(const ModelConfig& cfg, int64_t seq_len, const AdamWParams& adam = {})
-      : comm_(make_mpi_world_communicator()), backend_(create_backend(BackendOptions{})) {
+  ModelRunner(const ModelConfig& cfg, int64_t seq_len, const AdamWParams& adam = {},
+              const std::string& backend_type = "cpu")
+      : comm_(make_mpi_world_communicator()) {
+    BackendOptions bo;
+    bo.type = backend_type;
+    backend_ = create_backend(bo);
     ModelOptions mo;
     mo.seq_len = seq_len;
     model_ = std::make_unique<LlamaModel>(*backend_, cfg, mo);

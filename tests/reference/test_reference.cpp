@@ -1,6 +1,7 @@
 // so_train against PyTorch/Transformers: the fixtures in fixtures/ were written by
 // make_fixtures.py (LlamaForCausalLM / Qwen3ForCausalLM, fp32, eager attention). Loss, logits,
-// every parameter gradient and a 10-step AdamW run must match.
+// every parameter gradient and a 10-step AdamW run must match, on the CPU backend (Transformers/*)
+// and on the CUDA backend (TransformersCuda/*, skipped without a CUDA device).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -10,6 +11,9 @@
 #include "so/io/hdf5_file.h"
 #include "so/model/llama_model.h"
 #include "tests/test_util.h"
+#ifdef SO_HAVE_CUDA
+#include "src/backend/cuda/cuda_cast.h"
+#endif
 
 namespace so {
 namespace {
@@ -22,6 +26,18 @@ struct Tolerance {
 };
 constexpr Tolerance kF32{1e-5, 1e-4, 1e-4, 1e-4};
 constexpr Tolerance kBF16{2e-3, 3e-2, 6e-2, 2e-3};
+// CUDA: fp32 ops compute in fp32 (no TF32), so the fp32 bounds stand. bf16: flash attention also
+// rounds the softmax probabilities (and dS in backward) to bf16 before its matmuls, which the CPU
+// does not; 1.5x the CPU's bf16 bounds (not yet measured on a GPU).
+constexpr Tolerance kBF16Cuda{3e-3, 4.5e-2, 9e-2, 3e-3};
+
+bool cuda_available() {
+#ifdef SO_HAVE_CUDA
+  return cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
 
 struct Fixture {
   H5File file;
@@ -54,18 +70,24 @@ struct Case {
   DType dtype;
   bool checkpointing;
   int64_t loss_chunk;
+  std::string backend = "cpu";  // explicit: "auto" would pick the GPU where there is one
 };
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   return info.param.fixture + "_" + dtype_name(info.param.dtype) + (info.param.checkpointing ? "_ckpt" : "") +
-         (info.param.loss_chunk ? "_chunk" + std::to_string(info.param.loss_chunk) : "");
+         (info.param.loss_chunk ? "_chunk" + std::to_string(info.param.loss_chunk) : "") +
+         (info.param.backend == "cpu" ? "" : "_" + info.param.backend);
 }
+void PrintTo(const Case& c, std::ostream* os) { *os << case_name({c, 0}); }
 
 class ReferenceTest : public testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
+    if (GetParam().backend == "cuda" && !cuda_available()) GTEST_SKIP() << "no CUDA device";
     comm_ = make_mpi_world_communicator();
-    backend_ = create_backend(BackendOptions{});
+    BackendOptions bo;
+    bo.type = GetParam().backend;
+    backend_ = create_backend(bo);
     fx_ = std::make_unique<Fixture>(open_fixture(GetParam().fixture));
     ModelOptions mo;
     mo.dtype = GetParam().dtype;
@@ -75,7 +97,10 @@ class ReferenceTest : public testing::TestWithParam<Case> {
     mo.loss_chunk_tokens = GetParam().loss_chunk;
     model_ = std::make_unique<LlamaModel>(*backend_, fx_->cfg, mo);
   }
-  Tolerance tol() const { return GetParam().dtype == DType::F32 ? kF32 : kBF16; }
+  Tolerance tol() const {
+    if (GetParam().dtype == DType::F32) return kF32;
+    return GetParam().backend == "cuda" ? kBF16Cuda : kBF16;
+  }
 
   std::unique_ptr<Engine> make_engine(const AdamWParams& adam, float clip, const std::string& weights_group) {
     EngineOptions eo;
@@ -182,16 +207,18 @@ TEST_P(ReferenceTest, TenAdamWStepsMatchTorch) {
               ref_losses.back());
 }
 
-INSTANTIATE_TEST_SUITE_P(Transformers, ReferenceTest,
-                         testing::Values(Case{"llama_gqa_untied", DType::F32, false, 0},
-                                         Case{"llama_tied_mqa", DType::F32, false, 0},
-                                         Case{"qwen3_tied", DType::F32, false, 0},
-                                         Case{"llama_gqa_untied", DType::F32, true, 5},
-                                         Case{"qwen3_tied", DType::F32, true, 7},
-                                         Case{"llama_gqa_untied", DType::BF16, false, 0},
-                                         Case{"llama_tied_mqa", DType::BF16, true, 0},
-                                         Case{"qwen3_tied", DType::BF16, false, 0}),
-                         case_name);
+// The same cases on each backend.
+std::vector<Case> cases_on(const std::string& backend) {
+  std::vector<Case> cases = {{"llama_gqa_untied", DType::F32, false, 0}, {"llama_tied_mqa", DType::F32, false, 0},
+                             {"qwen3_tied", DType::F32, false, 0},       {"llama_gqa_untied", DType::F32, true, 5},
+                             {"qwen3_tied", DType::F32, true, 7},        {"llama_gqa_untied", DType::BF16, false, 0},
+                             {"llama_tied_mqa", DType::BF16, true, 0},   {"qwen3_tied", DType::BF16, false, 0}};
+  for (Case& c : cases) c.backend = backend;
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transformers, ReferenceTest, testing::ValuesIn(cases_on("cpu")), case_name);
+INSTANTIATE_TEST_SUITE_P(TransformersCuda, ReferenceTest, testing::ValuesIn(cases_on("cuda")), case_name);
 
 }  // namespace
 }  // namespace so

@@ -1,28 +1,24 @@
+// fp32 <-> bf16 casts with the rounding of so::f32_to_bf16 (nearest even, NaN kept), and same-dtype
+// copies; plus the device probe.
+#include "cuda_bf16.cuh"
 #include "cuda_cast.h"
 #include "cuda_check.h"
+#include "cuda_kernels.h"
+#include "cuda_launch.cuh"
 
 namespace so::cuda {
 
 namespace {
 
-__device__ __forceinline__ uint16_t f32_to_bf16_rne(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+template <typename Dst, typename Src, int N>
+__global__ void cast_kernel(Dst* dst, const Src* src, int64_t n) {
+  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * N; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * N) {
+    float v[N];
+    load_f32<N>(v, src, i, n);
+    store_f32<N>(dst, v, i, n);
+  }
 }
-
-__global__ void cast_f32_to_bf16_kernel(uint16_t* dst, const float* src, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = f32_to_bf16_rne(src[i]);
-}
-
-__global__ void cast_bf16_to_f32_kernel(float* dst, const uint16_t* src, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = __uint_as_float(static_cast<uint32_t>(src[i]) << 16);
-}
-
-unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535)); }
 
 }  // namespace
 
@@ -35,16 +31,26 @@ int device_count() {
   return n;
 }
 
-void cast_f32_to_bf16(uint16_t* dst, const float* src, int64_t n, cudaStream_t stream) {
+void launch_cast(cudaStream_t stream, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) {
   if (n == 0) return;
-  cast_f32_to_bf16_kernel<<<grid_for(n), 256, 0, stream>>>(dst, src, n);
-  SO_CUDA_CHECK(cudaGetLastError());
-}
-
-void cast_bf16_to_f32(float* dst, const uint16_t* src, int64_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  cast_bf16_to_f32_kernel<<<grid_for(n), 256, 0, stream>>>(dst, src, n);
-  SO_CUDA_CHECK(cudaGetLastError());
+  if (dst_dt == src_dt) {  // a byte copy: bf16 NaN payloads pass through untouched, as on the CPU
+    SO_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(dst_dt), cudaMemcpyDeviceToDevice,
+                                  stream));
+    return;
+  }
+  dispatch_dtype(dst_dt, [&](auto d) {
+    dispatch_dtype(src_dt, [&](auto s) {
+      using D = decltype(d);
+      using S = decltype(s);
+      // One of the two is bf16: groups of 8 are 16 bytes of bf16 and 32 of fp32.
+      with_vector_width<8>(aligned16(dst) && aligned16(src), [&](auto vw) {
+        constexpr int N = decltype(vw)::value;
+        cast_kernel<D, S, N><<<grid_for_elements(n, N), kBlockThreads, 0, stream>>>(static_cast<D*>(dst),
+                                                                                  static_cast<const S*>(src), n);
+        SO_CUDA_CHECK(cudaGetLastError());
+      });
+    });
+  });
 }
 
 }  // namespace so::cuda

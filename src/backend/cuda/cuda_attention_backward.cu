@@ -1,0 +1,540 @@
+// Causal GQA flash-attention backward (FlashAttention-2 recompute from the saved lse):
+//   1. Drow[b, h, i] = sum_d dout * out (fp32, the workspace);
+//   2. dK/dV: one block per (key tile, KV head, batch) loops over the GQA group's query heads and
+//      the causal query tiles, recomputing P = exp(scale * q.k - lse) and dS = P * (dout.v - Drow)
+//      * scale, and accumulates dV += P^T dout, dK += dS^T q on chip;
+//   3. dQ: one block per (query tile, query head, batch) loops over the causal key tiles,
+//      recomputing P and dS again, and accumulates dQ += dS k on chip.
+// Step 3 repeats the score recompute of step 2 (FA2 instead adds dQ with atomics from step 2);
+// we pay it because atomics make the summation order, and so the gradients, run-dependent, and the
+// project requires bitwise identical runs. Every output element is summed by one thread in a
+// fixed order. Variants and dispatch: cuda_attention_common.cuh.
+#include <algorithm>
+#include <cmath>
+
+#include "cuda_attention.h"
+#include "cuda_attention_common.cuh"
+
+namespace so::cuda {
+
+namespace {
+
+using namespace attn;
+namespace wmma = nvcuda::wmma;
+
+// Drow, one warp per (b, h, i) in drow's [B, Hq, S] order.
+template <typename T>
+__global__ void row_dot_kernel(float* drow, const T* dout, const T* out, int64_t B, int S, int Hq, int D) {
+  const int lane = threadIdx.x & 31;
+  const int64_t nrows = B * Hq * S;
+  const int64_t stride = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; w < nrows; w += stride) {
+    const int64_t i = w % S, bh = w / S;
+    const int64_t off = row_offset(bh / Hq, i, bh % Hq, S, Hq, D);
+    float acc = 0.0f;
+    for (int d = lane; d < D; d += 32) acc += to_float(dout[off + d]) * to_float(out[off + d]);
+    acc = warp_sum(acc);
+    if (lane == 0) drow[w] = acc;
+  }
+}
+
+template <typename T>
+void launch_row_dot(cudaStream_t stream, float* drow, const void* dout, const void* out, int64_t B, int64_t S,
+                    int64_t Hq, int64_t D) {
+  constexpr int kThreads = 256;
+  const int64_t warps = B * Hq * S;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((warps + 7) / 8, 1 << 20));
+  row_dot_kernel<T><<<blocks, kThreads, 0, stream>>>(drow, static_cast<const T*>(dout), static_cast<const T*>(out),
+                                                     B, static_cast<int>(S), static_cast<int>(Hq),
+                                                     static_cast<int>(D));
+  SO_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- variant 1: fp32 math from shared-memory tiles ----
+
+// Query and key tiles of 32 (aligned and equal, so query tile qt needs key tiles 0..qt and key
+// tile kt needs query tiles kt..); 128 threads. Row stride D+1 (odd): the score loops read
+// K/V rows lane by lane without bank conflicts.
+constexpr int kRefTile = 32;
+constexpr int kRefThreads = 128;
+constexpr int kRefLdp = kRefTile + 1;
+
+// sK, sV, sQ, sdO, sdK, sdV [32][D+1]; sP, sdS [32][33]; sLse, sDrow [32].
+size_t ref_dkdv_smem(int64_t D) {
+  return sizeof(float) * (6 * kRefTile * (D + 1) + 2 * kRefTile * kRefLdp + 2 * kRefTile);
+}
+// sQ, sdO, sK, sV, sdQ [32][D+1]; sdS [32][33]; sLse, sDrow [32].
+size_t ref_dq_smem(int64_t D) {
+  return sizeof(float) * (5 * kRefTile * (D + 1) + kRefTile * kRefLdp + 2 * kRefTile);
+}
+
+// Loads rows [s0, s0 + 32) of head h into a [32][ld] fp32 tile, zero at or beyond S.
+template <typename T>
+__device__ __forceinline__ void ref_load_tile(float* dst, int ld, const T* src, int64_t b, int s0, int h, int S,
+                                              int H, int D) {
+  for (int i = threadIdx.x; i < kRefTile * D; i += kRefThreads) {
+    const int r = i / D, d = i % D;
+    dst[r * ld + d] = s0 + r < S ? to_float(src[row_offset(b, s0 + r, h, S, H, D) + d]) : 0.0f;
+  }
+}
+
+// P and dS for query rows q0.. and keys k0.. of the tiles in shared memory (index [r][c] = query r,
+// key c); zero where masked (key > query) or the query is padding (>= S). sP may be null (the dQ
+// pass needs dS only).
+__device__ __forceinline__ void ref_scores(float* sP, float* sdS, const float* sQ, const float* sdO, const float* sK,
+                                           const float* sV, const float* sLse, const float* sDrow, int ld, int D,
+                                           int q0, int k0, int S, float scale) {
+  for (int i = threadIdx.x; i < kRefTile * kRefTile; i += kRefThreads) {
+    const int r = i / kRefTile, c = i % kRefTile;
+    float p = 0.0f, ds = 0.0f;
+    if (k0 + c <= q0 + r && q0 + r < S) {
+      const float* qr = sQ + r * ld;
+      const float* dor = sdO + r * ld;
+      const float* kc = sK + c * ld;
+      const float* vc = sV + c * ld;
+      float s = 0.0f, dp = 0.0f;
+      for (int d = 0; d < D; ++d) {
+        s += qr[d] * kc[d];
+        dp += dor[d] * vc[d];
+      }
+      p = expf(s * scale - sLse[r]);
+      ds = p * (dp - sDrow[r]) * scale;
+    }
+    if (sP != nullptr) sP[r * kRefLdp + c] = p;
+    sdS[r * kRefLdp + c] = ds;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kRefThreads)
+    ref_dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const float* lse,
+                    const float* drow, int S, int Hq, int Hkv, int D, float scale) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int ld = D + 1;
+  float* sK = reinterpret_cast<float*>(smem);
+  float* sV = sK + kRefTile * ld;
+  float* sQ = sV + kRefTile * ld;
+  float* sdO = sQ + kRefTile * ld;
+  float* sdK = sdO + kRefTile * ld;
+  float* sdV = sdK + kRefTile * ld;
+  float* sP = sdV + kRefTile * ld;
+  float* sdS = sP + kRefTile * kRefLdp;
+  float* sLse = sdS + kRefTile * kRefLdp;
+  float* sDrow = sLse + kRefTile;
+
+  const int kt = blockIdx.x;  // low key tiles see the most queries and start first
+  const int kvh = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int group = Hq / Hkv;
+  const int k0 = kt * kRefTile;
+  const int tid = threadIdx.x;
+
+  ref_load_tile(sK, ld, k, b, k0, kvh, S, Hkv, D);
+  ref_load_tile(sV, ld, v, b, k0, kvh, S, Hkv, D);
+  // Thread i owns dK/dV elements i, i + 128, ... for the whole kernel (same mapping below).
+  for (int i = tid; i < kRefTile * D; i += kRefThreads) {
+    const int c = i / D, d = i % D;
+    sdK[c * ld + d] = 0.0f;
+    sdV[c * ld + d] = 0.0f;
+  }
+  const int nqt = (S + kRefTile - 1) / kRefTile;
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    const float* lse_h = lse + (b * Hq + h) * S;
+    const float* drow_h = drow + (b * Hq + h) * S;
+    for (int qt = kt; qt < nqt; ++qt) {
+      const int q0 = qt * kRefTile;
+      __syncthreads();  // previous tile's readers of sQ/sdO/sP/sdS/sLse/sDrow are done
+      ref_load_tile(sQ, ld, q, b, q0, h, S, Hq, D);
+      ref_load_tile(sdO, ld, dout, b, q0, h, S, Hq, D);
+      if (tid < kRefTile) {
+        sLse[tid] = q0 + tid < S ? lse_h[q0 + tid] : 0.0f;
+        sDrow[tid] = q0 + tid < S ? drow_h[q0 + tid] : 0.0f;
+      }
+      __syncthreads();
+      ref_scores(sP, sdS, sQ, sdO, sK, sV, sLse, sDrow, ld, D, q0, k0, S, scale);
+      __syncthreads();
+      for (int i = tid; i < kRefTile * D; i += kRefThreads) {
+        const int c = i / D, d = i % D;
+        float av = sdV[c * ld + d], ak = sdK[c * ld + d];
+        for (int r = 0; r < kRefTile; ++r) {
+          av += sP[r * kRefLdp + c] * sdO[r * ld + d];
+          ak += sdS[r * kRefLdp + c] * sQ[r * ld + d];
+        }
+        sdV[c * ld + d] = av;
+        sdK[c * ld + d] = ak;
+      }
+    }
+  }
+  for (int i = tid; i < kRefTile * D; i += kRefThreads) {  // same ownership as the accumulation
+    const int c = i / D, d = i % D;
+    if (k0 + c >= S) continue;
+    const int64_t off = row_offset(b, k0 + c, kvh, S, Hkv, D) + d;
+    dk[off] = from_float<T>(sdK[c * ld + d]);
+    dv[off] = from_float<T>(sdV[c * ld + d]);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kRefThreads)
+    ref_dq_kernel(T* dq, const T* dout, const T* q, const T* k, const T* v, const float* lse, const float* drow,
+                  int S, int Hq, int Hkv, int D, float scale) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int ld = D + 1;
+  float* sQ = reinterpret_cast<float*>(smem);
+  float* sdO = sQ + kRefTile * ld;
+  float* sK = sdO + kRefTile * ld;
+  float* sV = sK + kRefTile * ld;
+  float* sdQ = sV + kRefTile * ld;
+  float* sdS = sdQ + kRefTile * ld;
+  float* sLse = sdS + kRefTile * kRefLdp;
+  float* sDrow = sLse + kRefTile;
+
+  const int qt = gridDim.x - 1 - blockIdx.x;  // longest causal rows first
+  const int h = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int kvh = h / (Hq / Hkv);
+  const int q0 = qt * kRefTile;
+  const int tid = threadIdx.x;
+
+  ref_load_tile(sQ, ld, q, b, q0, h, S, Hq, D);
+  ref_load_tile(sdO, ld, dout, b, q0, h, S, Hq, D);
+  if (tid < kRefTile) {
+    sLse[tid] = q0 + tid < S ? lse[(b * Hq + h) * S + q0 + tid] : 0.0f;
+    sDrow[tid] = q0 + tid < S ? drow[(b * Hq + h) * S + q0 + tid] : 0.0f;
+  }
+  for (int i = tid; i < kRefTile * D; i += kRefThreads) {  // thread-owned, as in the dK/dV kernel
+    const int r = i / D, d = i % D;
+    sdQ[r * ld + d] = 0.0f;
+  }
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * kRefTile;
+    __syncthreads();  // previous tile's readers of sK/sV/sdS are done (first pass: loads visible)
+    ref_load_tile(sK, ld, k, b, k0, kvh, S, Hkv, D);
+    ref_load_tile(sV, ld, v, b, k0, kvh, S, Hkv, D);
+    __syncthreads();
+    ref_scores(nullptr, sdS, sQ, sdO, sK, sV, sLse, sDrow, ld, D, q0, k0, S, scale);
+    __syncthreads();
+    for (int i = tid; i < kRefTile * D; i += kRefThreads) {
+      const int r = i / D, d = i % D;
+      float acc = sdQ[r * ld + d];
+      for (int c = 0; c < kRefTile; ++c) acc += sdS[r * kRefLdp + c] * sK[c * ld + d];
+      sdQ[r * ld + d] = acc;
+    }
+  }
+  for (int i = tid; i < kRefTile * D; i += kRefThreads) {
+    const int r = i / D, d = i % D;
+    if (q0 + r < S) dq[row_offset(b, q0 + r, h, S, Hq, D) + d] = from_float<T>(sdQ[r * ld + d]);
+  }
+}
+
+template <typename T>
+void launch_ref_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const void* dout, const void* q,
+                         const void* k, const void* v, const float* lse, const float* drow, int64_t B, int64_t S,
+                         int64_t Hq, int64_t Hkv, int64_t D, float scale) {
+  static const size_t dkdv_limit = raise_smem_limit(ref_dkdv_kernel<T>);
+  static const size_t dq_limit = raise_smem_limit(ref_dq_kernel<T>);
+  check_smem(ref_dkdv_smem(D), dkdv_limit, "attention backward dK/dV (reference)", D);
+  check_smem(ref_dq_smem(D), dq_limit, "attention backward dQ (reference)", D);
+  const unsigned tiles = static_cast<unsigned>((S + kRefTile - 1) / kRefTile);
+  const int s = static_cast<int>(S), hq = static_cast<int>(Hq), hkv = static_cast<int>(Hkv), d = static_cast<int>(D);
+  ref_dkdv_kernel<T><<<dim3(tiles, hkv, static_cast<unsigned>(B)), kRefThreads, ref_dkdv_smem(D), stream>>>(
+      static_cast<T*>(dk), static_cast<T*>(dv), static_cast<const T*>(dout), static_cast<const T*>(q),
+      static_cast<const T*>(k), static_cast<const T*>(v), lse, drow, s, hq, hkv, d, scale);
+  SO_CUDA_CHECK(cudaGetLastError());
+  ref_dq_kernel<T><<<dim3(tiles, hq, static_cast<unsigned>(B)), kRefThreads, ref_dq_smem(D), stream>>>(
+      static_cast<T*>(dq), static_cast<const T*>(dout), static_cast<const T*>(q), static_cast<const T*>(k),
+      static_cast<const T*>(v), lse, drow, s, hq, hkv, d, scale);
+  SO_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- variant 2: bf16 tensor cores (wmma 16x16x16, fp32 accumulate) ----
+
+// Tiles of 64 queries and 64 keys, 4 warps; each warp owns 16 rows of the block's tile (keys in
+// the dK/dV kernel, queries in the dQ kernel) and walks the other side in 16-wide chunks, so
+// only its dK+dV (or dQ) accumulators stay in registers.
+constexpr int kTcTile = 64;
+constexpr int kTcThreads = 128;
+
+template <int D>
+struct TcBackwardLayout {
+  static constexpr int kLdh = D + 8;   // bf16 tile row stride (wmma: multiple of 8)
+  static constexpr int kLdc = 16 + 8;  // bf16 16x16 chunk stride
+  static constexpr int kLdo = D + 4;   // fp32 output staging stride
+  static constexpr size_t kTile = size_t(kTcTile) * kLdh * sizeof(Bf16);
+  // Byte offsets, each 32-byte aligned as wmma requires: index map, four bf16 tiles, lse/Drow of
+  // the 64 query rows, two 16x16 bf16 chunks per warp. Output staging reuses tiles 2-3 or 0-1.
+  static constexpr size_t kIdx = 0;
+  static constexpr size_t kT0 = kIdx + 256 * sizeof(float);
+  static constexpr size_t kT1 = kT0 + kTile;
+  static constexpr size_t kT2 = kT1 + kTile;
+  static constexpr size_t kT3 = kT2 + kTile;
+  static constexpr size_t kRows = kT3 + kTile;
+  static constexpr size_t kChunk = kRows + 2 * kTcTile * sizeof(float);
+  static constexpr size_t kChunkBytes = size_t(16) * kLdc * sizeof(Bf16);
+  static constexpr size_t kBytes = kChunk + 4 * 2 * kChunkBytes;
+  static_assert(kT0 % 32 == 0 && kTile % 32 == 0 && kChunk % 32 == 0 && kChunkBytes % 32 == 0);
+  static_assert(size_t(4) * 16 * kLdo * sizeof(float) <= 2 * kTile, "output staging must fit in two tiles");
+};
+
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major>;
+using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::row_major>;
+using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::col_major>;
+
+// acc = X Y^T for 16 rows of X (a [.][ld] tile at x) and 16 rows of Y (at y), both D wide.
+template <int D, int LD>
+__device__ __forceinline__ void mma_abt(AccFrag& acc, const Bf16* x, const Bf16* y) {
+  wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    FragA a;
+    FragBCol bt;  // (d, row of Y) at y[row * LD + d]: Y^T
+    wmma::load_matrix_sync(a, x + kk * 16, LD);
+    wmma::load_matrix_sync(bt, y + kk * 16, LD);
+    wmma::mma_sync(acc, a, bt, acc);
+  }
+}
+
+// acc[n] += A Y[:, 16n..16n+15] for a 16x16 bf16 chunk A (stride kLdc) and 16 rows of a D-wide
+// tile Y at y.
+template <int D, int LD, int LDC>
+__device__ __forceinline__ void mma_chunk_rows(AccFrag (&acc)[D / 16], const Bf16* a_chunk, const Bf16* y) {
+  FragA a;
+  wmma::load_matrix_sync(a, a_chunk, LDC);
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) {
+    FragBRow bf;
+    wmma::load_matrix_sync(bf, y + n * 16, LD);
+    wmma::mma_sync(acc[n], a, bf, acc[n]);
+  }
+}
+
+// One warp stages its 16 x D accumulators as fp32 and writes them as bf16 rows s0.. of head h.
+template <int D, int LDO>
+__device__ __forceinline__ void store_acc_rows(bf16* dst, float* stage, const AccFrag (&acc)[D / 16], int64_t b,
+                                               int s0, int h, int S, int H) {
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) wmma::store_matrix_sync(stage + n * 16, acc[n], LDO, wmma::mem_row_major);
+  __syncwarp();
+  store_rows_bf16<D>(dst, stage, LDO, b, s0, h, S, H);
+  __syncwarp();  // the stage is free again
+}
+
+// Loads lse (as log2) and Drow of query rows q0..q0+63 of head h into shared memory.
+__device__ __forceinline__ void load_row_stats(float* sLse2, float* sDrow, const float* lse_h, const float* drow_h,
+                                               int q0, int S) {
+  for (int i = threadIdx.x; i < kTcTile; i += blockDim.x) {
+    const bool in = q0 + i < S;
+    sLse2[i] = in ? lse_h[q0 + i] * kLog2e : 0.0f;
+    sDrow[i] = in ? drow_h[q0 + i] : 0.0f;
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kTcThreads)
+    tc_dkdv_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                   const float* lse, const float* drow, int S, int Hq, int Hkv, float scale) {
+  using L = TcBackwardLayout<D>;
+  constexpr int kDt = D / 16;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int warp = threadIdx.x >> 5;
+  float* sIdx = reinterpret_cast<float*>(smem + L::kIdx);
+  Bf16* sK = reinterpret_cast<Bf16*>(smem + L::kT0);
+  Bf16* sV = reinterpret_cast<Bf16*>(smem + L::kT1);
+  Bf16* sQ = reinterpret_cast<Bf16*>(smem + L::kT2);
+  Bf16* sdO = reinterpret_cast<Bf16*>(smem + L::kT3);
+  float* sLse2 = reinterpret_cast<float*>(smem + L::kRows);
+  float* sDrow = sLse2 + kTcTile;
+  Bf16* sPt = reinterpret_cast<Bf16*>(smem + L::kChunk + 2 * warp * L::kChunkBytes);  // P^T chunk
+  Bf16* sdSt = reinterpret_cast<Bf16*>(smem + L::kChunk + (2 * warp + 1) * L::kChunkBytes);
+
+  const int kt = blockIdx.x;  // low key tiles see the most queries and start first
+  const int kvh = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int group = Hq / Hkv;
+  const int k0 = kt * kTcTile;
+  const int wk0 = k0 + warp * 16;  // this warp's first key
+  const float scale_log2 = scale * kLog2e;
+
+  fill_index_tile(sIdx);
+  load_tile_bf16<D, L::kLdh>(sK, k, b, k0, kvh, S, Hkv);
+  load_tile_bf16<D, L::kLdh>(sV, v, b, k0, kvh, S, Hkv);
+  AccFrag dkf[kDt], dvf[kDt];
+#pragma unroll
+  for (int n = 0; n < kDt; ++n) {
+    wmma::fill_fragment(dkf[n], 0.0f);
+    wmma::fill_fragment(dvf[n], 0.0f);
+  }
+  __syncthreads();
+  const FragIndex ix = load_frag_index(sIdx);
+
+  const int nqt = (S + kTcTile - 1) / kTcTile;
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    for (int qt = kt; qt < nqt; ++qt) {
+      const int q0 = qt * kTcTile;
+      __syncthreads();  // previous readers of sQ/sdO/sLse2/sDrow are done
+      load_tile_bf16<D, L::kLdh>(sQ, q, b, q0, h, S, Hq);
+      load_tile_bf16<D, L::kLdh>(sdO, dout, b, q0, h, S, Hq);
+      load_row_stats(sLse2, sDrow, lse + (b * Hq + h) * S, drow + (b * Hq + h) * S, q0, S);
+      __syncthreads();
+      for (int qc = 0; qc < kTcTile / 16; ++qc) {
+        const int cq0 = q0 + qc * 16;
+        if (cq0 + 15 < wk0) continue;  // every query of the chunk precedes every key of the warp
+        // S^T and dP^T for the warp's 16 keys x 16 queries.
+        AccFrag st, dpt;
+        mma_abt<D, L::kLdh>(st, sK + warp * 16 * L::kLdh, sQ + qc * 16 * L::kLdh);
+        mma_abt<D, L::kLdh>(dpt, sV + warp * 16 * L::kLdh, sdO + qc * 16 * L::kLdh);
+#pragma unroll
+        for (int e = 0; e < kAccElems; ++e) {
+          const int r = ix.row[e], c = ix.col[e];  // key wk0 + r, query cq0 + c
+          const int qi = cq0 + c;
+          float p = 0.0f, ds = 0.0f;
+          if (wk0 + r <= qi && qi < S) {
+            p = exp2f(st.x[e] * scale_log2 - sLse2[qc * 16 + c]);
+            ds = p * (dpt.x[e] - sDrow[qc * 16 + c]) * scale;
+          }
+          sPt[r * L::kLdc + c] = __float2bfloat16_rn(p);
+          sdSt[r * L::kLdc + c] = __float2bfloat16_rn(ds);
+        }
+        __syncwarp();
+        mma_chunk_rows<D, L::kLdh, L::kLdc>(dvf, sPt, sdO + qc * 16 * L::kLdh);  // dV += P^T dO
+        mma_chunk_rows<D, L::kLdh, L::kLdc>(dkf, sdSt, sQ + qc * 16 * L::kLdh);  // dK += dS^T Q
+        __syncwarp();  // chunk readers are done before the next chunk overwrites it
+      }
+    }
+  }
+  __syncthreads();  // all warps are done with sQ/sdO: they become the output stage
+  float* stage = reinterpret_cast<float*>(smem + L::kT2) + warp * 16 * L::kLdo;
+  store_acc_rows<D, L::kLdo>(dk, stage, dkf, b, wk0, kvh, S, Hkv);
+  store_acc_rows<D, L::kLdo>(dv, stage, dvf, b, wk0, kvh, S, Hkv);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kTcThreads)
+    tc_dq_kernel(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const float* lse,
+                 const float* drow, int S, int Hq, int Hkv, float scale) {
+  using L = TcBackwardLayout<D>;
+  constexpr int kDt = D / 16;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int warp = threadIdx.x >> 5;
+  float* sIdx = reinterpret_cast<float*>(smem + L::kIdx);
+  Bf16* sK = reinterpret_cast<Bf16*>(smem + L::kT0);
+  Bf16* sV = reinterpret_cast<Bf16*>(smem + L::kT1);
+  Bf16* sQ = reinterpret_cast<Bf16*>(smem + L::kT2);
+  Bf16* sdO = reinterpret_cast<Bf16*>(smem + L::kT3);
+  float* sLse2 = reinterpret_cast<float*>(smem + L::kRows);
+  float* sDrow = sLse2 + kTcTile;
+  Bf16* sdS = reinterpret_cast<Bf16*>(smem + L::kChunk + 2 * warp * L::kChunkBytes);
+
+  const int qt = gridDim.x - 1 - blockIdx.x;  // longest causal rows first
+  const int h = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int kvh = h / (Hq / Hkv);
+  const int q0 = qt * kTcTile;
+  const int wq0 = q0 + warp * 16;  // this warp's first query
+  const float scale_log2 = scale * kLog2e;
+
+  fill_index_tile(sIdx);
+  load_tile_bf16<D, L::kLdh>(sQ, q, b, q0, h, S, Hq);
+  load_tile_bf16<D, L::kLdh>(sdO, dout, b, q0, h, S, Hq);
+  load_row_stats(sLse2, sDrow, lse + (b * Hq + h) * S, drow + (b * Hq + h) * S, q0, S);
+  AccFrag dqf[kDt];
+#pragma unroll
+  for (int n = 0; n < kDt; ++n) wmma::fill_fragment(dqf[n], 0.0f);
+  __syncthreads();
+  const FragIndex ix = load_frag_index(sIdx);
+
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * kTcTile;
+    __syncthreads();  // previous readers of sK/sV are done
+    load_tile_bf16<D, L::kLdh>(sK, k, b, k0, kvh, S, Hkv);
+    load_tile_bf16<D, L::kLdh>(sV, v, b, k0, kvh, S, Hkv);
+    __syncthreads();
+    for (int kc = 0; kc < kTcTile / 16; ++kc) {
+      const int ck0 = k0 + kc * 16;
+      if (ck0 > wq0 + 15) break;  // this and later chunks lie wholly above the diagonal
+      AccFrag sf, dpf;  // the warp's 16 queries x 16 keys
+      mma_abt<D, L::kLdh>(sf, sQ + warp * 16 * L::kLdh, sK + kc * 16 * L::kLdh);
+      mma_abt<D, L::kLdh>(dpf, sdO + warp * 16 * L::kLdh, sV + kc * 16 * L::kLdh);
+#pragma unroll
+      for (int e = 0; e < kAccElems; ++e) {
+        const int r = ix.row[e], c = ix.col[e];  // query wq0 + r, key ck0 + c
+        const int qi = wq0 + r;
+        float ds = 0.0f;
+        if (ck0 + c <= qi && qi < S) {
+          const float p = exp2f(sf.x[e] * scale_log2 - sLse2[warp * 16 + r]);
+          ds = p * (dpf.x[e] - sDrow[warp * 16 + r]) * scale;
+        }
+        sdS[r * L::kLdc + c] = __float2bfloat16_rn(ds);
+      }
+      __syncwarp();
+      mma_chunk_rows<D, L::kLdh, L::kLdc>(dqf, sdS, sK + kc * 16 * L::kLdh);  // dQ += dS K
+      __syncwarp();
+    }
+  }
+  __syncthreads();  // all warps are done with sK/sV: they become the output stage
+  float* stage = reinterpret_cast<float*>(smem + L::kT0) + warp * 16 * L::kLdo;
+  store_acc_rows<D, L::kLdo>(dq, stage, dqf, b, wq0, h, S, Hq);
+}
+
+template <int D>
+void launch_tc_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const void* dout, const void* q,
+                        const void* k, const void* v, const float* lse, const float* drow, int64_t B, int64_t S,
+                        int64_t Hq, int64_t Hkv, float scale) {
+  using L = TcBackwardLayout<D>;
+  static const size_t dkdv_limit = raise_smem_limit(tc_dkdv_kernel<D>);
+  static const size_t dq_limit = raise_smem_limit(tc_dq_kernel<D>);
+  check_smem(L::kBytes, dkdv_limit, "attention backward dK/dV (tensor core)", D);
+  check_smem(L::kBytes, dq_limit, "attention backward dQ (tensor core)", D);
+  const unsigned tiles = static_cast<unsigned>((S + kTcTile - 1) / kTcTile);
+  const int s = static_cast<int>(S), hq = static_cast<int>(Hq), hkv = static_cast<int>(Hkv);
+  tc_dkdv_kernel<D><<<dim3(tiles, hkv, static_cast<unsigned>(B)), kTcThreads, L::kBytes, stream>>>(
+      static_cast<bf16*>(dk), static_cast<bf16*>(dv), static_cast<const bf16*>(dout), static_cast<const bf16*>(q),
+      static_cast<const bf16*>(k), static_cast<const bf16*>(v), lse, drow, s, hq, hkv, scale);
+  SO_CUDA_CHECK(cudaGetLastError());
+  tc_dq_kernel<D><<<dim3(tiles, hq, static_cast<unsigned>(B)), kTcThreads, L::kBytes, stream>>>(
+      static_cast<bf16*>(dq), static_cast<const bf16*>(dout), static_cast<const bf16*>(q),
+      static_cast<const bf16*>(k), static_cast<const bf16*>(v), lse, drow, s, hq, hkv, scale);
+  SO_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+size_t attention_backward_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t /*Hkv*/, int64_t /*D*/,
+                                          DType /*dt*/) {
+  // Drow only: both variants accumulate dQ/dK/dV on chip.
+  return static_cast<size_t>(B) * static_cast<size_t>(Hq) * static_cast<size_t>(S) * sizeof(float);
+}
+
+void attention_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const void* dout, const void* q,
+                        const void* k, const void* v, const void* out, const float* lse, int64_t B, int64_t S,
+                        int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt, void* workspace,
+                        size_t workspace_bytes) {
+  constexpr const char* kWhat = "attention_backward";
+  check_shape(kWhat, B, S, Hq, Hkv, D);
+  if (B == 0 || S == 0) return;
+  const size_t needed = attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
+  SO_CHECK(workspace != nullptr && workspace_bytes >= needed, kWhat, ": workspace of ", workspace_bytes,
+           " bytes, need ", needed, " (attention_backward_workspace_bytes)");
+  SO_CHECK(reinterpret_cast<uintptr_t>(workspace) % alignof(float) == 0, kWhat, ": workspace is not fp32-aligned");
+  float* drow = static_cast<float*>(workspace);
+  const int variant = select_variant(kWhat, D, dt);
+  if (dt == DType::BF16)
+    launch_row_dot<bf16>(stream, drow, dout, out, B, S, Hq, D);
+  else
+    launch_row_dot<float>(stream, drow, dout, out, B, S, Hq, D);
+  if (variant == 2) {
+    const void* ptrs[] = {dq, dk, dv, dout, q, k, v};
+    const char* names[] = {"dq", "dk", "dv", "dout", "q", "k", "v"};
+    for (int i = 0; i < 7; ++i) check_aligned16(ptrs[i], kWhat, names[i]);
+    if (D == 64)
+      launch_tc_backward<64>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, scale);
+    else
+      launch_tc_backward<128>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, scale);
+  } else if (dt == DType::BF16) {
+    launch_ref_backward<bf16>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, D, scale);
+  } else {
+    launch_ref_backward<float>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, D, scale);
+  }
+}
+
+}  // namespace so::cuda

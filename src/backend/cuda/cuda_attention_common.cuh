@@ -1,0 +1,164 @@
+#pragma once
+// Pieces shared by the flash-attention forward and backward kernels (cuda_attention_forward.cu,
+// cuda_attention_backward.cu): shape checks, which kernel variant runs, shared-memory opt-in,
+// warp reductions and the wmma fragment index map.
+//
+// Variant 1 ("reference"): FlashAttention-2 with fp32 math from shared-memory tiles; any D that is
+//   a multiple of 8 up to 256, bf16 or fp32 storage. It is the yardstick for variant 2.
+// Variant 2 ("tensor core"): the same algorithm with the tile matmuls on bf16 wmma fragments and
+//   fp32 accumulators/softmax statistics; bf16 storage, D in {64, 128}.
+// SO_ATTENTION_KERNEL=1|2 forces a variant (read once); by default 2 runs where it is supported.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "cuda_bf16.cuh"
+#include "cuda_check.h"
+#include "so/core/dtype.h"
+
+namespace so::cuda::attn {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Element offset of head h of token s of sequence b in a [B*S, H*D] activation (int64: B*S*H*D
+// exceeds 2^31 at long sequence lengths).
+__device__ __forceinline__ int64_t row_offset(int64_t b, int64_t s, int64_t h, int64_t S, int64_t H, int64_t D) {
+  return ((b * S + s) * H + h) * D;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// ---- wmma helpers (variant 2) ----
+
+using Bf16 = __nv_bfloat16;
+using AccFrag = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+constexpr int kAccElems = AccFrag::num_elements;
+
+// wmma leaves the (row, col) of each accumulator element unspecified; kernels that work on single
+// elements (masking, softmax rescale, P = exp(S - lse)) read it back once by loading a tile whose
+// entries are their own index. sIdx: 256 floats, 32-byte aligned, filled by fill_index_tile before
+// a __syncthreads.
+__device__ __forceinline__ void fill_index_tile(float* sIdx) {
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) sIdx[i] = static_cast<float>(i);
+}
+
+struct FragIndex {
+  int row[kAccElems];
+  int col[kAccElems];
+};
+
+__device__ __forceinline__ FragIndex load_frag_index(const float* sIdx) {
+  AccFrag f;
+  nvcuda::wmma::load_matrix_sync(f, sIdx, 16, nvcuda::wmma::mem_row_major);
+  FragIndex ix;
+#pragma unroll
+  for (int e = 0; e < kAccElems; ++e) {
+    const int i = static_cast<int>(f.x[e]);
+    ix.row[e] = i >> 4;
+    ix.col[e] = i & 15;
+  }
+  return ix;
+}
+
+// Copies rows [s0, s0 + 64) of head h (D bf16 values each, 16-byte chunks) into a shared tile with
+// row stride LD elements; rows at or beyond S are zero so padded keys/queries contribute nothing.
+// All threads of the block take part. src must be 16-byte aligned (checked on the host).
+template <int D, int LD>
+__device__ __forceinline__ void load_tile_bf16(Bf16* dst, const bf16* src, int64_t b, int s0, int h, int S, int H) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < 64 * kChunks; i += blockDim.x) {
+    const int r = i / kChunks, c = i % kChunks;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (s0 + r < S) v = *reinterpret_cast<const uint4*>(src + row_offset(b, s0 + r, h, S, H, D) + c * 8);
+    *reinterpret_cast<uint4*>(dst + r * LD + c * 8) = v;
+  }
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  return static_cast<uint32_t>(f32_to_bf16_bits(lo)) | (static_cast<uint32_t>(f32_to_bf16_bits(hi)) << 16);
+}
+
+// One warp writes 16 staged fp32 rows (stride ld) as bf16 rows s0..s0+15 of head h; rows at or
+// beyond S are dropped.
+template <int D>
+__device__ __forceinline__ void store_rows_bf16(bf16* dst, const float* stage, int ld, int64_t b, int s0, int h,
+                                                int S, int H) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x & 31; i < 16 * kChunks; i += 32) {
+    const int r = i / kChunks, c = i % kChunks;
+    if (s0 + r >= S) continue;
+    const float* x = stage + r * ld + c * 8;
+    const uint4 v = make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]), pack_bf16x2(x[4], x[5]),
+                               pack_bf16x2(x[6], x[7]));
+    *reinterpret_cast<uint4*>(dst + row_offset(b, s0 + r, h, S, H, D) + c * 8) = v;
+  }
+}
+
+// ---- host side ----
+
+inline void check_shape(const char* what, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D) {
+  SO_CHECK(B >= 0 && S >= 0, what, ": negative shape B=", B, " S=", S);
+  SO_CHECK(D > 0 && D % 8 == 0 && D <= 256, what, ": head dim D=", D,
+           " is not supported (the CUDA kernels need a multiple of 8 up to 256)");
+  SO_CHECK(Hq > 0 && Hkv > 0 && Hq % Hkv == 0, what, ": ", Hq, " query heads are not a multiple of ", Hkv,
+           " KV heads");
+  // Grid: x = tiles along S, y = heads, z = batch; int token indices (plus a tile) stay in range.
+  SO_CHECK(S <= (int64_t{1} << 30) && Hq <= 65535 && B <= 65535, what, ": shape out of the launch range (B=", B, " S=", S,
+           " Hq=", Hq, ")");
+}
+
+inline bool tensor_core_supported(int64_t D, DType dt) { return dt == DType::BF16 && (D == 64 || D == 128); }
+
+// 1 (reference) or 2 (tensor core).
+inline int select_variant(const char* what, int64_t D, DType dt) {
+  static const int forced = [] {
+    const char* e = std::getenv("SO_ATTENTION_KERNEL");
+    if (e == nullptr || *e == '\0') return 0;
+    const std::string s(e);
+    SO_CHECK(s == "1" || s == "2", "SO_ATTENTION_KERNEL must be 1 or 2, got '", s, "'");
+    return s == "1" ? 1 : 2;
+  }();
+  if (forced == 2)
+    SO_CHECK(tensor_core_supported(D, dt), what, ": SO_ATTENTION_KERNEL=2 but the tensor-core kernel needs bf16 and D "
+             "in {64, 128}; got ", dtype_name(dt), " with D=", D);
+  if (forced != 0) return forced;
+  return tensor_core_supported(D, dt) ? 2 : 1;
+}
+
+// Lets a kernel use all the shared memory a block may opt into on the current device and returns
+// that limit. Call once per kernel instantiation (each rank drives one device).
+template <typename... Args>
+size_t raise_smem_limit(void (*kernel)(Args...)) {
+  int dev = 0, optin = 0;
+  SO_CUDA_CHECK(cudaGetDevice(&dev));
+  SO_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  SO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  return static_cast<size_t>(optin);
+}
+
+inline void check_smem(size_t needed, size_t limit, const char* kernel, int64_t D) {
+  SO_CHECK(needed <= limit, kernel, " needs ", needed, " bytes of shared memory per block at D=", D,
+           "; the device allows ", limit);
+}
+
+inline void check_aligned16(const void* p, const char* what, const char* name) {
+  SO_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, what, ": the tensor-core kernel needs ", name,
+           " 16-byte aligned");
+}
+
+}  // namespace so::cuda::attn

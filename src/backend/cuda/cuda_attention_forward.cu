@@ -1,0 +1,316 @@
+// Causal GQA flash-attention forward (FlashAttention-2): one block per (query tile, query head,
+// batch); K/V tiles stream through shared memory under an online softmax; key tiles wholly above
+// the diagonal are never visited. Writes out and lse = logsumexp of the scaled scores (natural log).
+// Variants and dispatch: cuda_attention_common.cuh.
+#include <cmath>
+
+#include "cuda_attention.h"
+#include "cuda_attention_common.cuh"
+
+namespace so::cuda {
+
+namespace {
+
+using namespace attn;
+namespace wmma = nvcuda::wmma;
+
+// ---- variant 1: fp32 math from shared-memory tiles ----
+
+// Query rows and keys per tile. 32 keys make a score row one warp wide (lane = key) for the
+// softmax; query and key tiles are the same size and aligned, so tile kt <= qt is never fully masked.
+constexpr int kRefTile = 32;
+constexpr int kRefThreads = 128;
+
+// sQ, sK, sV, sO [32][D+1] (odd stride: the score loop reads K rows lane by lane without bank
+// conflicts), sS [32][33], sM, sL, sCorr [32].
+size_t ref_forward_smem(int64_t D) {
+  return sizeof(float) * (4 * kRefTile * (D + 1) + kRefTile * (kRefTile + 1) + 3 * kRefTile);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kRefThreads)
+    ref_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v, int S, int Hq, int Hkv, int D,
+                       float scale) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int ld = D + 1;
+  float* sQ = reinterpret_cast<float*>(smem);
+  float* sK = sQ + kRefTile * ld;
+  float* sV = sK + kRefTile * ld;
+  float* sO = sV + kRefTile * ld;
+  float* sS = sO + kRefTile * ld;
+  float* sM = sS + kRefTile * (kRefTile + 1);
+  float* sL = sM + kRefTile;
+  float* sCorr = sL + kRefTile;
+
+  const int qt = gridDim.x - 1 - blockIdx.x;  // longest causal rows first: better tail balance
+  const int h = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int kvh = h / (Hq / Hkv);
+  const int q0 = qt * kRefTile;
+  const int rows = min(kRefTile, S - q0);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  for (int i = tid; i < kRefTile * D; i += kRefThreads) {
+    const int r = i / D, d = i % D;
+    sQ[r * ld + d] = r < rows ? to_float(q[row_offset(b, q0 + r, h, S, Hq, D) + d]) : 0.0f;
+    sO[r * ld + d] = 0.0f;
+  }
+  if (tid < kRefTile) {
+    sM[tid] = -INFINITY;
+    sL[tid] = 0.0f;
+  }
+
+  const int nkt = (q0 + rows - 1) / kRefTile + 1;  // tiles holding a key <= the last query row
+  for (int kt = 0; kt < nkt; ++kt) {
+    const int k0 = kt * kRefTile;
+    __syncthreads();  // the previous tile's sK/sV/sS readers are done (first pass: init visible)
+    for (int i = tid; i < kRefTile * D; i += kRefThreads) {
+      const int c = i / D, d = i % D;
+      const bool in = k0 + c < S;
+      const int64_t off = row_offset(b, k0 + c, kvh, S, Hkv, D) + d;
+      sK[c * ld + d] = in ? to_float(k[off]) : 0.0f;
+      sV[c * ld + d] = in ? to_float(v[off]) : 0.0f;
+    }
+    __syncthreads();
+    for (int i = tid; i < kRefTile * kRefTile; i += kRefThreads) {
+      const int r = i / kRefTile, c = i % kRefTile;
+      float s = -INFINITY;
+      if (k0 + c <= q0 + r) {
+        const float* qr = sQ + r * ld;
+        const float* kc = sK + c * ld;
+        float acc = 0.0f;
+        for (int d = 0; d < D; ++d) acc += qr[d] * kc[d];
+        s = acc * scale;
+      }
+      sS[r * (kRefTile + 1) + c] = s;
+    }
+    __syncthreads();
+    // Online softmax, one warp per row, lane = key.
+    for (int r = warp; r < kRefTile; r += kRefThreads / 32) {
+      const float s = sS[r * (kRefTile + 1) + lane];
+      const float m_old = sM[r];
+      const float m_new = fmaxf(m_old, warp_max(s));
+      // Every row sees key k0 <= its index in tile 0, so m_new is finite; the guard keeps a fully
+      // masked row (-inf - -inf) from producing NaN should the tiling ever change.
+      const float p = m_new == -INFINITY ? 0.0f : expf(s - m_new);
+      sS[r * (kRefTile + 1) + lane] = p;
+      const float sum = warp_sum(p);
+      __syncwarp();  // all lanes have read sM[r] before lane 0 overwrites it
+      if (lane == 0) {
+        const float corr = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+        sCorr[r] = corr;
+        sL[r] = sL[r] * corr + sum;
+        sM[r] = m_new;
+      }
+    }
+    __syncthreads();
+    for (int i = tid; i < kRefTile * D; i += kRefThreads) {
+      const int r = i / D, d = i % D;
+      const float* p = sS + r * (kRefTile + 1);
+      float acc = sO[r * ld + d] * sCorr[r];
+      for (int c = 0; c < kRefTile; ++c) acc += p[c] * sV[c * ld + d];
+      sO[r * ld + d] = acc;
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < rows * D; i += kRefThreads) {
+    const int r = i / D, d = i % D;
+    out[row_offset(b, q0 + r, h, S, Hq, D) + d] = from_float<T>(sO[r * ld + d] / sL[r]);
+  }
+  if (tid < rows) lse[(b * Hq + h) * S + q0 + tid] = sM[tid] + logf(sL[tid]);
+}
+
+template <typename T>
+void launch_ref_forward(cudaStream_t stream, void* out, float* lse, const void* q, const void* k, const void* v,
+                        int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale) {
+  static const size_t smem_limit = raise_smem_limit(ref_forward_kernel<T>);
+  check_smem(ref_forward_smem(D), smem_limit, "attention forward (reference)", D);
+  const dim3 grid(static_cast<unsigned>((S + kRefTile - 1) / kRefTile), static_cast<unsigned>(Hq),
+                  static_cast<unsigned>(B));
+  ref_forward_kernel<T><<<grid, kRefThreads, ref_forward_smem(D), stream>>>(
+      static_cast<T*>(out), lse, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+      static_cast<int>(S), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), scale);
+  SO_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- variant 2: bf16 tensor cores (wmma 16x16x16, fp32 accumulate) ----
+
+// 64 query rows per block, 4 warps of 16 rows each; K/V tiles of 64 keys.
+constexpr int kTcTile = 64;
+constexpr int kTcThreads = 128;
+
+template <int D>
+struct TcForwardLayout {
+  static constexpr int kLdh = D + 8;                        // bf16 tile row stride (wmma: multiple of 8)
+  static constexpr int kLds = (D > kTcTile ? D : kTcTile) + 4;  // fp32 scores / output staging stride
+  static constexpr int kLdp = kTcTile + 8;                  // bf16 probabilities row stride
+  // Byte offsets; every region starts 32-byte aligned as wmma requires.
+  static constexpr size_t kIdx = 0;
+  static constexpr size_t kK = kIdx + 256 * sizeof(float);
+  static constexpr size_t kV = kK + size_t(kTcTile) * kLdh * sizeof(Bf16);
+  static constexpr size_t kS = kV + size_t(kTcTile) * kLdh * sizeof(Bf16);
+  static constexpr size_t kP = kS + size_t(4) * 16 * kLds * sizeof(float);
+  static constexpr size_t kCorr = kP + size_t(4) * 16 * kLdp * sizeof(Bf16);
+  static constexpr size_t kBytes = kCorr + size_t(4) * 16 * sizeof(float);
+  static_assert(kK % 32 == 0 && kV % 32 == 0 && kS % 32 == 0 && kP % 32 == 0 && kCorr % 32 == 0);
+};
+
+template <int D>
+__global__ void __launch_bounds__(kTcThreads)
+    tc_forward_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int S, int Hq, int Hkv,
+                      float scale_log2) {
+  using L = TcForwardLayout<D>;
+  constexpr int kDt = D / 16;  // 16-wide slices of the head dim
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float* sIdx = reinterpret_cast<float*>(smem + L::kIdx);
+  Bf16* sK = reinterpret_cast<Bf16*>(smem + L::kK);
+  Bf16* sV = reinterpret_cast<Bf16*>(smem + L::kV);
+  float* sS = reinterpret_cast<float*>(smem + L::kS) + warp * 16 * L::kLds;  // this warp's 16 rows
+  Bf16* sP = reinterpret_cast<Bf16*>(smem + L::kP) + warp * 16 * L::kLdp;
+  float* sCorr = reinterpret_cast<float*>(smem + L::kCorr) + warp * 16;
+
+  const int qt = gridDim.x - 1 - blockIdx.x;  // longest causal rows first
+  const int h = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int kvh = h / (Hq / Hkv);
+  const int q0 = qt * kTcTile;
+
+  // The Q tile passes through sK into per-warp A fragments that live for the whole kernel.
+  fill_index_tile(sIdx);
+  load_tile_bf16<D, L::kLdh>(sK, q, b, q0, h, S, Hq);
+  __syncthreads();
+  const FragIndex ix = load_frag_index(sIdx);
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major> qf[kDt];
+#pragma unroll
+  for (int kk = 0; kk < kDt; ++kk) wmma::load_matrix_sync(qf[kk], sK + warp * 16 * L::kLdh + kk * 16, L::kLdh);
+  AccFrag of[kDt];
+#pragma unroll
+  for (int n = 0; n < kDt; ++n) wmma::fill_fragment(of[n], 0.0f);
+
+  // Softmax statistics (log2 domain): lanes 2r and 2r+1 share row r of the warp, each holding half
+  // of its 64 scores (interleaved columns: fewer bank conflicts).
+  const int sr = lane >> 1, half = lane & 1;
+  const int qrow = q0 + warp * 16 + sr;
+  float m = -INFINITY, l = 0.0f;
+
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * kTcTile;
+    __syncthreads();  // previous readers of sK/sV (and of Q in sK) are done
+    load_tile_bf16<D, L::kLdh>(sK, k, b, k0, kvh, S, Hkv);
+    load_tile_bf16<D, L::kLdh>(sV, v, b, k0, kvh, S, Hkv);
+    __syncthreads();
+
+    // S = Q K^T for this warp's 16 rows x 64 keys. K^T as a col-major B: (d, key) at sK[key][d].
+#pragma unroll
+    for (int j = 0; j < kTcTile / 16; ++j) {
+      AccFrag sf;
+      wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+      for (int kk = 0; kk < kDt; ++kk) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::col_major> kf;
+        wmma::load_matrix_sync(kf, sK + j * 16 * L::kLdh + kk * 16, L::kLdh);
+        wmma::mma_sync(sf, qf[kk], kf, sf);
+      }
+      wmma::store_matrix_sync(sS + j * 16, sf, L::kLds, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    const bool diagonal = kt == qt;
+    const float* srow = sS + sr * L::kLds;
+    float tmax = -INFINITY;
+    for (int j = 0; j < kTcTile / 2; ++j) {
+      const int c = 2 * j + half;
+      const float s = (diagonal && k0 + c > qrow) ? -INFINITY : srow[c] * scale_log2;
+      tmax = fmaxf(tmax, s);
+    }
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+    // Key k0 = 0 of tile 0 is unmasked for every row, so m_new is finite from the first tile on.
+    const float m_new = fmaxf(m, tmax);
+    const float corr = exp2f(m - m_new);  // 0 on the first tile (m = -inf)
+    float psum = 0.0f;
+    for (int j = 0; j < kTcTile / 2; ++j) {
+      const int c = 2 * j + half;
+      const float s = (diagonal && k0 + c > qrow) ? -INFINITY : srow[c] * scale_log2;
+      const float p = exp2f(s - m_new);
+      psum += p;
+      sP[sr * L::kLdp + c] = __float2bfloat16_rn(p);
+    }
+    psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+    l = l * corr + psum;
+    m = m_new;
+    if (half == 0) sCorr[sr] = corr;
+    __syncwarp();
+
+    // O = O * corr + P V.
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major> pf[kTcTile / 16];
+#pragma unroll
+    for (int kk = 0; kk < kTcTile / 16; ++kk) wmma::load_matrix_sync(pf[kk], sP + kk * 16, L::kLdp);
+#pragma unroll
+    for (int n = 0; n < kDt; ++n) {
+#pragma unroll
+      for (int e = 0; e < kAccElems; ++e) of[n].x[e] *= sCorr[ix.row[e]];
+#pragma unroll
+      for (int kk = 0; kk < kTcTile / 16; ++kk) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::row_major> vf;
+        wmma::load_matrix_sync(vf, sV + kk * 16 * L::kLdh + n * 16, L::kLdh);
+        wmma::mma_sync(of[n], pf[kk], vf, of[n]);
+      }
+    }
+  }
+
+  __syncwarp();  // every lane is done reading sCorr
+  if (half == 0) {
+    sCorr[sr] = 1.0f / l;
+    if (qrow < S) lse[(b * Hq + h) * S + qrow] = (m + log2f(l)) * kLn2;
+  }
+  __syncwarp();
+#pragma unroll
+  for (int n = 0; n < kDt; ++n) {
+#pragma unroll
+    for (int e = 0; e < kAccElems; ++e) of[n].x[e] *= sCorr[ix.row[e]];
+    wmma::store_matrix_sync(sS + n * 16, of[n], L::kLds, wmma::mem_row_major);
+  }
+  __syncwarp();
+  store_rows_bf16<D>(out, sS, L::kLds, b, q0 + warp * 16, h, S, Hq);
+}
+
+template <int D>
+void launch_tc_forward(cudaStream_t stream, void* out, float* lse, const void* q, const void* k, const void* v,
+                       int64_t B, int64_t S, int64_t Hq, int64_t Hkv, float scale) {
+  using L = TcForwardLayout<D>;
+  static const size_t smem_limit = raise_smem_limit(tc_forward_kernel<D>);
+  check_smem(L::kBytes, smem_limit, "attention forward (tensor core)", D);
+  const dim3 grid(static_cast<unsigned>((S + kTcTile - 1) / kTcTile), static_cast<unsigned>(Hq),
+                  static_cast<unsigned>(B));
+  tc_forward_kernel<D><<<grid, kTcThreads, L::kBytes, stream>>>(
+      static_cast<bf16*>(out), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+      static_cast<const bf16*>(v), static_cast<int>(S), static_cast<int>(Hq), static_cast<int>(Hkv),
+      scale * kLog2e);
+  SO_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void attention_forward(cudaStream_t stream, void* out, float* lse, const void* q, const void* k, const void* v,
+                       int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
+  constexpr const char* kWhat = "attention_forward";
+  check_shape(kWhat, B, S, Hq, Hkv, D);
+  if (B == 0 || S == 0) return;
+  if (select_variant(kWhat, D, dt) == 2) {
+    check_aligned16(out, kWhat, "out");
+    check_aligned16(q, kWhat, "q");
+    check_aligned16(k, kWhat, "k");
+    check_aligned16(v, kWhat, "v");
+    if (D == 64)
+      launch_tc_forward<64>(stream, out, lse, q, k, v, B, S, Hq, Hkv, scale);
+    else
+      launch_tc_forward<128>(stream, out, lse, q, k, v, B, S, Hq, Hkv, scale);
+  } else if (dt == DType::BF16) {
+    launch_ref_forward<bf16>(stream, out, lse, q, k, v, B, S, Hq, Hkv, D, scale);
+  } else {
+    launch_ref_forward<float>(stream, out, lse, q, k, v, B, S, Hq, Hkv, D, scale);
+  }
+}
+
+}  // namespace so::cuda

@@ -1,0 +1,116 @@
+#include "cuda_ops.h"
+
+#include <utility>
+
+#include "cuda_attention.h"
+#include "cuda_gemm.h"
+#include "cuda_kernels.h"
+#include "cuda_stream.h"
+#include "src/optim/adam_constants.h"
+
+namespace so::cuda {
+
+CudaOps::CudaOps(Backend& backend, CublasLtGemm& gemm, DeviceError* device_error)
+    : backend_(backend), gemm_(gemm), device_error_(device_error) {}
+
+void* CudaOps::scratch(Stream& s, size_t bytes) {
+  DeviceBuffer& buf = scratch_[static_cast<int>(s.kind())];
+  if (buf.bytes() < bytes) {
+    if (buf) backend_.release_after(std::move(buf), s);  // kernels already enqueued on s may still use it
+    buf = backend_.alloc(bytes, "ops scratch");
+  }
+  return buf.data();
+}
+
+void CudaOps::gemm(Stream& s, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                   const void* A, const void* B, DType ab, float beta, void* C, DType c) {
+  gemm_.gemm(raw(s), trans_a, trans_b, M, N, K, alpha, A, B, ab, beta, C, c);
+}
+
+void CudaOps::embedding_forward(Stream& s, void* out, const void* table, const int32_t* tokens, int64_t T,
+                                int64_t V, int64_t H, DType dt) {
+  launch_embedding_forward(raw(s), out, table, tokens, T, V, H, dt, device_error_);
+}
+
+void CudaOps::embedding_backward(Stream& s, void* dtable_acc, const void* dout, const int32_t* tokens, int64_t T,
+                                 int64_t V, int64_t H, DType dt) {
+  const size_t bytes = embedding_backward_workspace_bytes(T, V);
+  launch_embedding_backward(raw(s), dtable_acc, dout, tokens, T, V, H, dt, device_error_, scratch(s, bytes), bytes);
+}
+
+void CudaOps::rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows,
+                              int64_t dim, float eps, DType dt) {
+  launch_rmsnorm_forward(raw(s), out, rstd, x, w, rows, dim, eps, dt);
+}
+
+void CudaOps::rmsnorm_backward(Stream& s, void* dx, void* dw_acc, const void* dout, const void* x, const void* w,
+                               const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) {
+  const size_t bytes = rmsnorm_backward_workspace_bytes(rows, dim);
+  launch_rmsnorm_backward(raw(s), dx, dw_acc, dout, x, w, rstd, rows, dim, accumulate, dt, scratch(s, bytes), bytes);
+}
+
+void CudaOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
+                   float theta, bool inverse, DType dt) {
+  launch_rope(raw(s), x, positions, T, heads, head_dim, theta, inverse, dt);
+}
+
+void CudaOps::attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
+                                int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
+  cuda::attention_forward(raw(s), out, lse, q, k, v, B, S, Hq, Hkv, D, scale, dt);
+}
+
+void CudaOps::attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
+                                 const void* k, const void* v, const void* out, const float* lse, int64_t B,
+                                 int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
+  // Large (fp32 accumulators for dq/dk/dv) and only needed here: drawn from the caching allocator
+  // and handed back in stream order rather than kept as scratch.
+  const size_t bytes = attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
+  DeviceBuffer workspace = bytes > 0 ? backend_.alloc(bytes, "attention backward workspace") : DeviceBuffer{};
+  cuda::attention_backward(raw(s), dq, dk, dv, dout, q, k, v, out, lse, B, S, Hq, Hkv, D, scale, dt,
+                           workspace.data(), workspace.bytes());
+  if (workspace) backend_.release_after(std::move(workspace), s);
+}
+
+void CudaOps::swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) {
+  launch_swiglu_forward(raw(s), out, gate, up, n, dt);
+}
+
+void CudaOps::swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                              int64_t n, DType dt) {
+  launch_swiglu_backward(raw(s), dgate, dup, dout, gate, up, n, dt);
+}
+
+void CudaOps::cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
+                            int64_t rows, int64_t V, float scale, DType dt) {
+  const size_t bytes = cross_entropy_workspace_bytes(rows);
+  launch_cross_entropy(raw(s), loss_acc, dlogits, logits, targets, rows, V, scale, dt, device_error_,
+                       scratch(s, bytes), bytes);
+}
+
+void CudaOps::sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) {
+  const size_t bytes = sum_squares_workspace_bytes(n);
+  launch_sum_squares(raw(s), out_acc, x, n, dt, scratch(s, bytes), bytes);
+}
+
+void CudaOps::cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) {
+  launch_cast(raw(s), dst, dst_dt, src, src_dt, n);
+}
+
+void CudaOps::transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
+                               DType dt) {
+  launch_transpose_blocks(raw(s), dst, src, d0, d1, inner, dt);
+}
+
+void CudaOps::replicate_heads(Stream& s, void* out, const void* in, int64_t rows, int64_t heads, int64_t copies,
+                              int64_t head_dim, bool reverse, DType dt) {
+  launch_replicate_heads(raw(s), out, in, rows, heads, copies, head_dim, reverse, dt);
+}
+
+void CudaOps::adamw(Stream& s, float* p, float* m, float* v, const void* grad, DType grad_dt, void* out,
+                    DType out_dt, int64_t n, const AdamWParams& hp) {
+  // The reference's own constants (bias corrections in double, on the host), so the device step
+  // equals optim::adamw_reference bit for bit.
+  launch_adamw(raw(s), p, m, v, grad, grad_dt, out, out_dt, n, optim::adam_constants(hp));
+}
+
+}  // namespace so::cuda

@@ -1,0 +1,66 @@
+#pragma once
+// Ops of the CUDA backend: each call enqueues on the given stream's cudaStream_t. GEMMs go to
+// cuBLASLt (CublasLtGemm), attention to the flash-attention kernels (cuda_attention.h), everything
+// else to the kernels of cuda_kernels.h. Bad token ids / targets are recorded in device_error and
+// raised by the backend at synchronisation.
+#include <array>
+#include <cstddef>
+
+#include "cuda_device_error.h"
+#include "so/backend/backend.h"
+#include "so/backend/ops.h"
+
+namespace so::cuda {
+
+class CublasLtGemm;
+
+class CudaOps final : public Ops {
+ public:
+  // device_error: a device-visible pointer into host-mapped memory owned by the backend.
+  CudaOps(Backend& backend, CublasLtGemm& gemm, DeviceError* device_error);
+
+  void gemm(Stream& s, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+            const void* B, DType ab, float beta, void* C, DType c) override;
+  void embedding_forward(Stream& s, void* out, const void* table, const int32_t* tokens, int64_t T, int64_t V,
+                         int64_t H, DType dt) override;
+  void embedding_backward(Stream& s, void* dtable_acc, const void* dout, const int32_t* tokens, int64_t T,
+                          int64_t V, int64_t H, DType dt) override;
+  void rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows, int64_t dim,
+                       float eps, DType dt) override;
+  void rmsnorm_backward(Stream& s, void* dx, void* dw_acc, const void* dout, const void* x, const void* w,
+                        const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) override;
+  void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim, float theta,
+            bool inverse, DType dt) override;
+  void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v, int64_t B,
+                         int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) override;
+  void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                          const void* v, const void* out, const float* lse, int64_t B, int64_t S, int64_t Hq,
+                          int64_t Hkv, int64_t D, float scale, DType dt) override;
+  void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) override;
+  void swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                       int64_t n, DType dt) override;
+  void cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
+                     int64_t rows, int64_t V, float scale, DType dt) override;
+  void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) override;
+  void cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) override;
+  void transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
+                        DType dt) override;
+  void replicate_heads(Stream& s, void* out, const void* in, int64_t rows, int64_t heads, int64_t copies,
+                       int64_t head_dim, bool reverse, DType dt) override;
+  void adamw(Stream& s, float* p, float* m, float* v, const void* grad, DType grad_dt, void* out, DType out_dt,
+             int64_t n, const AdamWParams& hp) override;
+
+ private:
+  // At least `bytes` of scratch for kernels enqueued on s. One buffer per stream kind, kept between
+  // calls (no allocation, no host callback per op) and grown when too small, the old one released
+  // in stream order. Streams run concurrently, so they never share scratch; ops on one stream must
+  // be issued from one host thread at a time (as for any stream-ordered use).
+  void* scratch(Stream& s, size_t bytes);
+
+  Backend& backend_;
+  CublasLtGemm& gemm_;
+  DeviceError* device_error_;
+  std::array<DeviceBuffer, kNumStreamKinds> scratch_;
+};
+
+}  // namespace so::cuda

@@ -1,0 +1,32 @@
+# The CUDA backend's tests (label gpu). Each skips, reported as skipped, without a CUDA device.
+#   test_cuda_ops       every Ops method against the CPU backend, fp32 and bf16 (op_tolerances.h)
+#   test_cuda_training  tiny model on the GPU vs the CPU; offload modes bitwise on the GPU
+#   gpu.test_reference  the Transformers fixtures on the GPU (cases of test_reference)
+#   gpu.memcheck/racecheck  compute-sanitizer over the quick op cases
+# No MPI in this binary (plain gtest main): ~300 cases, each its own process.
+so_add_gtest(test_cuda_ops LABELS gpu SOURCES test_cuda_ops.cpp LIBS so_backend GTest::gtest_main)
+# The attention cases once more under each attention kernel: SO_ATTENTION_KERNEL is read once per
+# process, so each variant is its own set of ctest entries with the variable in its environment.
+foreach(kernel 1 2)
+  gtest_discover_tests(test_cuda_ops TEST_PREFIX "attention_kernel${kernel}." TEST_FILTER "*attention*"
+                       WORKING_DIRECTORY ${PROJECT_SOURCE_DIR} DISCOVERY_TIMEOUT 60
+                       PROPERTIES LABELS gpu ENVIRONMENT SO_ATTENTION_KERNEL=${kernel})
+endforeach()
+
+so_add_gtest(test_cuda_training LABELS gpu SOURCES test_cuda_training.cpp)
+
+# test_reference's CUDA instantiation as one gpu entry (tests/CMakeLists.txt registers each case of
+# the binary under unit, where these skip without a GPU). All its cases skip or none do.
+add_test(NAME gpu.test_reference COMMAND $<TARGET_FILE:test_reference> --gtest_filter=TransformersCuda/*
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(gpu.test_reference PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]" TIMEOUT 600)
+
+# compute-sanitizer over the Small op cases (memcheck: out-of-bounds, misaligned and uninitialised
+# device accesses; racecheck: shared-memory hazards). Exit 77 (skipped) without the tool or a GPU.
+foreach(tool memcheck racecheck)
+  add_test(NAME gpu.${tool}
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/run_sanitizer.sh ${tool} $<TARGET_FILE:test_cuda_ops>
+                   "Small/CudaOps.MatchesCpu/*:Ops/CudaBadIds.*"
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(gpu.${tool} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
+endforeach()

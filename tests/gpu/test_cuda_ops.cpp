@@ -1,0 +1,677 @@
+// Every Ops method on the CUDA backend against the CPU backend (the reference), in the manner of
+// ggml's test-backend-ops: one case = one op call on random inputs (fixed seeds, never zeros) at
+// one shape and dtype, run on both backends through the Backend/Ops interfaces only; each output
+// is compared under its class's bound from op_tolerances.h. Forward and backward ops, fp32 and
+// bf16, awkward sizes. Cases come in two instantiations: Small (every op, quick: the sanitizer
+// runs these) and Large (rows > 65535, V ~ 50k, multi-tile attention, long positions).
+// Every test skips (reported as skipped) without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "so/backend/backend.h"
+#include "so/core/error.h"
+#include "src/backend/cuda/cuda_cast.h"
+#include "tests/gpu/op_tolerances.h"
+#include "tests/test_util.h"
+
+namespace so {
+namespace {
+
+using test::OpClass;
+
+// ---- host inputs -------------------------------------------------------------------------------
+
+std::vector<float> normal(int64_t n, uint32_t seed, float stddev = 1.0f, float mean = 0.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(mean, stddev);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<int32_t> uniform_ints(int64_t n, uint32_t seed, int32_t lo, int32_t hi) {  // [lo, hi)
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(lo, hi - 1);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Values in storage dtype dt, as raw bytes (bf16 rounded as every backend rounds).
+std::vector<uint8_t> stored(const std::vector<float>& v, DType dt) {
+  std::vector<uint8_t> out(v.size() * dtype_size(dt));
+  if (dt == DType::F32) {
+    std::memcpy(out.data(), v.data(), out.size());
+  } else {
+    for (size_t i = 0; i < v.size(); ++i) {
+      const bf16 b = f32_to_bf16(v[i]);
+      std::memcpy(out.data() + 2 * i, &b.bits, 2);
+    }
+  }
+  return out;
+}
+
+std::vector<float> widen(const std::vector<uint8_t>& bytes, DType dt) {
+  std::vector<float> out(bytes.size() / dtype_size(dt));
+  if (dt == DType::F32) {
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+  } else {
+    for (size_t i = 0; i < out.size(); ++i) {
+      bf16 b;
+      std::memcpy(&b.bits, bytes.data() + 2 * i, 2);
+      out[i] = bf16_to_f32(b);
+    }
+  }
+  return out;
+}
+
+// ---- one case on one backend -------------------------------------------------------------------
+
+struct Output {
+  std::string name;
+  DType dt;
+  OpClass cls;
+  int64_t k;  // GEMM inner dimension (tolerance), else 1
+  std::vector<uint8_t> bytes;
+};
+
+// A backend's side of one case: device copies of the inputs, poisoned outputs, and the outputs to
+// read back once the op has been enqueued. Device memory is reached only through copies.
+class OpRun {
+ public:
+  explicit OpRun(Backend& be) : be_(be), s_(be.stream(StreamKind::Compute)) {}
+  Ops& ops() { return be_.ops(); }
+  Stream& s() { return s_; }
+
+  void* in(const std::vector<uint8_t>& bytes) {
+    DeviceBuffer b = be_.alloc(std::max<size_t>(bytes.size(), 1), "test input");
+    be_.copy_h2d(b.data(), bytes.data(), bytes.size(), s_);
+    be_.synchronize(s_);  // the host vector may go away after this
+    return keep(std::move(b));
+  }
+  void* in(const std::vector<float>& v, DType dt) { return in(stored(v, dt)); }
+  int32_t* ints(const std::vector<int32_t>& v) {
+    std::vector<uint8_t> bytes(v.size() * 4);
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+    return static_cast<int32_t*>(in(bytes));
+  }
+  // An overwritten output, filled with NaN first so that an element the op never writes fails.
+  void* out(int64_t n, DType dt) {
+    return in(stored(std::vector<float>(static_cast<size_t>(n), std::numeric_limits<float>::quiet_NaN()), dt));
+  }
+  void expect(const char* name, const void* dev, int64_t n, DType dt, OpClass cls, int64_t k = 1) {
+    pending_.push_back({name, dev, static_cast<size_t>(n) * dtype_size(dt), dt, cls, k});
+  }
+
+  std::vector<Output> finish() {
+    be_.synchronize(s_);  // op errors surface here
+    std::vector<Output> outs;
+    for (const Pending& p : pending_) {
+      Output o{p.name, p.dt, p.cls, p.k, std::vector<uint8_t>(p.bytes)};
+      be_.copy_d2h(o.bytes.data(), p.dev, p.bytes, s_);
+      outs.push_back(std::move(o));
+    }
+    be_.synchronize(s_);
+    return outs;
+  }
+
+ private:
+  struct Pending {
+    std::string name;
+    const void* dev;
+    size_t bytes;
+    DType dt;
+    OpClass cls;
+    int64_t k;
+  };
+  void* keep(DeviceBuffer b) {
+    bufs_.push_back(std::move(b));
+    return bufs_.back().data();
+  }
+  Backend& be_;
+  Stream& s_;
+  std::vector<DeviceBuffer> bufs_;
+  std::vector<Pending> pending_;
+};
+
+struct OpCase {
+  std::string name;                  // gtest name: [A-Za-z0-9_]
+  std::function<void(OpRun&)> run;  // uploads inputs, enqueues the op, declares its outputs
+};
+
+void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
+
+// Joins the non-empty name parts with '_', keeping only characters gtest accepts.
+template <typename... Parts>
+std::string case_name(const Parts&... parts) {
+  std::string s;
+  for (const std::string& p : {str_cat(parts)...})
+    if (!p.empty()) s += (s.empty() ? "" : "_") + p;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+const char* dn(DType dt) { return dtype_name(dt); }
+
+// ---- the cases, op by op -----------------------------------------------------------------------
+
+struct GemmShape {
+  int64_t M, N, K;
+  bool ta, tb;
+  float alpha = 1.0f, beta = 0.0f;  // beta != 0: C starts from random values (accumulation)
+};
+
+OpCase gemm_case(GemmShape g, DType ab, DType c) {
+  return {case_name("gemm", dn(ab), "c", dn(c), g.ta ? "t" : "n", g.tb ? "t" : "n", "M", g.M, "N", g.N, "K", g.K,
+                    g.beta != 0.0f ? "beta" : "", g.alpha != 1.0f ? "alpha" : ""),
+          [=](OpRun& r) {
+            void* A = r.in(normal(g.M * g.K, 1), ab);
+            void* B = r.in(normal(g.K * g.N, 2), ab);
+            void* C = g.beta != 0.0f ? r.in(normal(g.M * g.N, 3), c) : r.out(g.M * g.N, c);
+            r.ops().gemm(r.s(), g.ta, g.tb, g.M, g.N, g.K, g.alpha, A, B, ab, g.beta, C, c);
+            r.expect("C", C, g.M * g.N, c, OpClass::Gemm, g.K);
+          }};
+}
+
+OpCase embedding_forward_case(int64_t T, int64_t V, int64_t H, DType dt) {
+  return {case_name("embedding_forward", dn(dt), "T", T, "V", V, "H", H), [=](OpRun& r) {
+            void* table = r.in(normal(V * H, 4), dt);
+            const int32_t* tok = r.ints(uniform_ints(T, 5, 0, static_cast<int32_t>(V)));
+            void* out = r.out(T * H, dt);
+            r.ops().embedding_forward(r.s(), out, table, tok, T, V, H, dt);
+            r.expect("out", out, T * H, dt, OpClass::Exact);
+          }};
+}
+
+// Tokens drawn from the first `distinct` ids, so rows receive many updates each.
+OpCase embedding_backward_case(int64_t T, int64_t V, int64_t H, int64_t distinct, DType dt) {
+  return {case_name("embedding_backward", dn(dt), "T", T, "V", V, "H", H, "distinct", distinct), [=](OpRun& r) {
+            void* dtable = r.in(normal(V * H, 6, 0.1f), dt);
+            void* dout = r.in(normal(T * H, 7), dt);
+            const int32_t* tok = r.ints(uniform_ints(T, 8, 0, static_cast<int32_t>(distinct)));
+            r.ops().embedding_backward(r.s(), dtable, dout, tok, T, V, H, dt);
+            r.expect("dtable", dtable, V * H, dt, OpClass::Scatter);
+          }};
+}
+
+std::vector<float> rmsnorm_weight(int64_t dim) {
+  std::vector<float> w = normal(dim, 9, 0.1f);
+  for (float& x : w) x += 1.0f;
+  return w;
+}
+
+OpCase rmsnorm_forward_case(int64_t rows, int64_t dim, DType dt) {
+  return {case_name("rmsnorm_forward", dn(dt), "rows", rows, "dim", dim), [=](OpRun& r) {
+            void* x = r.in(normal(rows * dim, 10, 1.0f, 0.3f), dt);
+            void* w = r.in(rmsnorm_weight(dim), dt);
+            void* out = r.out(rows * dim, dt);
+            auto* rstd = static_cast<float*>(r.out(rows, DType::F32));
+            r.ops().rmsnorm_forward(r.s(), out, rstd, x, w, rows, dim, 1e-5f, dt);
+            r.expect("out", out, rows * dim, dt, OpClass::Reduction);
+            r.expect("rstd", rstd, rows, DType::F32, OpClass::Reduction);
+          }};
+}
+
+// rstd is computed here from the stored x, so both backends see the same saved statistic.
+OpCase rmsnorm_backward_case(int64_t rows, int64_t dim, bool accumulate, DType dt) {
+  return {case_name("rmsnorm_backward", dn(dt), "rows", rows, "dim", dim, accumulate ? "accumulate" : ""),
+          [=](OpRun& r) {
+            const std::vector<float> xs = widen(stored(normal(rows * dim, 10, 1.0f, 0.3f), dt), dt);
+            std::vector<float> rstd(static_cast<size_t>(rows));
+            for (int64_t i = 0; i < rows; ++i) {
+              double ss = 0;
+              for (int64_t j = 0; j < dim; ++j) ss += double(xs[i * dim + j]) * xs[i * dim + j];
+              rstd[i] = static_cast<float>(1.0 / std::sqrt(ss / dim + 1e-5));
+            }
+            void* x = r.in(xs, dt);
+            void* w = r.in(rmsnorm_weight(dim), dt);
+            void* dout = r.in(normal(rows * dim, 11), dt);
+            auto* rs = static_cast<float*>(r.in(rstd, DType::F32));
+            void* dx = accumulate ? r.in(normal(rows * dim, 12), dt) : r.out(rows * dim, dt);
+            void* dw = r.in(normal(dim, 13), dt);
+            r.ops().rmsnorm_backward(r.s(), dx, dw, dout, x, w, rs, rows, dim, accumulate, dt);
+            r.expect("dx", dx, rows * dim, dt, OpClass::Reduction);
+            r.expect("dw", dw, dim, dt, OpClass::Scatter);
+          }};
+}
+
+// Positions: 0, 1, then random up to max_pos (the long-context range).
+OpCase rope_case(int64_t T, int64_t heads, int64_t D, float theta, int32_t max_pos, bool inverse, DType dt) {
+  return {case_name("rope", dn(dt), "T", T, "heads", heads, "D", D, "theta", static_cast<int64_t>(theta), "maxpos",
+                    max_pos, inverse ? "inverse" : ""),
+          [=](OpRun& r) {
+            std::vector<int32_t> pos = uniform_ints(T, 14, 0, max_pos + 1);
+            pos[0] = 0;
+            if (T > 1) pos[1] = 1;
+            if (T > 2) pos[2] = max_pos;
+            void* x = r.in(normal(T * heads * D, 15), dt);
+            r.ops().rope(r.s(), x, r.ints(pos), T, heads, D, theta, inverse, dt);
+            r.expect("x", x, T * heads * D, dt, OpClass::Rope);
+          }};
+}
+
+struct AttnShape {
+  int64_t B, S, Hq, Hkv, D;
+};
+
+std::string attn_name(const char* op, AttnShape a, DType dt) {
+  return case_name(op, dn(dt), "B", a.B, "S", a.S, "Hq", a.Hq, "Hkv", a.Hkv, "D", a.D);
+}
+
+// q is drawn wider than k so that softmax rows are far from uniform.
+struct AttnInputs {
+  void *q, *k, *v;
+  float scale;
+};
+AttnInputs attention_inputs(OpRun& r, AttnShape a, DType dt) {
+  return {r.in(normal(a.B * a.S * a.Hq * a.D, 16, 2.0f), dt), r.in(normal(a.B * a.S * a.Hkv * a.D, 17), dt),
+          r.in(normal(a.B * a.S * a.Hkv * a.D, 18), dt), 1.0f / std::sqrt(static_cast<float>(a.D))};
+}
+
+OpCase attention_forward_case(AttnShape a, DType dt) {
+  return {attn_name("attention_forward", a, dt), [=](OpRun& r) {
+            const AttnInputs in = attention_inputs(r, a, dt);
+            void* out = r.out(a.B * a.S * a.Hq * a.D, dt);
+            auto* lse = static_cast<float*>(r.out(a.B * a.Hq * a.S, DType::F32));
+            r.ops().attention_forward(r.s(), out, lse, in.q, in.k, in.v, a.B, a.S, a.Hq, a.Hkv, a.D, in.scale, dt);
+            r.expect("out", out, a.B * a.S * a.Hq * a.D, dt, OpClass::AttentionFwd);
+            r.expect("lse", lse, a.B * a.Hq * a.S, DType::F32, OpClass::AttentionFwd);
+          }};
+}
+
+// out and lse come from the same backend's forward, as in training.
+OpCase attention_backward_case(AttnShape a, DType dt) {
+  return {attn_name("attention_backward", a, dt), [=](OpRun& r) {
+            const AttnInputs in = attention_inputs(r, a, dt);
+            const int64_t nq = a.B * a.S * a.Hq * a.D, nkv = a.B * a.S * a.Hkv * a.D;
+            void* out = r.out(nq, dt);
+            auto* lse = static_cast<float*>(r.out(a.B * a.Hq * a.S, DType::F32));
+            r.ops().attention_forward(r.s(), out, lse, in.q, in.k, in.v, a.B, a.S, a.Hq, a.Hkv, a.D, in.scale, dt);
+            void* dout = r.in(normal(nq, 19), dt);
+            void *dq = r.out(nq, dt), *dk = r.out(nkv, dt), *dv = r.out(nkv, dt);
+            r.ops().attention_backward(r.s(), dq, dk, dv, dout, in.q, in.k, in.v, out, lse, a.B, a.S, a.Hq, a.Hkv,
+                                       a.D, in.scale, dt);
+            r.expect("dq", dq, nq, dt, OpClass::AttentionBwd);
+            r.expect("dk", dk, nkv, dt, OpClass::AttentionBwd);
+            r.expect("dv", dv, nkv, dt, OpClass::AttentionBwd);
+          }};
+}
+
+OpCase swiglu_case(int64_t n, bool backward, DType dt) {
+  return {case_name(backward ? "swiglu_backward" : "swiglu_forward", dn(dt), "n", n), [=](OpRun& r) {
+            void* gate = r.in(normal(n, 20, 3.0f), dt);  // wide: both tails of the sigmoid
+            void* up = r.in(normal(n, 21), dt);
+            if (!backward) {
+              void* out = r.out(n, dt);
+              r.ops().swiglu_forward(r.s(), out, gate, up, n, dt);
+              r.expect("out", out, n, dt, OpClass::Elementwise);
+              return;
+            }
+            void* dout = r.in(normal(n, 22), dt);
+            void *dgate = r.out(n, dt), *dup = r.out(n, dt);
+            r.ops().swiglu_backward(r.s(), dgate, dup, dout, gate, up, n, dt);
+            r.expect("dgate", dgate, n, dt, OpClass::Elementwise);
+            r.expect("dup", dup, n, dt, OpClass::Elementwise);
+          }};
+}
+
+// Every 7th target is -1 (ignored); the loss accumulator starts from a non-zero value.
+OpCase cross_entropy_case(int64_t rows, int64_t V, bool with_grad, DType dt) {
+  return {case_name("cross_entropy", dn(dt), "rows", rows, "V", V, with_grad ? "grad" : "lossonly"), [=](OpRun& r) {
+            std::vector<int32_t> targets = uniform_ints(rows, 23, 0, static_cast<int32_t>(V));
+            for (size_t i = 3; i < targets.size(); i += 7) targets[i] = -1;
+            const float* logits = static_cast<const float*>(r.in(normal(rows * V, 24, 3.0f), DType::F32));
+            auto* loss = static_cast<float*>(r.in(std::vector<float>{0.37f}, DType::F32));
+            void* dlogits = with_grad ? r.out(rows * V, dt) : nullptr;
+            r.ops().cross_entropy(r.s(), loss, dlogits, logits, r.ints(targets), rows, V, 1.0f / rows, dt);
+            r.expect("loss", loss, 1, DType::F32, OpClass::Reduction);
+            if (with_grad) r.expect("dlogits", dlogits, rows * V, dt, OpClass::Reduction);
+          }};
+}
+
+// Bitwise: the engine adds per-bucket sums from this op (device buckets) and from GraceAdam
+// (offloaded buckets) to form the clipping norm, so the placement modes agree bit for bit only if
+// they agree (ops.h: fixed chunks accumulated in double, as adam_kernels.h's sum_squares_chunked).
+// `poison`: one element NaN or Inf, which must make the sum non-finite.
+OpCase sum_squares_case(int64_t n, float poison, DType dt) {
+  return {case_name("sum_squares", dn(dt), "n", n, std::isnan(poison) ? "nan" : std::isinf(poison) ? "inf" : ""),
+          [=](OpRun& r) {
+            std::vector<float> x = normal(n, 25);
+            if (poison != 0.0f) x[x.size() / 2] = poison;
+            auto* acc = static_cast<float*>(r.in(std::vector<float>{0.0f}, DType::F32));
+            r.ops().sum_squares(r.s(), acc, r.in(x, dt), n, dt);
+            r.expect("sum", acc, 1, DType::F32, OpClass::Exact);
+          }};
+}
+
+// Values spanning the range plus the special cases of rounding: NaN, infinities, signed zero,
+// subnormals, exact ties between two bf16 values.
+std::vector<float> cast_values(int64_t n) {
+  std::vector<float> v = normal(n, 26, 100.0f);
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), INFINITY, -INFINITY, -0.0f, 1e-40f, -3e-39f,
+                            1.00390625f, 1.01171875f, 3.4e38f, -1.5f};
+  for (size_t i = 0; i < std::size(specials) && i < v.size(); ++i) v[i * 7 % v.size()] = specials[i];
+  return v;
+}
+
+OpCase cast_case(int64_t n, DType src_dt, DType dst_dt) {
+  return {case_name("cast", dn(src_dt), "to", dn(dst_dt), "n", n), [=](OpRun& r) {
+            void* src = r.in(cast_values(n), src_dt);
+            void* dst = r.out(n, dst_dt);
+            r.ops().cast(r.s(), dst, dst_dt, src, src_dt, n);
+            r.expect("dst", dst, n, dst_dt, OpClass::Exact);
+          }};
+}
+
+OpCase transpose_blocks_case(int64_t d0, int64_t d1, int64_t inner, DType dt) {
+  return {case_name("transpose_blocks", dn(dt), "d0", d0, "d1", d1, "inner", inner), [=](OpRun& r) {
+            const int64_t n = d0 * d1 * inner;
+            void* src = r.in(normal(n, 27), dt);
+            void* dst = r.out(n, dt);
+            r.ops().transpose_blocks(r.s(), dst, src, d0, d1, inner, dt);
+            r.expect("dst", dst, n, dt, OpClass::Exact);
+          }};
+}
+
+OpCase replicate_heads_case(int64_t rows, int64_t heads, int64_t copies, int64_t D, bool reverse, DType dt) {
+  return {case_name("replicate_heads", dn(dt), "rows", rows, "heads", heads, "copies", copies, "D", D,
+                    reverse ? "reverse" : ""),
+          [=](OpRun& r) {
+            const int64_t narrow = rows * heads * D, wide = narrow * copies;
+            void* in = r.in(normal(reverse ? wide : narrow, 28), dt);
+            void* out = r.out(reverse ? narrow : wide, dt);
+            r.ops().replicate_heads(r.s(), out, in, rows, heads, copies, D, reverse, dt);
+            r.expect("out", out, reverse ? narrow : wide, dt, reverse ? OpClass::Elementwise : OpClass::Exact);
+          }};
+}
+
+// Bitwise against the CPU's AdamW, which equals the scalar reference (adamw.h) bit for bit; the
+// offload modes' equivalence on the GPU rests on this. Clipping scale and weight decay active.
+OpCase adamw_case(int64_t n, DType grad_dt, DType out_dt) {
+  return {case_name("adamw", "grad", dn(grad_dt), "out", dn(out_dt), "n", n), [=](OpRun& r) {
+            std::vector<float> v = normal(n, 31, 0.01f);
+            for (float& x : v) x *= x;
+            auto* p = static_cast<float*>(r.in(normal(n, 29, 0.1f), DType::F32));
+            auto* m = static_cast<float*>(r.in(normal(n, 30, 0.01f), DType::F32));
+            auto* vv = static_cast<float*>(r.in(v, DType::F32));
+            void* grad = r.in(normal(n, 32, 0.05f), grad_dt);
+            void* out = r.out(n, out_dt);
+            AdamWParams hp;
+            hp.lr = 3e-3f;
+            hp.beta1 = 0.9f;
+            hp.beta2 = 0.95f;
+            hp.eps = 1e-8f;
+            hp.weight_decay = 0.1f;
+            hp.step = 7;
+            hp.grad_scale = 0.37f;
+            r.ops().adamw(r.s(), p, m, vv, grad, grad_dt, out, out_dt, n, hp);
+            r.expect("p", p, n, DType::F32, OpClass::Exact);
+            r.expect("m", m, n, DType::F32, OpClass::Exact);
+            r.expect("v", vv, n, DType::F32, OpClass::Exact);
+            r.expect("out", out, n, out_dt, OpClass::Exact);
+          }};
+}
+
+constexpr DType kDTypes[] = {DType::F32, DType::BF16};
+
+// Quick cases touching every op and every code path (edge shapes: one row, one token, odd sizes).
+std::vector<OpCase> small_cases() {
+  std::vector<OpCase> c;
+  for (DType dt : kDTypes) {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) c.push_back(gemm_case({67, 45, 129, ta, tb}, dt, dt));
+    c.push_back(gemm_case({1, 257, 64, false, false}, dt, dt));
+    c.push_back(gemm_case({33, 65, 100, true, false, 0.5f, 1.0f}, dt, DType::F32));  // dW += dY^T X in fp32
+    c.push_back(embedding_forward_case(37, 1000, 77, dt));
+    c.push_back(embedding_backward_case(37, 1000, 77, 5, dt));
+    c.push_back(rmsnorm_forward_case(1, 77, dt));
+    c.push_back(rmsnorm_forward_case(333, 40, dt));
+    for (bool acc : {false, true}) c.push_back(rmsnorm_backward_case(333, 40, acc, dt));
+    for (bool inv : {false, true}) {
+      c.push_back(rope_case(37, 3, 80, 10000.0f, 4096, inv, dt));
+      c.push_back(rope_case(5, 2, 64, 500000.0f, 4096, inv, dt));
+    }
+    for (AttnShape a : {AttnShape{1, 1, 4, 1, 64}, AttnShape{2, 70, 4, 4, 80}, AttnShape{1, 130, 8, 2, 128}}) {
+      c.push_back(attention_forward_case(a, dt));
+      c.push_back(attention_backward_case(a, dt));
+    }
+    for (bool bwd : {false, true}) {
+      c.push_back(swiglu_case(1, bwd, dt));
+      c.push_back(swiglu_case(1001, bwd, dt));
+    }
+    for (bool grad : {false, true}) c.push_back(cross_entropy_case(3, 11, grad, dt));
+    c.push_back(cross_entropy_case(5, 1003, true, dt));
+    c.push_back(sum_squares_case(1, 0.0f, dt));
+    c.push_back(sum_squares_case(16385, 0.0f, dt));  // one element past a chunk
+    c.push_back(sum_squares_case(1000, std::numeric_limits<float>::quiet_NaN(), dt));
+    c.push_back(sum_squares_case(1000, INFINITY, dt));
+    for (DType to : kDTypes) c.push_back(cast_case(1000, dt, to));
+    c.push_back(transpose_blocks_case(3, 5, 7, dt));
+    for (bool rev : {false, true}) c.push_back(replicate_heads_case(5, 2, 4, 80, rev, dt));
+    for (DType out : kDTypes) c.push_back(adamw_case(1001, dt, out));
+  }
+  c.push_back(gemm_case({33, 65, 100, false, true}, DType::BF16, DType::F32));  // bf16 inputs, fp32 C
+  return c;
+}
+
+// Sizes the kernels' grids and tiles must get right: rows > 65535 (a grid's y/z limit), V ~ 50k,
+// attention over many tiles with S off the tile size and GQA ratios 4 and 1, long positions.
+std::vector<OpCase> large_cases() {
+  std::vector<OpCase> c;
+  for (DType dt : kDTypes) {
+    c.push_back(gemm_case({509, 1000, 4096, false, true}, dt, dt));
+    c.push_back(gemm_case({1, 2048, 2048, false, true}, dt, dt));
+    c.push_back(gemm_case({2048, 512, 3000, true, false, 1.0f, 1.0f}, dt, dt));
+    c.push_back(embedding_forward_case(4099, 32003, 1024, dt));
+    c.push_back(embedding_forward_case(70001, 1000, 40, dt));
+    c.push_back(embedding_backward_case(4099, 32003, 1024, 300, dt));
+    c.push_back(rmsnorm_forward_case(70001, 40, dt));
+    c.push_back(rmsnorm_forward_case(4097, 2048, dt));
+    c.push_back(rmsnorm_backward_case(70001, 40, false, dt));
+    c.push_back(rmsnorm_backward_case(4097, 2048, true, dt));
+    c.push_back(rope_case(4099, 32, 64, 500000.0f, 131071, false, dt));
+    c.push_back(rope_case(70001, 1, 128, 10000.0f, 131071, true, dt));
+    for (AttnShape a : {AttnShape{2, 300, 8, 2, 64}, AttnShape{1, 1024, 8, 8, 128}, AttnShape{2, 333, 4, 1, 80}}) {
+      c.push_back(attention_forward_case(a, dt));
+      c.push_back(attention_backward_case(a, dt));
+    }
+    for (bool bwd : {false, true}) c.push_back(swiglu_case((1 << 22) + 3, bwd, dt));
+    c.push_back(cross_entropy_case(257, 50257, true, dt));
+    c.push_back(cross_entropy_case(70001, 11, true, dt));
+    c.push_back(cross_entropy_case(64, 32000, false, dt));
+    c.push_back(sum_squares_case(5000011, 0.0f, dt));
+    for (DType to : kDTypes) c.push_back(cast_case((1 << 22) + 5, dt, to));
+    c.push_back(transpose_blocks_case(8, 4, 4104, dt));
+    for (bool rev : {false, true}) c.push_back(replicate_heads_case(4099, 8, 2, 128, rev, dt));
+    for (DType out : kDTypes) c.push_back(adamw_case((1 << 22) + 3, dt, out));
+  }
+  return c;
+}
+
+// ---- the tests ---------------------------------------------------------------------------------
+
+std::unique_ptr<Backend> backend_of_type(const char* type) {
+  BackendOptions o;
+  o.type = type;
+  return create_backend(o);
+}
+
+// Both backends live for the whole suite (one CUDA context per process).
+class CudaOps : public testing::TestWithParam<OpCase> {
+ protected:
+  static void SetUpTestSuite() {
+    if (cuda::device_count() == 0) return;
+    cpu_ = backend_of_type("cpu").release();
+    cuda_ = backend_of_type("cuda").release();
+  }
+  static void TearDownTestSuite() {
+    delete cuda_;
+    delete cpu_;
+    cuda_ = cpu_ = nullptr;
+  }
+  void SetUp() override {
+    if (!cuda_) GTEST_SKIP() << "no CUDA device (so::cuda::device_count() == 0)";
+  }
+  std::vector<Output> run_on(Backend& be) const {
+    OpRun r(be);
+    GetParam().run(r);
+    return r.finish();
+  }
+  static Backend* cpu_;
+  static Backend* cuda_;
+};
+Backend* CudaOps::cpu_ = nullptr;
+Backend* CudaOps::cuda_ = nullptr;
+
+// Elements that differ bit for bit (NaN matches any NaN); -1 when none.
+int64_t first_bit_mismatch(const Output& a, const Output& b) {
+  const size_t es = dtype_size(a.dt);
+  const std::vector<float> fa = widen(a.bytes, a.dt), fb = widen(b.bytes, b.dt);
+  for (size_t i = 0; i < fa.size(); ++i)
+    if (std::memcmp(a.bytes.data() + i * es, b.bytes.data() + i * es, es) && !(std::isnan(fa[i]) && std::isnan(fb[i])))
+      return static_cast<int64_t>(i);
+  return -1;
+}
+
+int64_t count_bit_mismatches(const Output& a, const Output& b) {
+  const size_t es = dtype_size(a.dt);
+  const std::vector<float> fa = widen(a.bytes, a.dt), fb = widen(b.bytes, b.dt);
+  int64_t n = 0;
+  for (size_t i = 0; i < fa.size(); ++i)
+    n += std::memcmp(a.bytes.data() + i * es, b.bytes.data() + i * es, es) && !(std::isnan(fa[i]) && std::isnan(fb[i]));
+  return n;
+}
+
+TEST_P(CudaOps, MatchesCpu) {
+  const std::vector<Output> ref = run_on(*cpu_), got = run_on(*cuda_);
+  ASSERT_EQ(ref.size(), got.size());
+  for (size_t o = 0; o < ref.size(); ++o) {
+    const Output &g = got[o], &r = ref[o];
+    ASSERT_EQ(g.bytes.size(), r.bytes.size());
+    const double bound = test::op_tolerance(r.cls, r.dt, r.k);
+    const std::vector<float> gf = widen(g.bytes, g.dt), rf = widen(r.bytes, r.dt);
+    if (r.cls == OpClass::Exact) {
+      const int64_t first = first_bit_mismatch(g, r);
+      std::printf("  %-8s %-5s exact: %lld of %zu elements differ\n", r.name.c_str(), dtype_name(r.dt),
+                  static_cast<long long>(count_bit_mismatches(g, r)), rf.size());
+      EXPECT_EQ(first, -1) << r.name << " must equal the CPU bit for bit; first difference at element " << first
+                           << ": cuda " << (first >= 0 ? gf[first] : 0.0f) << " vs cpu "
+                           << (first >= 0 ? rf[first] : 0.0f);
+      continue;
+    }
+    int64_t bad = 0, first_bad = -1;
+    for (size_t i = 0; i < rf.size(); ++i)
+      if (std::isfinite(rf[i]) != std::isfinite(gf[i])) {
+        if (first_bad < 0) first_bad = static_cast<int64_t>(i);
+        ++bad;
+      }
+    EXPECT_EQ(bad, 0) << r.name << ": " << bad << " elements finite on one backend only (NaN: never written?); first "
+                      << first_bad << ": cuda " << (first_bad >= 0 ? gf[first_bad] : 0.0f) << " vs cpu "
+                      << (first_bad >= 0 ? rf[first_bad] : 0.0f);
+    const double err = test::rel_error(gf, rf);
+    std::printf("  %-8s %-5s %-18s rel error %.3e (bound %.1e)\n", r.name.c_str(), dtype_name(r.dt),
+                test::op_class_name(r.cls), err, bound);
+    EXPECT_LE(err, bound) << r.name << " (" << dtype_name(r.dt) << ", " << test::op_class_name(r.cls)
+                          << "): ||cuda - cpu|| / ||cpu|| over " << rf.size() << " elements"
+                          << (r.cls == OpClass::Rope ? "; the CPU forms rope angles in double, see op_tolerances.h"
+                                                     : "");
+  }
+}
+
+// The same inputs twice on the GPU give the same bits: no atomics whose order varies between runs.
+// The bitwise mode equivalences of test_cuda_training need this of every op the model uses.
+TEST_P(CudaOps, RunToRunBitwise) {
+  const std::vector<Output> a = run_on(*cuda_), b = run_on(*cuda_);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t o = 0; o < a.size(); ++o) {
+    const int64_t n = count_bit_mismatches(a[o], b[o]);
+    EXPECT_EQ(n, 0) << a[o].name << ": " << n << " elements differ between two identical CUDA runs (order-dependent "
+                    << "atomics?); first at " << first_bit_mismatch(a[o], b[o]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Small, CudaOps, testing::ValuesIn(small_cases()),
+                         [](const testing::TestParamInfo<OpCase>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(Large, CudaOps, testing::ValuesIn(large_cases()),
+                         [](const testing::TestParamInfo<OpCase>& i) { return i.param.name; });
+
+// Invalid ids are caught inside the kernel and reported as an so::Error at the next host
+// synchronisation, naming the op and the value; the stream stays usable.
+struct BadIdCase {
+  std::string name;
+  std::string op_word;  // what the message must name
+  std::function<void(Ops&, Stream&, Backend&, std::vector<DeviceBuffer>&)> enqueue;
+};
+void PrintTo(const BadIdCase& c, std::ostream* os) { *os << c.name; }
+
+constexpr int32_t kBadId = 12345;  // vocabulary 1000
+
+std::vector<BadIdCase> bad_id_cases() {
+  auto upload_ids = [](Backend& be, Stream& s, std::vector<DeviceBuffer>& keep) {
+    std::vector<int32_t> ids(300, 7);
+    ids[257] = kBadId;
+    keep.push_back(be.alloc(ids.size() * 4, "ids"));
+    be.copy_h2d(keep.back().data(), ids.data(), ids.size() * 4, s);
+    be.synchronize(s);
+    return keep.back().as<int32_t>();
+  };
+  auto zeros = [](Backend& be, Stream& s, std::vector<DeviceBuffer>& keep, size_t bytes) {
+    keep.push_back(be.alloc(bytes, "buffer"));
+    be.memset_zero(keep.back().data(), bytes, s);
+    return keep.back().data();
+  };
+  return {{"embedding_forward", "embedding",
+           [=](Ops& ops, Stream& s, Backend& be, std::vector<DeviceBuffer>& k) {
+             const int32_t* ids = upload_ids(be, s, k);
+             ops.embedding_forward(s, zeros(be, s, k, 300 * 8 * 4), zeros(be, s, k, 1000 * 8 * 4), ids, 300, 1000, 8,
+                                   DType::F32);
+           }},
+          {"embedding_backward", "embedding",
+           [=](Ops& ops, Stream& s, Backend& be, std::vector<DeviceBuffer>& k) {
+             const int32_t* ids = upload_ids(be, s, k);
+             ops.embedding_backward(s, zeros(be, s, k, 1000 * 8 * 2), zeros(be, s, k, 300 * 8 * 2), ids, 300, 1000, 8,
+                                    DType::BF16);
+           }},
+          {"cross_entropy", "cross",
+           [=](Ops& ops, Stream& s, Backend& be, std::vector<DeviceBuffer>& k) {
+             const int32_t* ids = upload_ids(be, s, k);
+             ops.cross_entropy(s, static_cast<float*>(zeros(be, s, k, 4)), zeros(be, s, k, 300 * 1000 * 2),
+                               static_cast<const float*>(zeros(be, s, k, 300 * 1000 * 4)), ids, 300, 1000, 1.0f,
+                               DType::BF16);
+           }}};
+}
+
+class CudaBadIds : public testing::TestWithParam<BadIdCase> {};
+
+TEST_P(CudaBadIds, ThrowAtSynchronizeNamingOpAndValue) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (so::cuda::device_count() == 0)";
+  auto be = backend_of_type("cuda");
+  Stream& s = be->stream(StreamKind::Compute);
+  std::vector<DeviceBuffer> keep;
+  GetParam().enqueue(be->ops(), s, *be, keep);
+  const std::string msg = test::error_message([&] { be->synchronize(s); });
+  ASSERT_FALSE(msg.empty()) << "id " << kBadId << " outside [0, 1000) was not reported";
+  std::string lower = msg;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  EXPECT_NE(lower.find(GetParam().op_word), std::string::npos) << "the error does not name the op: " << msg;
+  EXPECT_NE(msg.find(std::to_string(kBadId)), std::string::npos) << "the error does not name the value: " << msg;
+  std::printf("  reported: %s\n", msg.c_str());
+  EXPECT_EQ(test::error_message([&] { be->synchronize(s); }), "") << "reported twice, or the stream stays broken";
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CudaBadIds, testing::ValuesIn(bad_id_cases()),
+                         [](const testing::TestParamInfo<BadIdCase>& i) { return i.param.name; });
+
+}  // namespace
+}  // namespace so
