@@ -148,7 +148,9 @@ int comm_bench(int argc, char** argv, Communicator& comm) {
   SO_CHECK(factor >= 2, "--step-factor must be at least 2, got ", factor);
   SO_CHECK(iters >= 1 && warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
 
-  std::unique_ptr<Backend> backend = create_backend(BackendOptions{});
+  BackendOptions bo;
+  bo.type = "cpu";  // the MPI communicator moves host memory
+  std::unique_ptr<Backend> backend = create_backend(bo);
   comm.attach(*backend);
   const Setup setup{comm, *backend, parse_dtype(dtype_arg, "--dtype"), warmup, iters};
   // nccl-tests' size is the larger buffer, so max_bytes bounds both.

@@ -55,7 +55,7 @@ RankBinding bind_this_rank(const BindOptions& opts, const std::string& backend, 
     const std::vector<int> cores = process_cores();
     return {str_cat(who, "gpu -, numa node -, cores ", format_core_list(cores), " (",
                     describe_split(cores, optimizer_fraction), "), not bound (--bind none)"),
-            backend == "cpu" ? -1 : nr.local_rank};
+            backend == "cuda" ? nr.local_rank : -1};
   }
   Topology topo = topology_of_this_machine();
   keep_gpus_for_backend(topo, backend, nr.local_size);

@@ -29,7 +29,8 @@ struct RankBinding {
 // Collective over MPI_COMM_WORLD. The description reads e.g.
 //   rank 1/2 host gh01 (local 1/2): gpu 1 (0019:01:00.0), numa node 1, cores 72-143
 //   (compute 72-78, optimizer 79-143), bound
-// With --bind none no topology is read and the GPU is the local rank's (torchrun's LOCAL_RANK).
+// With --bind none no topology is read: backend "cuda" drives the local rank's GPU (torchrun's
+// LOCAL_RANK), "auto" and "cpu" none.
 RankBinding bind_this_rank(const BindOptions& opts, const std::string& backend, double optimizer_fraction);
 
 }  // namespace so

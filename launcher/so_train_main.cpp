@@ -75,6 +75,8 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
     return 0;
   }
   so::log_info("binding: " + binding.description);
+  // The placement decides: "auto" drives GPUs only where every local rank got one.
+  if (cfg.backend.type == "auto") cfg.backend.type = binding.gpu >= 0 ? "cuda" : "cpu";
   if (cfg.backend.device < 0) cfg.backend.device = binding.gpu;
 
   auto comm = so::make_mpi_world_communicator();

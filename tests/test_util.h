@@ -13,6 +13,14 @@
 
 namespace so::test {
 
+// The CPU backend whatever the machine has ("auto" takes a GPU where one is visible): for the
+// tests of CPU semantics. Their GPU counterparts live in tests/gpu/.
+inline BackendOptions cpu_backend_options() {
+  BackendOptions o;
+  o.type = "cpu";
+  return o;
+}
+
 // ||a - b|| / ||b||, in double.
 inline double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;

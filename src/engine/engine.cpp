@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "so/core/cpu_affinity.h"
 #include "so/core/error.h"
@@ -168,8 +169,16 @@ void Engine::init_weights(uint64_t seed, float std) {
   for (size_t id = 0; id < layout_.params.size(); ++id) {
     const ParamInfo& p = layout_.params[id];
     host.resize(static_cast<size_t>(p.numel));
-    for (int64_t i = 0; i < p.numel; ++i)
-      host[i] = p.is_norm ? 1.0f : static_cast<float>(std * random_normal(seed, id, static_cast<uint64_t>(i)));
+    // Counter-based normals: slices are independent, so a billion-parameter model's samples are
+    // drawn on every core of the process instead of one.
+    const int64_t slices = std::clamp<int64_t>(p.numel >> 20, 1, std::thread::hardware_concurrency());
+    std::vector<std::thread> workers;
+    for (int64_t w = 0; w < slices; ++w)
+      workers.emplace_back([&, w] {
+        for (int64_t i = p.numel * w / slices; i < p.numel * (w + 1) / slices; ++i)
+          host[i] = p.is_norm ? 1.0f : static_cast<float>(std * random_normal(seed, id, static_cast<uint64_t>(i)));
+      });
+    for (std::thread& t : workers) t.join();
     load_weight(static_cast<int>(id), host);
   }
 }

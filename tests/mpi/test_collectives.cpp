@@ -60,7 +60,7 @@ std::unique_ptr<Backend> make_test_backend(int local_rank) {
 std::unique_ptr<Communicator> make_world() { return make_nccl_communicator(make_mpi_world_communicator()); }
 #else
 Placement placement() { return {}; }
-std::unique_ptr<Backend> make_test_backend(int) { return create_backend(BackendOptions{}); }
+std::unique_ptr<Backend> make_test_backend(int) { return create_backend(test::cpu_backend_options()); }
 std::unique_ptr<Communicator> make_world() { return make_mpi_world_communicator(); }
 #endif
 

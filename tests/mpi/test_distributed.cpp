@@ -115,7 +115,7 @@ TEST(DistributedCheckpoint, ReshardedLoadIsExact) {
   RunConfig device = cfg;
   device.offload = OffloadConfig{};
   auto check = [&](Communicator& comm, const char* what) {
-    auto backend = create_backend(BackendOptions{});
+    auto backend = create_backend(test::cpu_backend_options());
     const ParamLayout layout = ParamLayout::for_model(device.model);
     EngineOptions eo;
     eo.bucket_size = 100000;  // a different bucketing too

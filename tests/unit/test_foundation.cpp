@@ -13,6 +13,7 @@
 #include "so/data/batch_sampler.h"
 #include "so/engine/bucket.h"
 #include "so/train/run_config.h"
+#include "tests/test_util.h"
 
 namespace so {
 namespace {
@@ -33,7 +34,7 @@ TEST(Bf16, RoundsToNearestEvenAndKeepsNaN) {
 }
 
 TEST(CpuStreams, EventsOrderWorkAcrossStreams) {
-  auto be = create_backend(BackendOptions{});
+  auto be = create_backend(test::cpu_backend_options());
   Stream& a = be->stream(StreamKind::Compute);
   Stream& b = be->stream(StreamKind::D2H);
   std::atomic<int> value{0};
@@ -51,7 +52,7 @@ TEST(CpuStreams, EventsOrderWorkAcrossStreams) {
 }
 
 TEST(CpuStreams, AnErrorReachesWaitersInsteadOfHangingThem) {
-  auto be = create_backend(BackendOptions{});
+  auto be = create_backend(test::cpu_backend_options());
   Stream& a = be->stream(StreamKind::Compute);
   Stream& b = be->stream(StreamKind::H2D);
   bool ran = false;
@@ -66,7 +67,7 @@ TEST(CpuStreams, AnErrorReachesWaitersInsteadOfHangingThem) {
 }
 
 TEST(CpuBackend, CapacityLimitNamesTheAllocation) {
-  BackendOptions o;
+  BackendOptions o = test::cpu_backend_options();
   o.device_memory_limit = 1 << 20;
   auto be = create_backend(o);
   auto a = be->alloc(600 << 10, "first");

@@ -108,7 +108,7 @@ class OffloadEquivalence : public testing::Test {
   }
 
   static RunResult run(const Mode& md, float clip, bool inject_nan) {
-    auto backend = create_backend(BackendOptions{});
+    auto backend = create_backend(test::cpu_backend_options());
     ModelOptions mo;
     mo.dtype = md.dtype;
     mo.micro_batch = 2;

@@ -23,7 +23,7 @@ std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
 
 class GradCheck : public testing::Test {
  protected:
-  std::unique_ptr<Backend> be = create_backend(BackendOptions{});
+  std::unique_ptr<Backend> be = create_backend(test::cpu_backend_options());
   Ops& ops = be->ops();
   Stream& s = be->stream(StreamKind::Compute);
 

@@ -61,7 +61,7 @@ TEST(UlyssesData, SlicesKeepGlobalPositions) {
 }
 
 TEST(UlyssesOps, TransposeBlocksAndReplicateHeads) {
-  auto be = create_backend(BackendOptions{});
+  auto be = create_backend(test::cpu_backend_options());
   Stream& s = be->stream(StreamKind::Compute);
   std::vector<float> x(3 * 5 * 7);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(random_normal(1, 2, i));
