@@ -62,7 +62,7 @@ void CudaOps::attention_forward(Stream& s, void* out, float* lse, const void* q,
 void CudaOps::attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
                                  const void* k, const void* v, const void* out, const float* lse, int64_t B,
                                  int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
-  // Large (fp32 accumulators for dq/dk/dv) and only needed here: drawn from the caching allocator
+  // Its own buffer (rowsum(dout * out) in fp32, B*Hq*S floats), drawn from the caching allocator
   // and handed back in stream order rather than kept as scratch.
   const size_t bytes = attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
   DeviceBuffer workspace = bytes > 0 ? backend_.alloc(bytes, "attention backward workspace") : DeviceBuffer{};
