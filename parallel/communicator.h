@@ -85,6 +85,11 @@ class MpiSession {
   int size_ = 1;
 };
 
+// The communicator whose collectives move `backend`'s memory, built over `mpi` (an MPI-backed
+// communicator of the group): `mpi` itself for host memory (the CPU backend), NCCL bootstrapped
+// over it for device memory (the CUDA backend). Collective over the group.
+std::unique_ptr<Communicator> communicator_for(const Backend& backend, std::unique_ptr<Communicator> mpi);
+
 // Communicator over MPI_COMM_WORLD (a duplicate, so library traffic never mixes with ours).
 std::unique_ptr<Communicator> make_mpi_world_communicator();
 

@@ -2,8 +2,11 @@
 // Helpers shared by the tests: relative error, device upload/download through a backend, errors.
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -12,6 +15,22 @@
 #include "so/core/error.h"
 
 namespace so::test {
+
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Every parameter's master weights and both Adam moments equal bit for bit: the mode
+// equivalences (Run: anything with per-parameter master, exp_avg and exp_avg_sq vectors).
+template <typename Run>
+void expect_same_optimizer_state(const Run& got, const Run& ref, const std::string& name) {
+  ASSERT_EQ(got.master.size(), ref.master.size()) << name;
+  for (size_t p = 0; p < ref.master.size(); ++p) {
+    EXPECT_TRUE(same_bits(got.master[p], ref.master[p])) << name << ": master weights of parameter " << p;
+    EXPECT_TRUE(same_bits(got.exp_avg[p], ref.exp_avg[p])) << name << ": exp_avg of parameter " << p;
+    EXPECT_TRUE(same_bits(got.exp_avg_sq[p], ref.exp_avg_sq[p])) << name << ": exp_avg_sq of parameter " << p;
+  }
+}
 
 // The CPU backend whatever the machine has ("auto" takes a GPU where one is visible): for the
 // tests of CPU semantics. Their GPU counterparts live in tests/gpu/.

@@ -13,9 +13,6 @@
 #include "so/model/llama_model.h"
 #include "so/train/checkpoint.h"
 #include "so/train/metrics.h"
-#ifdef SO_HAVE_CUDA
-#include "parallel/nccl_communicator.h"
-#endif
 
 namespace so {
 
@@ -65,11 +62,8 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   }
   // The backend first: the CUDA backend selects this rank's GPU, which NCCL then binds to.
   std::unique_ptr<Backend> backend = create_backend(bo);
-  std::unique_ptr<Communicator> world = job.split(0, job.rank(), "world");
-#ifdef SO_HAVE_CUDA
-  if (!backend->device_is_host()) world = make_nccl_communicator(std::move(world));
-#endif
-  ProcessGroups groups = make_process_groups(std::move(world), cfg.sequence_parallel_size);
+  ProcessGroups groups =
+      make_process_groups(communicator_for(*backend, job.split(0, job.rank(), "world")), cfg.sequence_parallel_size);
   Communicator& comm = *groups.world;
   SO_CHECK(cfg.data.seq_len % groups.sp_size == 0, "data.seq_len (", cfg.data.seq_len,
            ") is not divisible by sequence_parallel_size (", groups.sp_size, ")");

@@ -128,10 +128,6 @@ Communicator* CudaTraining::comm_ = nullptr;
 ModelConfig* CudaTraining::cfg_ = nullptr;
 TokenSource* CudaTraining::tokens_ = nullptr;
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 void expect_bitwise(const RunResult& got, const RunResult& ref, const std::string& name) {
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (size_t s = 0; s < ref.losses.size(); ++s) {
@@ -141,11 +137,7 @@ void expect_bitwise(const RunResult& got, const RunResult& ref, const std::strin
         << "and GraceAdam, or the gradients differ)";
     EXPECT_EQ(got.steps[s].clip_coef, ref.steps[s].clip_coef) << name << ": clip coefficient of step " << s + 1;
   }
-  for (size_t p = 0; p < ref.master.size(); ++p) {
-    EXPECT_TRUE(same_bits(got.master[p], ref.master[p])) << name << ": master weights of parameter " << p;
-    EXPECT_TRUE(same_bits(got.exp_avg[p], ref.exp_avg[p])) << name << ": exp_avg of parameter " << p;
-    EXPECT_TRUE(same_bits(got.exp_avg_sq[p], ref.exp_avg_sq[p])) << name << ": exp_avg_sq of parameter " << p;
-  }
+  test::expect_same_optimizer_state(got, ref, name);
 }
 
 TEST_F(CudaTraining, Bf16LossesTrackTheCpuBackend) {

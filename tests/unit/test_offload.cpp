@@ -164,10 +164,6 @@ ModelConfig* OffloadEquivalence::cfg_ = nullptr;
 TokenSource* OffloadEquivalence::tokens_ = nullptr;
 float OffloadEquivalence::clip_ = 0.0f;
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]));
@@ -184,11 +180,7 @@ void expect_bitwise(const RunResult& got, const RunResult& ref, const std::strin
                                                              << " vs " << b;
     EXPECT_EQ(got.steps[s].skipped, ref.steps[s].skipped) << name << " step " << s + 1;
   }
-  for (size_t p = 0; p < ref.master.size(); ++p) {
-    EXPECT_TRUE(same_bits(got.master[p], ref.master[p])) << name << ": master weights of parameter " << p;
-    EXPECT_TRUE(same_bits(got.exp_avg[p], ref.exp_avg[p])) << name << ": exp_avg of parameter " << p;
-    EXPECT_TRUE(same_bits(got.exp_avg_sq[p], ref.exp_avg_sq[p])) << name << ": exp_avg_sq of parameter " << p;
-  }
+  test::expect_same_optimizer_state(got, ref, name);
 }
 
 TEST_F(OffloadEquivalence, AllModesBitwiseEqualWithClippingAndSkippedStep) {
@@ -200,7 +192,7 @@ TEST_F(OffloadEquivalence, AllModesBitwiseEqualWithClippingAndSkippedStep) {
   ASSERT_GT(unclipped, 0) << "clipping always triggered; the test would not exercise plain speculation";
   ASSERT_TRUE(ref.steps[kNanIteration - 1].skipped) << "the injected NaN did not make the step skip";
   EXPECT_EQ(ref.steps_taken, kSteps - 1);
-  EXPECT_TRUE(same_bits(ref.before_skip[0], ref.after_skip[0])) << "the skipped step changed the state";
+  EXPECT_TRUE(test::same_bits(ref.before_skip[0], ref.after_skip[0])) << "the skipped step changed the state";
 
   for (const Mode& md : {mode("zero-offload r1", OffloadMode::ZeroOffload, 1.0),
                          mode("zero-offload r0.5", OffloadMode::ZeroOffload, 0.5),
@@ -223,7 +215,7 @@ TEST_F(OffloadEquivalence, AllModesBitwiseEqualWithClippingAndSkippedStep) {
     if (md.off.speculation == Speculation::Adaptive) {
       EXPECT_LT(got.speculative_steps, kSteps) << md.name << ": adaptive speculation never held back after a clip";
     }
-    EXPECT_TRUE(same_bits(got.before_skip[0], got.after_skip[0])) << md.name << ": skipped step changed the state";
+    EXPECT_TRUE(test::same_bits(got.before_skip[0], got.after_skip[0])) << md.name << ": skipped step changed the state";
   }
 }
 
