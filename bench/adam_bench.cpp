@@ -1,14 +1,23 @@
-// so_bench adam: GraceAdam's throughput (params/s and GB/s by the bytes one parameter must move)
-// for each thread count, against a STREAM triad on the same pinned cores as the bound, plus the
-// cost of a rollback relative to a step and, when python3 has torch, torch.optim.AdamW(foreach).
+// so_bench adam: GraceAdam against its roofline and against its peers, per size and thread count.
+//
+// Ours: GraceAdam's step on host buffers allocated as the offload optimizer allocates them. The
+// bound that fits the access pattern: `stream_probe`, the same loads and stores over the same
+// arrays with one add per stream (memory), and the step's arithmetic ceiling, the same kernel on
+// an L1-resident block (compute); the roofline is the lower of the two. Peers, each in its own
+// long-lived process pinned to the same cores (bench/peers/cpu_adam_peer.py), interleaved with ours
+// round by round: torch.optim.AdamW(fused=True), AdamW(foreach=True), DeepSpeed's CPUAdam.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench/bench_commands.h"
+#include "bench/peer_process.h"
+#include "so/engine/optimizer_host_state.h"
 #include "so/core/cpu_affinity.h"
 #include "so/core/error.h"
 #include "so/optim/grace_adam.h"
@@ -41,106 +50,152 @@ double time_median(int warmup, int iters, Fn&& fn) {
   return median(t);
 }
 
-std::vector<int> parse_int_list(const std::string& s, const char* what) {
-  std::vector<int> out;
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
   std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) {
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    SO_CHECK(used == item.size() && v > 0, what, ": '", item, "' is not a positive integer");
-    out.push_back(v);
-  }
-  SO_CHECK(!out.empty(), what, " is empty");
+  for (std::string item; std::getline(ss, item, sep);) out.push_back(item);
   return out;
 }
 
-// STREAM's triad on doubles, a = b + s*c, 24 bytes per element by STREAM's count, compiled for
-// the best vector ISA of the CPU as STREAM built with -march=native would be.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void triad(double* a, const double* b, const double* c,
-                                                                         double s, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+// "N", "2^K" or "A*2^K"; a positive element count, else an error naming the option.
+int64_t parse_count(const std::string& s, const char* what) {
+  const size_t caret = s.find("^");
+  int64_t factor = 1, value = 0;
+  std::string rest = s;
+  if (const size_t star = s.find('*'); star != std::string::npos && caret != std::string::npos) {
+    factor = parse_count(s.substr(0, star), what);
+    rest = s.substr(star + 1);
+  }
+  size_t used = 0;
+  try {
+    if (rest.rfind("2^", 0) == 0) {
+      const int k = std::stoi(rest.substr(2), &used);
+      used += 2;
+      if (k >= 0 && k < 40) value = int64_t{1} << k;
+    } else {
+      value = std::stoll(rest, &used);
+    }
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  SO_CHECK(used == rest.size() && value > 0 && factor > 0, what, ": '", s,
+           "' is not a positive count (N, 2^K or A*2^K, K < 40)");
+  return factor * value;
 }
 
-// Parallel loop over [0, n) in GraceAdam-sized blocks.
-template <typename Fn>
-void for_blocks(ThreadPool& pool, int64_t n, Fn&& fn) {
-  const int64_t blocks = (n + GraceAdam::kBlock - 1) / GraceAdam::kBlock;
-  pool.parallel_for(blocks, [&](int64_t b) {
-    const int64_t begin = b * GraceAdam::kBlock;
-    fn(begin, std::min(n, begin + GraceAdam::kBlock));
-  });
+// "2^20..2^28" is every power of two in between; otherwise a comma-separated list of counts.
+std::vector<int64_t> parse_sizes(const std::string& s) {
+  if (const size_t dots = s.find(".."); dots != std::string::npos) {
+    const int64_t lo = parse_count(s.substr(0, dots), "--sizes"), hi = parse_count(s.substr(dots + 2), "--sizes");
+    SO_CHECK(lo <= hi && (lo & (lo - 1)) == 0 && (hi & (hi - 1)) == 0, "--sizes: '", s,
+             "' must be a range of powers of two, low..high");
+    std::vector<int64_t> out;
+    for (int64_t n = lo; n <= hi; n *= 2) out.push_back(n);
+    return out;
+  }
+  std::vector<int64_t> out;
+  for (const std::string& item : split(s, ',')) out.push_back(parse_count(item, "--sizes"));
+  return out;
 }
 
-struct TorchResult {
-  bool ok = false;
-  double seconds = 0;
-  std::string detail;  // torch version, or why it is unavailable
+std::vector<int> parse_threads(const std::string& s) {
+  std::vector<int> out;
+  for (const std::string& item : split(s, ',')) {
+    const int64_t v = parse_count(item, "--threads");
+    SO_CHECK(v < 4096, "--threads: '", item, "' is not a thread count");
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
+// The arrays of one size, allocated as the offload optimizer allocates its state (the same type).
+struct Arrays {
+  OptimizerHostState state;
+  AdamArrays view;
+  Arrays(int64_t n, DType grad_dt, bool has_out, DType out_dt, bool skew = true) {
+    OptimizerHostStateSpec spec;
+    spec.elements = n, spec.grad_dtype = grad_dt, spec.has_out = has_out, spec.out_dtype = out_dt, spec.skew = skew;
+    state = OptimizerHostState(spec);
+    std::fill_n(state.p(), n, 0.5f);
+    std::fill_n(state.m(), n, 1e-3f);
+    std::fill_n(state.v(), n, 1e-6f);
+    std::fill_n(static_cast<char*>(state.grads()), n * dtype_size(grad_dt), char{0x3c});  // bf16 or fp32: ~0.0115
+    view = state.arrays(0, false);
+  }
 };
 
-// Runs bench/torch_adamw.py (torch.optim.AdamW(foreach=True), fp32 params and grads) on the same
-// element count, thread count and cores.
-TorchResult run_torch(int64_t n, const std::vector<int>& cores, int warmup, int iters) {
-  std::string core_list;
-  for (int c : cores) {
-    if (!core_list.empty()) core_list += ',';
-    core_list += std::to_string(c);
+// The step's arithmetic throughput on one core (params/s): the kernel alone on a block that stays in
+// L1, so no memory level limits it. A ceiling: interference only slows it, so the fastest of many
+// short runs is the estimate (a median moved it by 30% between runs on a shared VM).
+double arithmetic_ceiling(SimdIsa isa, DType grad_dt, bool has_out, DType out_dt) {
+  constexpr int64_t kL1Block = 1024;  // p, m, v, grad, out: at most 20 KiB
+  Arrays a(kL1Block, grad_dt, has_out, out_dt);
+  const AdamKernels& k = adam_kernels(isa);
+  const AdamWParams hp{.lr = 1e-3, .weight_decay = 0.01, .step = 10};
+  constexpr int kReps = 500, kRuns = 41;
+  double best = 1e30;
+  for (int run = 0; run < kRuns; ++run) {
+    const double t0 = now_s();
+    for (int r = 0; r < kReps; ++r) k.step(a.view, kL1Block, hp);
+    best = std::min(best, now_s() - t0);
   }
-  const std::string cmd = str_cat("python3 ", SO_BENCH_DIR, "/torch_adamw.py --elements ", n, " --threads ",
-                                  cores.size(), " --cores ", core_list, " --warmup ", warmup, " --iters ", iters,
-                                  " 2>&1");
-  TorchResult r;
-  std::FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return {false, 0, "cannot start python3"};
-  std::string out;
-  char buf[512];
-  while (std::fgets(buf, sizeof buf, pipe)) out += buf;
-  const int status = pclose(pipe);
-  std::string last = out;
-  while (!last.empty() && last.back() == '\n') last.pop_back();
-  last = last.substr(last.find_last_of('\n') == std::string::npos ? 0 : last.find_last_of('\n') + 1);
-  if (status == 0 && std::sscanf(last.c_str(), "median_s=%lf", &r.seconds) == 1) {
-    r.ok = true;
-    r.detail = last.substr(last.find("torch=") == std::string::npos ? last.size() : last.find("torch="));
-  } else {
-    r.detail = last.rfind("unavailable: ", 0) == 0 ? last.substr(13) : "python3/torch failed: " + last;
-  }
-  return r;
+  return kL1Block * kReps / best;
 }
+
+struct Peer {
+  std::string impl;
+  std::unique_ptr<PeerProcess> proc;
+};
 
 }  // namespace
 
 int adam_bench(int argc, char** argv, Communicator& comm) {
   po::options_description desc("so_bench adam options");
-  std::string threads_arg = "1,2", isa_arg, grad_arg = "bf16", out_arg = "bf16";
-  int64_t n = int64_t{32} << 20;
-  int iters = 10, warmup = 3;
+  std::string threads_arg = "1,2", sizes_arg = "2^25", isa_arg, grad_arg = "bf16", out_arg = "bf16";
+  std::string peers_arg = "torch-fused,torch-foreach,deepspeed", layout = "skewed";
+  int iters = 7, warmup = 2, rounds = 3;
   desc.add_options()("help,h", "show this help")(
+      "sizes,n", po::value<std::string>(&sizes_arg)->default_value(sizes_arg),
+      "parameters per step: a list of N, 2^K or A*2^K, or a range of powers of two such as 2^20..2^28")(
       "threads,t", po::value<std::string>(&threads_arg)->default_value(threads_arg),
       "comma-separated thread counts; counts above this process's cores are dropped")(
-      "elements,n", po::value<int64_t>(&n)->default_value(n),
-      "parameters per step (default 32M: arrays far beyond the last-level cache)")(
-      "iters", po::value<int>(&iters)->default_value(iters), "timed iterations (the median is reported)")(
+      "iters", po::value<int>(&iters)->default_value(iters), "timed iterations per round (the median is kept)")(
       "warmup", po::value<int>(&warmup)->default_value(warmup), "untimed iterations first")(
+      "rounds", po::value<int>(&rounds)->default_value(rounds),
+      "rounds, ours and each peer in turn; the median round is reported")(
       "isa", po::value<std::string>(&isa_arg), "kernel ISA (default: the best this CPU runs, or SO_SIMD)")(
       "grad-dtype", po::value<std::string>(&grad_arg)->default_value(grad_arg), "gradient dtype: bf16 or fp32")(
       "out-dtype", po::value<std::string>(&out_arg)->default_value(out_arg),
       "dtype of the device weights written in the same pass: bf16, fp32 or none")(
-      "no-torch", "skip the torch.optim.AdamW comparison");
+      "peers", po::value<std::string>(&peers_arg)->default_value(peers_arg),
+      "comma-separated peers (torch-fused, torch-foreach, deepspeed), or none")(
+      "layout", po::value<std::string>(&layout)->default_value(layout),
+      "host arrays: skewed (the offload optimizer's: each stream a different offset into its page) or aligned "
+      "(every stream page-aligned)");
   po::variables_map vm;
   if (!parse_command_line(desc, argc, argv, vm)) return 0;
-  SO_CHECK(n > 0 && iters > 0 && warmup >= 0, "--elements and --iters must be positive, --warmup >= 0");
+  SO_CHECK(iters > 0 && warmup >= 0 && rounds > 0, "--iters and --rounds must be positive, --warmup >= 0");
+  SO_CHECK(layout == "skewed" || layout == "aligned", "--layout is '", layout, "'; choose skewed or aligned");
+  const std::vector<int64_t> sizes = parse_sizes(sizes_arg);
   const SimdIsa isa = isa_arg.empty() ? default_simd_isa() : parse_simd_isa(isa_arg);
   const DType grad_dt = parse_dtype(grad_arg, "--grad-dtype");
   const bool has_out = out_arg != "none";
   const DType out_dt = has_out ? parse_dtype(out_arg, "--out-dtype") : DType::F32;
+  // The peers have a like-for-like job in two configurations only.
+  const bool same_bytes = grad_dt == DType::F32 && !has_out;
+  const bool superoffload_io = grad_dt == DType::BF16 && has_out && out_dt == DType::BF16;
+  const std::string peer_mode = same_bytes ? "fp32" : "bf16-io";
+  std::vector<std::string> peer_impls;
+  if (peers_arg != "none")
+    for (const std::string& impl : split(peers_arg, ',')) {
+      SO_CHECK(impl == "torch-fused" || impl == "torch-foreach" || impl == "deepspeed", "--peers: '", impl,
+               "' is not one of torch-fused, torch-foreach, deepspeed (or none)");
+      peer_impls.push_back(impl);
+    }
+  if (!same_bytes && !superoffload_io) peer_impls.clear();
   const std::vector<int> cores = process_cores();
   std::vector<int> thread_counts;
-  for (int t : parse_int_list(threads_arg, "--threads")) {
+  for (int t : parse_threads(threads_arg)) {
     if (t <= static_cast<int>(cores.size())) thread_counts.push_back(t);
     else if (comm.rank() == 0) std::printf("# --threads %d dropped: this process has %zu cores\n", t, cores.size());
   }
@@ -148,80 +203,92 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
 
   // What one parameter must move: p, m, v read and written, the gradient read, the device copy written.
   const int64_t bytes_per_param = 24 + dtype_size(grad_dt) + (has_out ? dtype_size(out_dt) : 0);
-  // The triad's arrays take as much memory as the optimizer's (24 bytes per element).
-  const int64_t triad_n = n * bytes_per_param / 24;
-  std::vector<float> p(n), m(n), v(n);
-  std::vector<double> a(triad_n), b(triad_n), c(triad_n);
-  std::vector<char> grad(n * dtype_size(grad_dt)), out(has_out ? n * dtype_size(out_dt) : 0);
-  const AdamWParams hp{.lr = 1e-3f, .weight_decay = 0.01f, .step = 10, .grad_scale = 1.0f};
-
-  std::printf("# so_bench adam: %lld params, grad %s, out %s, %lld bytes/param (p,m,v read+write 24, grad %zu, out %zu)\n",
-              static_cast<long long>(n), dtype_name(grad_dt), has_out ? dtype_name(out_dt) : "none",
+  const AdamWParams hp{.lr = 1e-3, .weight_decay = 0.01, .step = 10};
+  std::printf("# so_bench adam: isa %s, grad %s, out %s, %s arrays: %lld bytes/param (p,m,v read+written 24, grad %zu, out %zu)\n",
+              simd_isa_name(isa), dtype_name(grad_dt), has_out ? dtype_name(out_dt) : "none", layout.c_str(),
               static_cast<long long>(bytes_per_param), dtype_size(grad_dt), has_out ? dtype_size(out_dt) : size_t{0});
-  std::printf("# triad a=b+s*c over %lld doubles (24 bytes/element, STREAM's count); median of %d after %d warm-up\n",
-              static_cast<long long>(triad_n), iters, warmup);
-  std::printf("# %7s %-8s %-12s %10s %9s %10s %9s %14s %12s %10s %11s\n", "threads", "cores", "isa", "Gparams/s",
-              "adam GB/s", "triad GB/s", "fraction", "rollback/step", "torch Gpar/s", "torch GB/s", "ours/torch");
-  bool torch_available = !vm.count("no-torch");
-  std::string torch_note = torch_available ? "" : "skipped (--no-torch)";
+  std::printf("# bound = min(stream probe: the step's loads and stores with an add per stream, same arrays and threads;\n"
+              "#              arithmetic ceiling: the step on an L1-resident block, best of 41 runs, x threads); median of %d rounds of %d (+%d warm-up)\n",
+              rounds, iters, warmup);
+  const double ceiling1 = arithmetic_ceiling(isa, grad_dt, has_out, out_dt);
+  std::printf("# arithmetic ceiling: %.3f Gparams/s per thread\n", ceiling1 * 1e-9);
+  if (!peer_impls.empty())
+    std::printf("# peers (%s): %s\n", peer_mode.c_str(),
+                same_bytes ? "fp32 grads, no copy out: the same 28 bytes/param"
+                           : "bf16 grads cast to fp32 + the fp32 step + the weights cast to bf16, all timed");
+  std::printf("%12s %3s %10s %9s %10s %8s %9s %9s", "elements", "thr", "Gparams/s", "GB/s", "probe GB/s", "bound",
+              "rollback", "redo");
+  for (const std::string& impl : peer_impls) std::printf(" %14s %8s", (impl + " Gp/s").c_str(), "ours/it");
+  std::printf("\n");
+
+  std::map<std::string, std::string> peer_notes;
   for (int t : thread_counts) {
     const std::vector<int> use(cores.begin(), cores.begin() + t);
     GraceAdam ga(use, isa);
-    // The bound runs on its own pool on the same cores, pinned the same way (GraceAdam's is private).
-    ThreadPool triad_pool(use);
-    // First touch by the threads that will use the memory (NUMA placement), then steady state.
-    for_blocks(triad_pool, n, [&](int64_t lo, int64_t hi) {
-      std::fill(p.begin() + lo, p.begin() + hi, 0.5f);
-      std::fill(m.begin() + lo, m.begin() + hi, 1e-3f);
-      std::fill(v.begin() + lo, v.begin() + hi, 1e-6f);
-    });
-    std::fill(grad.begin(), grad.end(), char{0x3c});  // 0x3c3c: bf16 ~0.0115; as fp32 ~0.0115 too
-    for_blocks(triad_pool, triad_n, [&](int64_t lo, int64_t hi) {
-      std::fill(a.begin() + lo, a.begin() + hi, 0.0);
-      std::fill(b.begin() + lo, b.begin() + hi, 1.0);
-      std::fill(c.begin() + lo, c.begin() + hi, 2.0);
-    });
-
-    std::vector<double> step_t, rollback_t;
-    for (int i = 0; i < warmup + iters; ++i) {
-      const double t0 = now_s();
-      ga.step(p.data(), m.data(), v.data(), grad.data(), grad_dt, has_out ? out.data() : nullptr, out_dt, n, hp);
-      const double t1 = now_s();
-      ga.rollback(p.data(), m.data(), v.data(), grad.data(), grad_dt, n, hp);
-      const double t2 = now_s();
-      if (i >= warmup) {
-        step_t.push_back(t1 - t0);
-        rollback_t.push_back(t2 - t1);
+    std::vector<Peer> peers;
+    for (const std::string& impl : peer_impls) {
+      std::string core_list;
+      for (int c : use) {
+        if (!core_list.empty()) core_list += ',';
+        core_list += std::to_string(c);
       }
+      auto proc = std::make_unique<PeerProcess>(
+          std::vector<std::string>{"python3", std::string(SO_BENCH_DIR) + "/peers/cpu_adam_peer.py", "--impl", impl,
+                                   "--threads", std::to_string(t), "--cores", core_list},
+          600.0);
+      peer_notes[impl] = proc->available() ? proc->banner() : "unavailable: " + proc->why();
+      peers.push_back({impl, std::move(proc)});
     }
-    const double step_s = median(step_t), rollback_s = median(rollback_t);
-    const double triad_s = time_median(warmup, iters, [&] {
-      for_blocks(triad_pool, triad_n,
-                 [&](int64_t lo, int64_t hi) { triad(a.data() + lo, b.data() + lo, c.data() + lo, 3.0, hi - lo); });
-    });
-    const double params_s = n / step_s;
-    const double adam_gbs = params_s * bytes_per_param * 1e-9;
-    const double triad_gbs = 24.0 * triad_n / triad_s * 1e-9;
-    std::printf("  %7d %-8s %-12s %10.3f %9.2f %10.2f %9.3f %14.3f", t, format_core_list(use).c_str(),
-                simd_isa_name(ga.isa()), params_s * 1e-9, adam_gbs, triad_gbs, adam_gbs / triad_gbs, rollback_s / step_s);
-    if (torch_available) {
-      const TorchResult r = run_torch(n, use, warmup, iters);
-      torch_available = r.ok;
-      torch_note = r.detail;
-      if (r.ok) {
-        // torch moves the same state plus an fp32 gradient and writes no device copy: 28 bytes.
-        std::printf(" %12.3f %10.2f %11.2f\n", n / r.seconds * 1e-9, n / r.seconds * 28 * 1e-9, params_s * r.seconds / n);
-        continue;
+    for (int64_t n : sizes) {
+      Arrays a(n, grad_dt, has_out, out_dt, layout == "skewed");
+      // First touch by the threads that will use the memory (NUMA placement), then steady state.
+      ga.stream_probe(a.view, n);
+      // Step, probe, rollback and redo back to back in every iteration, and the ratios taken per
+      // iteration: the host's drift (a VM's neighbours share its last-level cache) cancels.
+      std::vector<double> step_t, probe_t, bound_ratio, rollback_ratio, redo_ratio;
+      std::vector<std::vector<double>> peer_t(peers.size());
+      auto timed = [](auto&& fn) {
+        const double t0 = now_s();
+        fn();
+        return now_s() - t0;
+      };
+      for (int r = 0; r < rounds; ++r) {
+        for (int i = 0; i < warmup + iters; ++i) {
+          const double ts = timed([&] { ga.step(a.view, n, hp); });
+          const double tp = timed([&] { ga.stream_probe(a.view, n); });
+          const double tr = timed([&] { ga.rollback(a.view, n, hp); });
+          const double td = timed([&] { ga.redo(a.view, n, hp, 0.5f); });
+          if (i < warmup) continue;
+          step_t.push_back(ts), probe_t.push_back(tp);
+          bound_ratio.push_back(n / ts / std::min(n / tp, ceiling1 * t));
+          rollback_ratio.push_back(tr / ts), redo_ratio.push_back(td / ts);
+        }
+        for (size_t i = 0; i < peers.size(); ++i) {
+          const std::optional<std::string> reply = peers[i].proc->request(
+              str_cat(n, " ", peer_mode, " ", warmup, " ", iters), "median_s=", 600.0);
+          if (reply) peer_t[i].push_back(std::stod(reply->substr(9)));
+          else peer_notes[peers[i].impl] = "failed: " + peers[i].proc->why();
+        }
       }
+      const double step_s = median(step_t), probe_s = median(probe_t), rate = n / step_s;
+      std::printf("%12lld %3d %10.3f %9.2f %10.2f %8.3f %9.3f %9.3f", static_cast<long long>(n), t, rate * 1e-9,
+                  rate * bytes_per_param * 1e-9, n / probe_s * bytes_per_param * 1e-9, median(bound_ratio),
+                  median(rollback_ratio), median(redo_ratio));
+      for (size_t i = 0; i < peers.size(); ++i) {
+        if (peer_t[i].size() == static_cast<size_t>(rounds))
+          std::printf(" %14.3f %8.2f", n / median(peer_t[i]) * 1e-9, median(peer_t[i]) / step_s);
+        else
+          std::printf(" %14s %8s", "-", "-");
+      }
+      std::printf("\n");
+      std::fflush(stdout);
     }
-    std::printf(" %12s %10s %11s\n", "-", "-", "-");
   }
-  std::printf("# fraction = adam GB/s / triad GB/s (target >= 0.90); rollback/step target <= 1.10\n");
-  if (torch_available)
-    std::printf("# torch: %s, torch.optim.AdamW(foreach=True), fp32 params and grads, 28 bytes/param counted\n",
-                torch_note.c_str());
-  else
-    std::printf("# torch: unavailable (%s)\n", torch_note.c_str());
+  std::printf("# bound column: ours / min(probe, arithmetic ceiling x threads), median of per-iteration ratios (target\n"
+              "# >= 0.95); rollback, redo: their time / the step's, per iteration; peers: their median step / ours\n");
+  for (const auto& [impl, note] : peer_notes) std::printf("# %s: %s\n", impl.c_str(), note.c_str());
+  if (!same_bytes && !superoffload_io && peers_arg != "none")
+    std::printf("# peers: none for these dtypes (like-for-like only with --grad-dtype fp32 --out-dtype none, or bf16/bf16)\n");
   return 0;
 }
 

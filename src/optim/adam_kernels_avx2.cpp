@@ -1,5 +1,5 @@
-// AVX2 kernels (8 lanes); compiled with -mavx2 -mfma (CPUs with AVX2 have FMA; none is emitted:
-// -ffp-contract=off keeps the reference's separate roundings).
+// AVX2 kernels (8 lanes); compiled with -mavx2 -mfma (CPUs with AVX2 have FMA). FMAs appear only
+// where the body asks for one: -ffp-contract=off keeps the reference's other roundings separate.
 #include <immintrin.h>
 
 #include "adam_kernels_impl.h"
@@ -15,8 +15,11 @@ struct Avx2Int {
   static U and_(U a, U b) { return _mm256_and_si256(a, b); }
   static U add(U a, U b) { return _mm256_add_epi32(a, b); }
   static U or_(U a, U b) { return _mm256_or_si256(a, b); }
-  // |x| > +Inf as integers; a signed compare is right since both sides are below 2^31.
-  static U nan_mask(U a) { return _mm256_cmpgt_epi32(and_(a, splat(0x7fffffffu)), splat(0x7f800000u)); }
+  // One float compare (unordered with itself) instead of clearing the sign and comparing as integers.
+  static U nan_mask(U a) {
+    const __m256 x = _mm256_castsi256_ps(a);
+    return _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  }
   static U select(U mask, U a, U b) { return _mm256_blendv_epi8(b, a, mask); }
 };
 
@@ -42,6 +45,10 @@ struct Avx2Base {
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F div(F a, F b) { return _mm256_div_ps(a, b); }
   static F sqrt(F a) { return _mm256_sqrt_ps(a); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F if_inf(F x, F a, F b) {
+    return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, _mm256_set1_ps(__builtin_inff()), _CMP_EQ_OQ));
+  }
   static F max0(F x) { return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GT_OQ), x); }
   static D dzero() { return _mm256_setzero_pd(); }
   static void add_squares(D& lo, D& hi, F x) {

@@ -10,19 +10,28 @@
 //   void store(float*, F, M), void store(bf16*, F, M)   bf16: so::f32_to_bf16 bit for bit (RNE, NaN
 //                                                        kept and quiet), except where the traits say
 //   F splat(float); add, sub, mul, div, sqrt            IEEE, one rounding each, operand order kept
+//   F fma(F a, F b, F c)                                 a*b + c with one rounding
+//   F if_inf(F x, F a, F b)                              x == +inf ? a : b
 //   F max0(F x)                                          x > 0 ? x : +0 (NaN -> +0)
 //   D dzero(); void add_squares(D& lo, D& hi, F x)      lo/hi += squares of two halves of x, in double
 //   double reduce(D lo, D hi)
 //
-// Bit-exactness with optim::adamw_reference: the same operations in the same order, and these
-// files are compiled with -ffp-contract=off so no mul+add pair is fused into an FMA (GCC's
-// vector intrinsics are plain C operators and would otherwise be contracted).
+// Bit-exactness with optim::adamw_reference: the same operations in the same order, FMAs exactly
+// where the reference calls std::fma, and these files are compiled with -ffp-contract=off so no
+// other mul+add pair is fused (GCC's vector intrinsics are plain C operators and would otherwise
+// be contracted).
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include "adam_constants.h"
 #include "so/optim/adam_kernels.h"
+
+// Everything a loop body calls is forced inline: GCC otherwise keeps some of it out of line in the
+// AVX2 and NEON builds (CountMasked's tail path makes the functions look big), and a call per
+// vector, with its vectors passed through memory, halved the bf16 step's arithmetic ceiling.
+#define SO_KERNEL_INLINE [[gnu::always_inline]] inline
+#define SO_KERNEL_BODY __attribute__((always_inline))  // on a loop body's lambda, after its parameters
 
 namespace so::optim {
 // Internal linkage: every ISA file compiles its own copy under its own -m flags, and none of it
@@ -37,89 +46,241 @@ decltype(auto) with_dtype(DType dt, F&& f) {
   return f(bf16{});
 }
 
+// fn(G{}, O{}) for the gradient's element type and the output's (NoOut when there is none).
+template <typename Fn>
+void with_types(const AdamArrays& a, Fn&& fn) {
+  with_dtype(a.grad_dt, [&](auto g) {
+    if (!a.out) return fn(g, NoOut{});
+    with_dtype(a.out_dt, [&](auto o) { fn(g, o); });
+  });
+}
+
 // Whole vectors, then one predicated vector for the tail: no scalar remainder loop, so tails go
 // through exactly the same instructions as the body.
 template <class V, class Body>
-inline void for_each_vector(int64_t n, Body&& body) {
+SO_KERNEL_INLINE void for_each_vector(int64_t n, Body&& body) {
   const int64_t lanes = V::lanes();
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) body(i, V::full());
   if (i < n) body(i, V::first(n - i));
 }
 
-template <class V, class G, class O>
-void step_typed(float* p, float* m, float* v, const G* grad, O* out, int64_t n, const AdamConstants& c) {
+// The AdamW arithmetic on one vector, forwards and backwards. SVE vectors are sizeless (they cannot
+// be struct members), so the constants stay floats, splatted where used (compilers hoist the
+// splats out of the loops), and states travel as (p, m, v) triples of arguments.
+template <class V>
+struct AdamMath {
   using F = typename V::F;
-  const F grad_scale = V::splat(c.grad_scale), decay = V::splat(c.decay), beta2 = V::splat(c.beta2);
-  const F omb1 = V::splat(c.one_minus_b1), omb2 = V::splat(c.one_minus_b2), bc2_sqrt = V::splat(c.bc2_sqrt);
-  const F eps = V::splat(c.eps), step_size = V::splat(c.step_size);
-  for_each_vector<V>(n, [&](int64_t i, typename V::M mk) {
-    // Same expressions, same operand order as optim::adamw_reference.
-    const F g = V::mul(V::load(grad + i, mk), grad_scale);
-    const F m0 = V::load(m + i, mk);
-    const F mi = V::add(m0, V::mul(omb1, V::sub(g, m0)));
-    const F vi = V::add(V::mul(beta2, V::load(v + i, mk)), V::mul(V::mul(omb2, g), g));
-    const F denom = V::add(V::div(V::sqrt(vi), bc2_sqrt), eps);
-    const F pi = V::sub(V::mul(V::load(p + i, mk), decay), V::mul(step_size, V::div(mi, denom)));
-    V::store(p + i, pi, mk);
-    V::store(m + i, mi, mk);
-    V::store(v + i, vi, mk);
-    if constexpr (!std::is_same_v<O, NoOut>) V::store(out + i, pi, mk);
+  AdamConstants c;
+
+  // sqrt(v) / bc2_sqrt without a divide. Markstein's correction: with r = RN(1/c) and q0 = RN(x r),
+  // the remainder x - q0 c is exact (one FMA) and RN(q0 + rem * r) is the correctly rounded x / c,
+  // whenever x is normal and x / c neither underflows nor overflows. sqrt of a float v >= 0 is 0,
+  // +inf or in [2^-75, 2^64], and c = sqrt(1 - b2^t) >= 2^-12, so that always holds; +inf (v
+  // overflowed) would give inf - inf in the remainder and takes q0 = inf instead. Tested
+  // exhaustively against IEEE division over every float (test_grace_adam, ctest -L slow).
+  SO_KERNEL_INLINE F scaled_sqrt(F v) const {
+    const F x = V::sqrt(v);
+    const F r = V::splat(c.inv_bc2_sqrt);
+    const F q0 = V::mul(x, r);
+    return V::if_inf(x, q0, V::fma(V::fma(q0, V::splat(-c.bc2_sqrt), x), r, q0));
+  }
+  // The step's change of the decayed weight: (-step_size * m') / (sqrt(v')/bc2_sqrt + eps).
+  SO_KERNEL_INLINE F update(F m1, F v1) const {
+    return V::div(V::mul(V::splat(c.neg_step_size), m1), V::add(scaled_sqrt(v1), V::splat(c.eps)));
+  }
+  SO_KERNEL_INLINE F new_m(F g, F m) const { return V::fma(V::splat(c.one_minus_b1), V::sub(g, m), m); }
+  SO_KERNEL_INLINE F new_v(F g, F v) const { return V::fma(V::mul(V::splat(c.one_minus_b2), g), g, V::mul(v, V::splat(c.beta2))); }
+
+  // optim::adamw_reference on one vector; g is already scaled.
+  SO_KERNEL_INLINE void step(F g, F p, F m, F v, F& p1, F& m1, F& v1) const {
+    const F pd = V::mul(p, V::splat(c.decay));
+    m1 = new_m(g, m);
+    v1 = new_v(g, v);
+    p1 = V::add(pd, update(m1, v1));
+  }
+  // The state before a step with (scaled) gradient g, from the state after it, the weight still
+  // decayed (pd = p * decay). The update term is recomputed exactly as the step computed it (same
+  // m', v', same operations), so pd = p' - update is exact up to the last rounding.
+  SO_KERNEL_INLINE void undo_decayed(F g, F p1, F m1, F v1, F& pd, F& m, F& v) const {
+    pd = V::sub(p1, update(m1, v1));
+    m = V::mul(V::fma(V::splat(-c.one_minus_b1), g, m1), V::splat(c.inv_beta1));
+    v = V::max0(V::mul(V::fma(V::mul(V::splat(-c.one_minus_b2), g), g, v1), V::splat(c.inv_beta2)));
+  }
+  SO_KERNEL_INLINE void undo(F g, F p1, F m1, F v1, F& p, F& m, F& v) const {
+    F pd;
+    undo_decayed(g, p1, m1, v1, pd, m, v);
+    p = V::mul(pd, V::splat(c.inv_decay));
+  }
+  // undo with g_spec, then step with g_final, in registers. m and v are bitwise what rollback then
+  // step give (the rolled-back moments are rounded to float here as they would be in memory); p
+  // skips the round trip through 1/decay and back: p'' = (p' - update') + update''.
+  SO_KERNEL_INLINE void redo(F g_spec, F g_final, F p1, F m1, F v1, F& p2, F& m2, F& v2) const {
+    F pd, m, v;
+    undo_decayed(g_spec, p1, m1, v1, pd, m, v);
+    m2 = new_m(g_final, m);
+    v2 = new_v(g_final, v);
+    p2 = V::add(pd, update(m2, v2));
+  }
+};
+
+// Software prefetch this many elements ahead on every stream a loop reads. The div/sqrt chains of
+// a vector are long enough that the out-of-order window fills before the next vectors' loads issue;
+// without it the step runs at memory time + compute time instead of the larger of the two
+// (docs/optimizer.md, "Memory bound"). Prefetches past the end of an array are harmless.
+constexpr int64_t kPrefetchAhead = 512;
+
+// One call's arrays, copied out of the AdamArrays: held by value, they stay in registers (through a
+// reference the compiler must reload them after every store, which might alias them).
+template <class V, class G, class O>
+struct Pointers {
+  using F = typename V::F;
+  using M = typename V::M;
+  float *p, *m, *v, *sp, *sm, *sv;
+  const G* g;
+  O* out;
+  explicit Pointers(const AdamArrays& a)
+      : p(a.p), m(a.m), v(a.v), sp(a.snapshot_p), sm(a.snapshot_m), sv(a.snapshot_v),
+        g(static_cast<const G*>(a.grad)), out(static_cast<O*>(a.out)) {}
+
+  // The loop body's streams, kPrefetchAhead elements on: the state in place or the snapshot, and
+  // the gradient. (Write-only streams are not fetched: their lines are claimed by the stores.)
+  // (Inlining matters here for more than speed: GCC deems a function that only prefetches `const`
+  // and deletes its calls.)
+  SO_KERNEL_INLINE void prefetch(int64_t i, bool from_snapshot) const {
+    const int64_t j = i + kPrefetchAhead;
+    if (from_snapshot) {
+      __builtin_prefetch(sp + j), __builtin_prefetch(sm + j), __builtin_prefetch(sv + j);
+    } else {
+      __builtin_prefetch(p + j, 1), __builtin_prefetch(m + j, 1), __builtin_prefetch(v + j, 1);
+    }
+    __builtin_prefetch(g + j);
+  }
+  SO_KERNEL_INLINE F grad(int64_t i, M mk) const { return V::load(g + i, mk); }
+  SO_KERNEL_INLINE void store(int64_t i, F p1, F m1, F v1, M mk) const {
+    V::store(p + i, p1, mk);
+    V::store(m + i, m1, mk);
+    V::store(v + i, v1, mk);
+    if constexpr (!std::is_same_v<O, NoOut>) V::store(out + i, p1, mk);
+  }
+};
+
+template <class V, class G, class O, bool kSnapshot>
+void step_typed(const AdamArrays& a, int64_t n, const AdamConstants& c) {
+  const AdamMath<V> math{c};
+  const Pointers<V, G, O> ptr(a);
+  for_each_vector<V>(n, [&](int64_t i, typename V::M mk) SO_KERNEL_BODY {
+    ptr.prefetch(i, false);
+    const typename V::F p = V::load(ptr.p + i, mk), m = V::load(ptr.m + i, mk), v = V::load(ptr.v + i, mk);
+    if constexpr (kSnapshot) {
+      V::store(ptr.sp + i, p, mk);
+      V::store(ptr.sm + i, m, mk);
+      V::store(ptr.sv + i, v, mk);
+    }
+    typename V::F p1, m1, v1;
+    math.step(V::mul(ptr.grad(i, mk), V::splat(c.grad_scale)), p, m, v, p1, m1, v1);
+    ptr.store(i, p1, m1, v1, mk);
   });
 }
 
-// The in-place inverse of step_typed for the same g and constants (docs/optimizer.md). The update
-// term step_size * m'/denom(v') is recomputed from the post-step m', v' exactly as the step
-// computed it, so p's error comes only from the last addition and the scaling by 1/decay.
-template <class V, class G>
-void rollback_typed(float* p, float* m, float* v, const G* grad, int64_t n, const AdamConstants& c) {
-  using F = typename V::F;
-  const F grad_scale = V::splat(c.grad_scale), inv_decay = V::splat(c.inv_decay);
-  const F inv_beta1 = V::splat(c.inv_beta1), inv_beta2 = V::splat(c.inv_beta2);
-  const F omb1 = V::splat(c.one_minus_b1), omb2 = V::splat(c.one_minus_b2);
-  const F bc2_sqrt = V::splat(c.bc2_sqrt), eps = V::splat(c.eps), step_size = V::splat(c.step_size);
-  for_each_vector<V>(n, [&](int64_t i, typename V::M mk) {
-    const F g = V::mul(V::load(grad + i, mk), grad_scale);
-    const F m1 = V::load(m + i, mk);
-    const F v1 = V::load(v + i, mk);
-    const F denom = V::add(V::div(V::sqrt(v1), bc2_sqrt), eps);
-    const F p0 = V::mul(V::add(V::load(p + i, mk), V::mul(step_size, V::div(m1, denom))), inv_decay);
-    const F m0 = V::mul(V::sub(m1, V::mul(omb1, g)), inv_beta1);
-    const F v0 = V::max0(V::mul(V::sub(v1, V::mul(V::mul(omb2, g), g)), inv_beta2));
-    V::store(p + i, p0, mk);
-    V::store(m + i, m0, mk);
-    V::store(v + i, v0, mk);
+template <class V, class G, class O, bool kSnapshot>
+void rollback_typed(const AdamArrays& a, int64_t n, const AdamConstants& c) {
+  const AdamMath<V> math{c};
+  const Pointers<V, G, O> ptr(a);
+  for_each_vector<V>(n, [&](int64_t i, typename V::M mk) SO_KERNEL_BODY {
+    ptr.prefetch(i, kSnapshot);
+    if constexpr (kSnapshot) {
+      ptr.store(i, V::load(ptr.sp + i, mk), V::load(ptr.sm + i, mk), V::load(ptr.sv + i, mk), mk);
+    } else {
+      typename V::F p0, m0, v0;
+      math.undo(V::mul(ptr.grad(i, mk), V::splat(c.grad_scale)), V::load(ptr.p + i, mk), V::load(ptr.m + i, mk),
+                V::load(ptr.v + i, mk), p0, m0, v0);
+      ptr.store(i, p0, m0, v0, mk);
+    }
+  });
+}
+
+template <class V, class G, class O, bool kSnapshot>
+void redo_typed(const AdamArrays& a, int64_t n, const AdamConstants& c, float final_scale) {
+  const AdamMath<V> math{c};
+  const Pointers<V, G, O> ptr(a);
+  for_each_vector<V>(n, [&](int64_t i, typename V::M mk) SO_KERNEL_BODY {
+    ptr.prefetch(i, kSnapshot);
+    const typename V::F g = ptr.grad(i, mk);
+    typename V::F p2, m2, v2;
+    if constexpr (kSnapshot)
+      math.step(V::mul(g, V::splat(final_scale)), V::load(ptr.sp + i, mk), V::load(ptr.sm + i, mk),
+                V::load(ptr.sv + i, mk), p2, m2, v2);
+    else
+      math.redo(V::mul(g, V::splat(c.grad_scale)), V::mul(g, V::splat(final_scale)), V::load(ptr.p + i, mk),
+                V::load(ptr.m + i, mk), V::load(ptr.v + i, mk), p2, m2, v2);
+    ptr.store(i, p2, m2, v2, mk);
+  });
+}
+
+template <class V, class G, class O>
+void probe_typed(const AdamArrays& a, int64_t n) {
+  const Pointers<V, G, O> ptr(a);
+  for_each_vector<V>(n, [&](int64_t i, typename V::M mk) SO_KERNEL_BODY {
+    ptr.prefetch(i, false);
+    const typename V::F g = ptr.grad(i, mk);
+    ptr.store(i, V::add(V::load(ptr.p + i, mk), g), V::add(V::load(ptr.m + i, mk), g),
+              V::add(V::load(ptr.v + i, mk), g), mk);
   });
 }
 
 template <class V, class T>
 double sum_squares_typed(const T* x, int64_t n) {
   typename V::D lo = V::dzero(), hi = V::dzero();
-  for_each_vector<V>(n, [&](int64_t i, typename V::M mk) { V::add_squares(lo, hi, V::load(x + i, mk)); });
+  for_each_vector<V>(n, [&](int64_t i, typename V::M mk) SO_KERNEL_BODY { V::add_squares(lo, hi, V::load(x + i, mk)); });
   return V::reduce(lo, hi);
 }
 
 template <class V, class Dst, class Src>
 void cast_typed(Dst* dst, const Src* src, int64_t n) {
-  for_each_vector<V>(n, [&](int64_t i, typename V::M mk) { V::store(dst + i, V::load(src + i, mk), mk); });
+  for_each_vector<V>(n, [&](int64_t i, typename V::M mk) SO_KERNEL_BODY { V::store(dst + i, V::load(src + i, mk), mk); });
 }
 
 // Type-erased entries: the AdamKernels function pointers.
 template <class V>
-void step_entry(float* p, float* m, float* v, const void* grad, DType grad_dt, void* out, DType out_dt, int64_t n,
-                const AdamWParams& hp) {
+void step_entry(const AdamArrays& a, int64_t n, const AdamWParams& hp) {
   const AdamConstants c = adam_constants(hp);
-  with_dtype(grad_dt, [&](auto g) {
-    const auto* gp = static_cast<const decltype(g)*>(grad);
-    if (!out) return step_typed<V>(p, m, v, gp, static_cast<NoOut*>(nullptr), n, c);
-    with_dtype(out_dt, [&](auto o) { step_typed<V>(p, m, v, gp, static_cast<decltype(o)*>(out), n, c); });
+  with_types(a, [&](auto g, auto o) {
+    using G = decltype(g);
+    using O = decltype(o);
+    a.has_snapshot() ? step_typed<V, G, O, true>(a, n, c) : step_typed<V, G, O, false>(a, n, c);
   });
 }
 
 template <class V>
-void rollback_entry(float* p, float* m, float* v, const void* grad, DType grad_dt, int64_t n, const AdamWParams& hp) {
+void rollback_entry(const AdamArrays& a, int64_t n, const AdamWParams& hp) {
   const AdamConstants c = adam_constants(hp);
-  with_dtype(grad_dt, [&](auto g) { rollback_typed<V>(p, m, v, static_cast<const decltype(g)*>(grad), n, c); });
+  with_types(a, [&](auto g, auto o) {
+    using G = decltype(g);
+    using O = decltype(o);
+    a.has_snapshot() ? rollback_typed<V, G, O, true>(a, n, c) : rollback_typed<V, G, O, false>(a, n, c);
+  });
+}
+
+template <class V>
+void redo_entry(const AdamArrays& a, int64_t n, const AdamWParams& hp, float final_scale) {
+  const AdamConstants c = adam_constants(hp);
+  with_types(a, [&](auto g, auto o) {
+    using G = decltype(g);
+    using O = decltype(o);
+    a.has_snapshot() ? redo_typed<V, G, O, true>(a, n, c, final_scale) : redo_typed<V, G, O, false>(a, n, c, final_scale);
+  });
+}
+
+template <class V>
+void scaled_sqrt_entry(float* x, int64_t n, const AdamWParams& hp) {
+  const AdamMath<V> math{adam_constants(hp)};
+  for_each_vector<V>(n, [&](int64_t i, typename V::M mk) SO_KERNEL_BODY { V::store(x + i, math.scaled_sqrt(V::load(x + i, mk)), mk); });
+}
+
+template <class V>
+void probe_entry(const AdamArrays& a, int64_t n) {
+  with_types(a, [&](auto g, auto o) { probe_typed<V, decltype(g), decltype(o)>(a, n); });
 }
 
 template <class V>
@@ -144,14 +305,15 @@ void cast_entry(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t 
 
 template <class V>
 AdamKernels make_adam_kernels(SimdIsa isa) {
-  return AdamKernels{isa, &step_entry<V>, &rollback_entry<V>, &sum_squares_entry<V>, &cast_entry<V>};
+  return AdamKernels{isa, &step_entry<V>, &rollback_entry<V>, &redo_entry<V>, &sum_squares_entry<V>, &cast_entry<V>,
+                     &scaled_sqrt_entry<V>, &probe_entry<V>};
 }
 
 // so::f32_to_bf16 on every 32-bit lane of an integer vector: round to nearest even with integer
 // arithmetic, NaN kept (its quiet bit set); the result sits in the low 16 bits of each lane. I
 // gives the lane-wise u32 operations splat, srl16, and_, add, or_, nan_mask, select(mask, a, b).
 template <class I, class U>
-inline U bf16_round_bits(U u) {
+SO_KERNEL_INLINE U bf16_round_bits(U u) {
   const U hi = I::srl16(u);
   const U rounded = I::srl16(I::add(u, I::add(I::and_(hi, I::splat(1u)), I::splat(0x7fffu))));
   return I::select(I::nan_mask(u), I::or_(hi, I::splat(0x0040u)), rounded);
@@ -169,14 +331,14 @@ struct CountMasked : B {
   static M full() { return {B::kLanes}; }
   static M first(int64_t k) { return {k}; }
   template <class T>
-  static typename B::F load(const T* p, M mk) {
+  SO_KERNEL_INLINE static typename B::F load(const T* p, M mk) {
     if (mk.live == B::kLanes) return B::loadu(p);
     T buf[B::kLanes] = {};
     std::memcpy(buf, p, mk.live * sizeof(T));
     return B::loadu(buf);
   }
   template <class T>
-  static void store(T* p, typename B::F x, M mk) {
+  SO_KERNEL_INLINE static void store(T* p, typename B::F x, M mk) {
     if (mk.live == B::kLanes) return B::storeu(p, x);
     T buf[B::kLanes];
     B::storeu(buf, x);

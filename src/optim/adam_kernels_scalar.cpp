@@ -1,6 +1,7 @@
-// Scalar kernels: the step is optim::adamw_reference itself; rollback, sums of squares and casts
-// run the shared body one lane wide, which makes them the definition the SIMD variants match.
+// Scalar kernels: the shared body one lane wide. optim::adamw_reference is written out separately,
+// as the definition every variant (this one included) is tested against bit for bit.
 #include <cmath>
+#include <limits>
 
 #include "adam_kernels_impl.h"
 #include "adam_kernels_isa.h"
@@ -25,28 +26,18 @@ struct Scalar {
   static F mul(F a, F b) { return a * b; }
   static F div(F a, F b) { return a / b; }
   static F sqrt(F a) { return std::sqrt(a); }
+  static F fma(F a, F b, F c) { return std::fma(a, b, c); }
+  static F if_inf(F x, F a, F b) { return x == std::numeric_limits<float>::infinity() ? a : b; }
   static F max0(F x) { return x > 0.0f ? x : 0.0f; }
   static D dzero() { return 0.0; }
   static void add_squares(D& lo, D&, F x) { lo += static_cast<double>(x) * x; }
   static double reduce(D lo, D hi) { return lo + hi; }
 };
 
-void reference_step(float* p, float* m, float* v, const void* grad, DType grad_dt, void* out, DType out_dt, int64_t n,
-                    const AdamWParams& hp) {
-  with_dtype(grad_dt, [&](auto g) {
-    const auto* gp = static_cast<const decltype(g)*>(grad);
-    with_dtype(out_dt, [&](auto o) { adamw_reference(p, m, v, gp, static_cast<decltype(o)*>(out), n, hp); });
-  });
-}
-
 }  // namespace
 
 const AdamKernels& scalar_adam_kernels() {
-  static const AdamKernels k = [] {
-    AdamKernels s = make_adam_kernels<Scalar>(SimdIsa::Scalar);
-    s.step = &reference_step;
-    return s;
-  }();
+  static const AdamKernels k = make_adam_kernels<Scalar>(SimdIsa::Scalar);
   return k;
 }
 

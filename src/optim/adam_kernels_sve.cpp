@@ -48,6 +48,8 @@ struct Sve {
   static F mul(F a, F b) { return svmul_f32_x(all32(), a, b); }
   static F div(F a, F b) { return svdiv_f32_x(all32(), a, b); }
   static F sqrt(F a) { return svsqrt_f32_x(all32(), a); }
+  static F fma(F a, F b, F c) { return svmla_f32_x(all32(), c, a, b); }
+  static F if_inf(F x, F a, F b) { return svsel_f32(svcmpeq_n_f32(all32(), x, __builtin_inff()), a, b); }
   static F max0(F x) { return svsel_f32(svcmpgt_n_f32(all32(), x, 0.0f), x, svdup_n_f32(0.0f)); }
   static D dzero() { return svdup_n_f64(0.0); }
   static void add_squares(D& lo, D& hi, F x) {

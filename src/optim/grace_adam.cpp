@@ -27,24 +27,22 @@ void GraceAdam::for_blocks(const void* anchor, size_t elem_size, int64_t n, Fn&&
   });
 }
 
-void GraceAdam::step(float* p, float* m, float* v, const void* grad, DType grad_dt, void* out, DType out_dt, int64_t n,
-                     const AdamWParams& hp) {
-  const auto* g = static_cast<const char*>(grad);
-  auto* o = static_cast<char*>(out);
-  for_blocks(p, sizeof(float), n, [&](int64_t b, int64_t e) {
-    kernels_.step(p + b, m + b, v + b, g + b * dtype_size(grad_dt), grad_dt, o ? o + b * dtype_size(out_dt) : nullptr,
-                  out_dt, e - b, hp);
-  });
+void GraceAdam::step(const AdamArrays& a, int64_t n, const AdamWParams& hp) {
+  for_blocks(a.p, sizeof(float), n, [&](int64_t b, int64_t e) { kernels_.step(a.from(b), e - b, hp); });
 }
 
-void GraceAdam::rollback(float* p, float* m, float* v, const void* grad, DType grad_dt, int64_t n,
-                         const AdamWParams& hp) {
-  SO_CHECK(hp.lr * hp.weight_decay != 1.0f, "GraceAdam::rollback: lr * weight_decay = 1 zeroes the weights; ",
-           "the step cannot be inverted");
-  const auto* g = static_cast<const char*>(grad);
-  for_blocks(p, sizeof(float), n, [&](int64_t b, int64_t e) {
-    kernels_.rollback(p + b, m + b, v + b, g + b * dtype_size(grad_dt), grad_dt, e - b, hp);
-  });
+void GraceAdam::rollback(const AdamArrays& a, int64_t n, const AdamWParams& hp) {
+  SO_CHECK(a.has_snapshot() || hp.lr * hp.weight_decay != 1.0, "GraceAdam::rollback: lr * weight_decay = 1 zeroes the ",
+           "weights; the step cannot be inverted (the exact rollback can)");
+  for_blocks(a.p, sizeof(float), n, [&](int64_t b, int64_t e) { kernels_.rollback(a.from(b), e - b, hp); });
+}
+
+void GraceAdam::redo(const AdamArrays& a, int64_t n, const AdamWParams& hp, float final_scale) {
+  for_blocks(a.p, sizeof(float), n, [&](int64_t b, int64_t e) { kernels_.redo(a.from(b), e - b, hp, final_scale); });
+}
+
+void GraceAdam::stream_probe(const AdamArrays& a, int64_t n) {
+  for_blocks(a.p, sizeof(float), n, [&](int64_t b, int64_t e) { kernels_.stream_probe(a.from(b), e - b); });
 }
 
 double GraceAdam::sum_squares(const void* x, DType dt, int64_t n) {

@@ -57,7 +57,7 @@ run() {
     failures=$((failures + 1))
   else
     echo "passed: $name (qemu-aarch64 -cpu $cpu, SO_SIMD=$isa) $(grep -o '[0-9]* tests\? from [0-9]* test suites\? ran' "$log")"
-    grep -E "^\[ (rollback|re-step)|^SVE vector length" "$log" | sed 's/^/    /'
+    grep -E "^\[ (rollback|redo|scaled_sqrt)|^SVE vector length" "$log" | sed 's/^/    /'
   fi
 }
 

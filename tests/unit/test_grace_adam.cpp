@@ -1,5 +1,6 @@
 // GraceAdam: every SIMD kernel of this CPU against the scalar reference, bit for bit; bf16
-// rounding of special values; the rollback's error bound (docs/optimizer.md); thread-count
+// rounding of special values; the rollback's and the redo's error bounds (docs/optimizer.md); the
+// exact (snapshot) mode bitwise; the divide-free sqrt(v)/bc2 against IEEE division; thread-count
 // independence; the thread pool; core splitting. Built natively and for aarch64 (run under qemu
 // by tests/cross/run_aarch64_tests.sh with SO_SIMD and the SVE vector length chosen per run).
 #include <gtest/gtest.h>
@@ -34,7 +35,7 @@ const int64_t kLengths[] = {1, 7, 15, 17, 31, 33, 1000, 4099, 65537 + 3};
 // Rollback error bounds, in ulps of each quantity's natural scale (worst_error below), from
 // docs/optimizer.md; the tests print the worst errors they see.
 constexpr double kRollbackUlps = 4.0;  // step then rollback vs the state before the step
-constexpr double kRestepUlps = 8.0;    // rollback then step(scale') vs step(scale') from the start
+constexpr double kRedoUlps = 8.0;      // step then redo(scale') vs step(scale') from the start
 
 // Every ISA this CPU runs, or only SO_SIMD's (the qemu runs pick one ISA per invocation).
 std::vector<SimdIsa> isas_under_test() {
@@ -103,9 +104,17 @@ void reference_step(State& s, const void* grad, DType grad_dt, void* out, DType 
   }
 }
 
+// The kernels' view of a State (and, for the exact mode, of a snapshot State of the same size).
+AdamArrays arrays_of(State& s, const void* grad, DType grad_dt, void* out = nullptr, DType out_dt = DType::F32,
+                     State* snapshot = nullptr) {
+  AdamArrays a{s.p.data(), s.m.data(), s.v.data(), grad, grad_dt, out, out_dt};
+  if (snapshot) a.snapshot_p = snapshot->p.data(), a.snapshot_m = snapshot->m.data(), a.snapshot_v = snapshot->v.data();
+  return a;
+}
+
 void kernel_step(const AdamKernels& k, State& s, const void* grad, DType grad_dt, void* out, DType out_dt,
                  const AdamWParams& hp) {
-  k.step(s.p.data(), s.m.data(), s.v.data(), grad, grad_dt, out, out_dt, static_cast<int64_t>(s.p.size()), hp);
+  k.step(arrays_of(s, grad, grad_dt, out, out_dt), static_cast<int64_t>(s.p.size()), hp);
 }
 
 // The bf16 the kernels of `isa` must store for fp32 x: so::f32_to_bf16, except that
@@ -156,7 +165,7 @@ TEST_P(KernelTest, StepEqualsTheScalarReferenceBitForBit) {
     int combo = 0;
     for (DType grad_dt : {DType::F32, DType::BF16}) {
       for (Out out : {Out::None, Out::F32, Out::BF16}) {
-        for (float wd : {0.0f, 0.1f}) {
+        for (double wd : {0.0, 0.1}) {
           for (float scale : {1.0f, 0.37f}) {
             for (int64_t step : {int64_t{1}, int64_t{1000}}) {
               seed += 10;
@@ -166,7 +175,7 @@ TEST_P(KernelTest, StepEqualsTheScalarReferenceBitForBit) {
               SCOPED_TRACE(::testing::Message() << "n=" << n << " grad=" << dtype_name(grad_dt) << " out="
                                                 << static_cast<int>(out) << " wd=" << wd << " scale=" << scale
                                                 << " step=" << step);
-              const AdamWParams hp{.lr = 1e-3f, .weight_decay = wd, .step = step, .grad_scale = scale};
+              const AdamWParams hp{.lr = 1e-3, .weight_decay = wd, .step = step, .grad_scale = scale};
               const std::vector<uint8_t> grad = random_grad(n, grad_dt, seed + 5);
               const DType out_dt = out == Out::BF16 ? DType::BF16 : DType::F32;
               std::vector<uint8_t> ref_out(n * 4), k_out(n * 4, 0xab);
@@ -263,11 +272,14 @@ TEST_P(KernelTest, CastRoundsLikeTheReferenceIncludingNaNInfTiesAndOverflow) {
 
 TEST_P(KernelTest, StepWritesBf16WeightsWithTheSameRounding) {
   // lr = 0, m = v = g = 0: p' = p (signalling NaNs made quiet), so out is the rounding of p alone.
-  std::vector<float> p = rounding_inputs();
-  const auto n = static_cast<int64_t>(p.size());
-  std::vector<float> m(n, 0.0f), v(n, 0.0f), g(n, 0.0f);
+  State st;
+  st.p = rounding_inputs();
+  const auto n = static_cast<int64_t>(st.p.size());
+  st.m.assign(n, 0.0f);
+  st.v.assign(n, 0.0f);
+  const std::vector<float> g(n, 0.0f);
   std::vector<bf16> out(n);
-  k().step(p.data(), m.data(), v.data(), g.data(), DType::F32, out.data(), DType::BF16, n, AdamWParams{.lr = 0.0f});
+  k().step(arrays_of(st, g.data(), DType::F32, out.data(), DType::BF16), n, AdamWParams{.lr = 0.0});
   for (int64_t i = 0; i < n; ++i) {
     const RoundCase& c = kRoundCases[i % std::size(kRoundCases)];
     EXPECT_EQ(out[i].bits, expected_bf16(float_of(c.in), GetParam())) << "input " << std::hex << c.in;
@@ -331,10 +343,10 @@ State state_before(int64_t n, uint64_t seed, const AdamWParams& hp) {
 }
 
 const AdamWParams kRollbackParams[] = {
-    {.lr = 1e-3f, .weight_decay = 0.1f, .step = 1, .grad_scale = 1.0f},
-    {.lr = 1e-3f, .weight_decay = 0.0f, .step = 1000, .grad_scale = 0.37f},
-    {.lr = 3e-4f, .weight_decay = 0.01f, .step = 20, .grad_scale = 1.0f},
-    {.lr = 1e-2f, .beta1 = 0.8f, .beta2 = 0.95f, .weight_decay = 0.5f, .step = 3, .grad_scale = 2.5f},
+    {.lr = 1e-3, .weight_decay = 0.1, .step = 1, .grad_scale = 1.0f},
+    {.lr = 1e-3, .weight_decay = 0.0, .step = 1000, .grad_scale = 0.37f},
+    {.lr = 3e-4, .weight_decay = 0.01, .step = 20, .grad_scale = 1.0f},
+    {.lr = 1e-2, .beta1 = 0.8, .beta2 = 0.95, .weight_decay = 0.5, .step = 3, .grad_scale = 2.5f},
 };
 
 TEST_P(KernelTest, RollbackEqualsTheScalarRollbackAndIsWithinItsBound) {
@@ -352,12 +364,15 @@ TEST_P(KernelTest, RollbackEqualsTheScalarRollbackAndIsWithinItsBound) {
       State s = before;
       kernel_step(k(), s, grad.data(), grad_dt, nullptr, DType::F32, hp);
       const State after = s;
-      k().rollback(s.p.data(), s.m.data(), s.v.data(), grad.data(), grad_dt, n, hp);
+      std::vector<bf16> out(n), ref_out(n);
+      k().rollback(arrays_of(s, grad.data(), grad_dt, out.data(), DType::BF16), n, hp);
       State ref = after;
-      scalar.rollback(ref.p.data(), ref.m.data(), ref.v.data(), grad.data(), grad_dt, n, hp);
+      scalar.rollback(arrays_of(ref, grad.data(), grad_dt, ref_out.data(), DType::BF16), n, hp);
       EXPECT_SAME_BITS("rolled-back p", s.p, ref.p);
       EXPECT_SAME_BITS("rolled-back m", s.m, ref.m);
       EXPECT_SAME_BITS("rolled-back v", s.v, ref.v);
+      for (int64_t i = 0; i < n; ++i)  // the device copy of the rolled-back weights, in the same pass
+        ASSERT_EQ(out[i].bits, expected_bf16(s.p[i], GetParam())) << "rolled-back bf16 out at " << i;
       worst.take(worst_error(s, before, {&before, &after}, gv, hp));
       // A rollback that did nothing would be off by a whole update: make sure the check can fail.
       EXPECT_GT(worst_error(after, before, {&before, &after}, gv, hp).m, 100 * kRollbackUlps);
@@ -366,27 +381,110 @@ TEST_P(KernelTest, RollbackEqualsTheScalarRollbackAndIsWithinItsBound) {
   expect_within("rollback", GetParam(), worst, kRollbackUlps);
 }
 
-TEST_P(KernelTest, RollbackThenStepWithANewScaleMatchesADirectStep) {
-  // Speculation: step with the unclipped gradient, learn the clip coefficient, roll back, redo.
+TEST_P(KernelTest, RedoMatchesADirectStepWithTheFinalScale) {
+  // Speculation: step with the unclipped gradient, learn the clip coefficient, redo in one pass.
   const int64_t n = 20011;
+  const AdamKernels& scalar = adam_kernels(SimdIsa::Scalar);
   Worst worst;
   uint64_t seed = 1700;
   for (const AdamWParams& hp : kRollbackParams) {
+    const float final_scale = hp.grad_scale * 0.61f;
     AdamWParams clipped = hp;
-    clipped.grad_scale = hp.grad_scale * 0.61f;
+    clipped.grad_scale = final_scale;
     std::vector<float> gv;
     const std::vector<uint8_t> grad = random_grad(n, DType::BF16, seed += 10, &gv);
     const State before = state_before(n, seed, hp);
-    State direct = before, redone = before;
+    State direct = before, redone = before, two_pass = before;
     kernel_step(k(), direct, grad.data(), DType::BF16, nullptr, DType::F32, clipped);
     kernel_step(k(), redone, grad.data(), DType::BF16, nullptr, DType::F32, hp);
     const State after = redone;
-    k().rollback(redone.p.data(), redone.m.data(), redone.v.data(), grad.data(), DType::BF16, n, hp);
-    kernel_step(k(), redone, grad.data(), DType::BF16, nullptr, DType::F32, clipped);
+    std::vector<bf16> out(n);
+    k().redo(arrays_of(redone, grad.data(), DType::BF16, out.data(), DType::BF16), n, hp, final_scale);
+    State ref = after;
+    scalar.redo(arrays_of(ref, grad.data(), DType::BF16), n, hp, final_scale);
+    EXPECT_SAME_BITS("redone p (vs scalar)", redone.p, ref.p);
+    EXPECT_SAME_BITS("redone m (vs scalar)", redone.m, ref.m);
+    EXPECT_SAME_BITS("redone v (vs scalar)", redone.v, ref.v);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i].bits, expected_bf16(redone.p[i], GetParam())) << i;
+    // The moments are exactly those of rollback then step (two passes); p skips 1/decay.
+    two_pass = after;
+    k().rollback(arrays_of(two_pass, grad.data(), DType::BF16), n, hp);
+    kernel_step(k(), two_pass, grad.data(), DType::BF16, nullptr, DType::F32, clipped);
+    EXPECT_SAME_BITS("redone m (vs rollback + step)", redone.m, two_pass.m);
+    EXPECT_SAME_BITS("redone v (vs rollback + step)", redone.v, two_pass.v);
     // Scales of every state on the way, with the larger (unclipped) gradient.
     worst.take(worst_error(redone, direct, {&before, &after, &direct}, gv, hp));
   }
-  expect_within("re-step ", GetParam(), worst, kRestepUlps);
+  expect_within("redo    ", GetParam(), worst, kRedoUlps);
+}
+
+TEST_P(KernelTest, ExactModeSnapshotsInTheStepAndRestoresOrRedoesBitwise) {
+  const int64_t n = 4099;
+  uint64_t seed = 2500;
+  for (const AdamWParams& hp : kRollbackParams) {
+    for (DType grad_dt : {DType::F32, DType::BF16}) {
+      const float final_scale = hp.grad_scale * 0.43f;
+      AdamWParams clipped = hp;
+      clipped.grad_scale = final_scale;
+      const std::vector<uint8_t> grad = random_grad(n, grad_dt, seed += 10);
+      const State before = state_before(n, seed, hp);
+      State plain = before, spec = before, snap = random_state(n, seed + 3), direct = before;
+      kernel_step(k(), plain, grad.data(), grad_dt, nullptr, DType::F32, hp);
+      k().step(arrays_of(spec, grad.data(), grad_dt, nullptr, DType::F32, &snap), n, hp);
+      EXPECT_SAME_BITS("step with snapshot: p", spec.p, plain.p);
+      EXPECT_SAME_BITS("step with snapshot: m", spec.m, plain.m);
+      EXPECT_SAME_BITS("snapshot p", snap.p, before.p);
+      EXPECT_SAME_BITS("snapshot m", snap.m, before.m);
+      EXPECT_SAME_BITS("snapshot v", snap.v, before.v);
+      // Clipped: from the snapshot with the final scale, bitwise a direct step.
+      State redone = spec;
+      std::vector<bf16> out(n);
+      k().redo(arrays_of(redone, grad.data(), grad_dt, out.data(), DType::BF16, &snap), n, hp, final_scale);
+      kernel_step(k(), direct, grad.data(), grad_dt, nullptr, DType::F32, clipped);
+      EXPECT_SAME_BITS("exact redo p", redone.p, direct.p);
+      EXPECT_SAME_BITS("exact redo m", redone.m, direct.m);
+      EXPECT_SAME_BITS("exact redo v", redone.v, direct.v);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i].bits, expected_bf16(direct.p[i], GetParam())) << i;
+      // Skipped: back to the snapshot, bitwise, the device copy written from it.
+      State restored = spec;
+      k().rollback(arrays_of(restored, grad.data(), grad_dt, out.data(), DType::BF16, &snap), n, hp);
+      EXPECT_SAME_BITS("exact rollback p", restored.p, before.p);
+      EXPECT_SAME_BITS("exact rollback m", restored.m, before.m);
+      EXPECT_SAME_BITS("exact rollback v", restored.v, before.v);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i].bits, expected_bf16(before.p[i], GetParam())) << i;
+    }
+  }
+}
+
+// The division of sqrt(v') by sqrt(1 - b2^t) (two FMAs instead of a divide, AdamMath::scaled_sqrt)
+// is IEEE division for every x >= 0 the step can meet. Sampled here (every exponent, all
+// mantissa patterns at a stride); SO_TEST_EXHAUSTIVE=1 (ctest -L slow) takes every float.
+TEST_P(KernelTest, ScaledSqrtIsIeeeDivisionForEveryFloat) {
+  const bool exhaustive = std::getenv("SO_TEST_EXHAUSTIVE") != nullptr;
+  const uint32_t stride = exhaustive ? 1 : 4093;  // prime: every low-bit pattern is visited
+  const int64_t chunk = int64_t{1} << 22;
+  std::vector<float> x(chunk), want(chunk);
+  int64_t checked = 0;
+  // beta2 up to the largest float below 1 (bc2 = 2^-12 at step 1), down to 0.5; steps 1 .. 10^5.
+  const std::pair<double, int64_t> cases[] = {{0.999, 1}, {0.999, 1000}, {0.95, 3}, {1.0 - 0x1p-24, 1},
+                                              {0.9999, 100000}, {0.5, 1}};
+  for (auto [beta2, step] : cases) {
+    const AdamWParams hp{.beta2 = beta2, .step = step};
+    const float c = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, static_cast<double>(step))));
+    uint64_t bits = 0;
+    while (bits <= 0x7f800000u) {  // +0 .. +inf; v' >= 0 always (NaN propagates either way)
+      int64_t n = 0;
+      for (; n < chunk && bits <= 0x7f800000u; ++n, bits += stride) x[n] = float_of(static_cast<uint32_t>(bits));
+      if (bits > 0x7f800000u && x[n - 1] != INFINITY) x[n++] = INFINITY;
+      for (int64_t i = 0; i < n; ++i) want[i] = std::sqrt(x[i]) / c;
+      k().scaled_sqrt(x.data(), n, hp);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(bits_of(x[i]), bits_of(want[i])) << "beta2=" << beta2 << " step=" << step << " c=" << c;
+      checked += n;
+    }
+  }
+  std::printf("[ scaled_sqrt ] %s: %lld values (%s) equal to IEEE sqrt(x)/c\n", simd_isa_name(GetParam()),
+              static_cast<long long>(checked), exhaustive ? "every float" : "sampled");
 }
 
 TEST_P(KernelTest, SumOfSquaresIsAccurateAndIndependentOfTheThreadCount) {
@@ -413,21 +511,30 @@ TEST_P(KernelTest, GraceAdamOnAPoolEqualsOneKernelCall) {
     GraceAdam ga(pool_cores(threads), GetParam());
     EXPECT_EQ(ga.threads(), threads);
     EXPECT_EQ(ga.isa(), GetParam());
-    const AdamWParams hp{.lr = 1e-3f, .weight_decay = 0.1f, .step = 7, .grad_scale = 0.5f};
-    const std::vector<uint8_t> grad = random_grad(n + 3, DType::BF16, 55);
+    const AdamWParams hp{.lr = 1e-3, .weight_decay = 0.1, .step = 7, .grad_scale = 0.5f};
+    // The gradient starts 3 elements into its buffer and from(3) moves it 3 more: 6 in all.
+    const std::vector<uint8_t> grad = random_grad(n + 6, DType::BF16, 55);
     State a = random_state(n + 3, 56), b = a;
     std::vector<bf16> out_a(n + 3), out_b(n + 3);
     const void* g = grad.data() + 3 * 2;
-    k().step(a.p.data() + 3, a.m.data() + 3, a.v.data() + 3, g, DType::BF16, out_a.data() + 3, DType::BF16, n, hp);
-    ga.step(b.p.data() + 3, b.m.data() + 3, b.v.data() + 3, g, DType::BF16, out_b.data() + 3, DType::BF16, n, hp);
+    const AdamArrays arr_a = arrays_of(a, g, DType::BF16, out_a.data(), DType::BF16).from(3);
+    const AdamArrays arr_b = arrays_of(b, g, DType::BF16, out_b.data(), DType::BF16).from(3);
+    k().step(arr_a, n, hp);
+    ga.step(arr_b, n, hp);
     EXPECT_SAME_BITS("p", a.p, b.p);
     EXPECT_SAME_BITS("m", a.m, b.m);
     EXPECT_SAME_BITS("v", a.v, b.v);
     EXPECT_EQ(std::memcmp(out_a.data(), out_b.data(), out_a.size() * 2), 0);
-    k().rollback(a.p.data() + 3, a.m.data() + 3, a.v.data() + 3, g, DType::BF16, n, hp);
-    ga.rollback(b.p.data() + 3, b.m.data() + 3, b.v.data() + 3, g, DType::BF16, n, hp);
+    k().redo(arr_a, n, hp, 0.25f);
+    ga.redo(arr_b, n, hp, 0.25f);
+    EXPECT_SAME_BITS("redone p", a.p, b.p);
+    k().rollback(arr_a, n, hp);
+    ga.rollback(arr_b, n, hp);
     EXPECT_SAME_BITS("rolled-back p", a.p, b.p);
     EXPECT_SAME_BITS("rolled-back v", a.v, b.v);
+    EXPECT_EQ(std::memcmp(out_a.data(), out_b.data(), out_a.size() * 2), 0);
+    // The block split: `from` moved the grad by 3 bf16 elements from an already offset pointer.
+    EXPECT_EQ(arr_a.grad, static_cast<const char*>(g) + 3 * 2);
     std::vector<bf16> cast_a(n), cast_b(n);
     k().cast(cast_a.data(), DType::BF16, a.p.data() + 1, DType::F32, n);
     ga.cast(cast_b.data(), DType::BF16, b.p.data() + 1, DType::F32, n);
@@ -437,10 +544,13 @@ TEST_P(KernelTest, GraceAdamOnAPoolEqualsOneKernelCall) {
 
 TEST(GraceAdam, RollbackRefusesAStepThatZeroedTheWeights) {
   GraceAdam ga({}, SimdIsa::Scalar);
-  std::vector<float> p(4, 1.0f), m(4), v(4), g(4);
-  EXPECT_THROW(ga.rollback(p.data(), m.data(), v.data(), g.data(), DType::F32, 4,
-                           AdamWParams{.lr = 0.5f, .weight_decay = 2.0f}),
-               Error);
+  State s{std::vector<float>(4, 1.0f), std::vector<float>(4), std::vector<float>(4)}, snap = s;
+  const std::vector<float> g(4);
+  const AdamWParams zeroing{.lr = 0.5, .weight_decay = 2.0};
+  EXPECT_THROW(ga.rollback(arrays_of(s, g.data(), DType::F32), 4, zeroing), Error);
+  // From a snapshot nothing is inverted, and the redo never divides by the decay.
+  EXPECT_NO_THROW(ga.rollback(arrays_of(s, g.data(), DType::F32, nullptr, DType::F32, &snap), 4, zeroing));
+  EXPECT_NO_THROW(ga.redo(arrays_of(s, g.data(), DType::F32), 4, zeroing, 0.5f));
 }
 
 TEST(SimdIsa, NamesParseAndUnknownNamesAreListed) {

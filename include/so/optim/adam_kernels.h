@@ -1,8 +1,9 @@
 #pragma once
 // One instruction set's AdamW kernels over flat host arrays. Every variant computes exactly what
-// optim::adamw_reference computes (same operation order, no contraction into FMA), so results
-// agree bit for bit with the scalar reference, and the tests hold them to exactly that (one
-// documented exception: avx512bf16 stores subnormal weights as bf16 zeros; docs/optimizer.md).
+// optim::adamw_reference computes (same operations, same order, FMAs exactly where the reference
+// has them and nowhere else), so results agree bit for bit with the scalar reference, and the
+// tests hold them to exactly that (one documented exception: avx512bf16 stores subnormal weights
+// as bf16 zeros; docs/optimizer.md).
 #include <cstdint>
 
 #include "so/core/dtype.h"
@@ -13,17 +14,26 @@ namespace so {
 
 struct AdamKernels {
   SimdIsa isa;
-  // adamw_reference over [0, n): grad is fp32 or bf16; out (fp32 or bf16) may be null.
-  void (*step)(float* p, float* m, float* v, const void* grad, DType grad_dt, void* out, DType out_dt, int64_t n,
-               const AdamWParams& hp);
-  // In-place inverse of `step` given the same grad and hp: restores p, m, v up to rounding
-  // (v is clamped at 0). Error bound in docs/optimizer.md, tested in test_grace_adam.
-  void (*rollback)(float* p, float* m, float* v, const void* grad, DType grad_dt, int64_t n,
-                   const AdamWParams& hp);
+  // adamw_reference over [0, n) of a (grad fp32 or bf16; out, if set, fp32 or bf16). With a
+  // snapshot, the old p, m, v are also written there, in the same pass.
+  void (*step)(const AdamArrays& a, int64_t n, const AdamWParams& hp);
+  // Undoes `step` (same grad, same hp) in place and writes out: with a snapshot, copies it back
+  // (bitwise); without, inverts the step arithmetically (error bound in docs/optimizer.md).
+  void (*rollback)(const AdamArrays& a, int64_t n, const AdamWParams& hp);
+  // `rollback` then `step` with grad_scale = final_scale, in one pass: the state a step with
+  // final_scale would have produced (bitwise from a snapshot; within the documented bound from
+  // the inverse). hp is the undone step's (its grad_scale the speculative one).
+  void (*redo)(const AdamArrays& a, int64_t n, const AdamWParams& hp, float final_scale);
   // Sum of x^2 over [0, n), accumulated in double.
   double (*sum_squares)(const void* x, DType dt, int64_t n);
   // dst[i] = src[i] converted (fp32 <-> bf16 with round-to-nearest-even, NaN kept), or copied.
   void (*cast)(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n);
+  // x[i] = sqrt(x[i]) / sqrt(1 - beta2^t) for x[i] >= 0, exactly as `step` computes it from v' (no
+  // divide: see AdamMath::scaled_sqrt); tests hold it to IEEE division over every float.
+  void (*scaled_sqrt)(float* x, int64_t n, const AdamWParams& hp);
+  // The memory bound of `step`: the same loads and stores over the same arrays (p, m, v read and
+  // written, grad read, out written) with one add per stream instead of the AdamW arithmetic.
+  void (*stream_probe)(const AdamArrays& a, int64_t n);
 };
 
 const AdamKernels& adam_kernels(SimdIsa isa);  // error if not supported

@@ -19,10 +19,12 @@ class GraceAdam {
   const ThreadPool& pool() const;
 
   // Same contracts as AdamKernels, split over the pool in cache-friendly blocks.
-  void step(float* p, float* m, float* v, const void* grad, DType grad_dt, void* out, DType out_dt, int64_t n,
-            const AdamWParams& hp);
-  // An error when lr * weight_decay == 1: that step zeroed the weights and cannot be inverted.
-  void rollback(float* p, float* m, float* v, const void* grad, DType grad_dt, int64_t n, const AdamWParams& hp);
+  void step(const AdamArrays& a, int64_t n, const AdamWParams& hp);
+  // Without a snapshot: an error when lr * weight_decay == 1 (that step zeroed the weights and
+  // cannot be inverted).
+  void rollback(const AdamArrays& a, int64_t n, const AdamWParams& hp);
+  void redo(const AdamArrays& a, int64_t n, const AdamWParams& hp, float final_scale);
+  void stream_probe(const AdamArrays& a, int64_t n);  // so_bench adam's memory bound
   // Equal to sum_squares_chunked(kernels, ...) bit for bit, whatever the thread count.
   double sum_squares(const void* x, DType dt, int64_t n);
   void cast(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n);
