@@ -1,8 +1,9 @@
 #include "so/engine/cast_plan.h"
 
 #include <algorithm>
-#include <vector>
+#include <functional>
 
+#include "so/backend/host_buffer.h"
 #include "so/core/clock.h"
 #include "so/core/error.h"
 
@@ -10,7 +11,11 @@ namespace so {
 
 namespace {
 
-constexpr int64_t kSample = int64_t{1} << 20;  // elements: large enough to reach steady state
+// Copies of one bucket, within these bounds: below, per-copy overheads dominate; above, the probe
+// costs start-up time and memory, and copies of 32 MiB already run at the link's full speed
+// (so_bench link prints the curve).
+constexpr int64_t kMinSample = int64_t{1} << 16;  // elements
+constexpr int64_t kMaxSample = int64_t{1} << 23;
 constexpr int kReps = 3;
 
 // Best-of-kReps seconds of work enqueued on stream s, timed by events.
@@ -41,53 +46,70 @@ CastSite pick(CastSite configured, double device_cost, double host_cost) {
   return device_cost < host_cost ? CastSite::Device : CastSite::Host;
 }
 
+std::string gbs(double bytes, double s) { return str_cat(bytes / s / 1e9, " GB/s"); }
+
 }  // namespace
 
-CastPlan plan_casts(Backend& be, GraceAdam& adam, DType dtype, CastSite grads, CastSite weights) {
+CastPlan plan_casts(Backend& be, GraceAdam& adam, const CastPlanRequest& r) {
   CastPlan plan;
-  if (dtype == DType::F32) {
-    plan.report = "casting: fp32 model, nothing to cast";
-    return plan;
-  }
-  const int64_t n = kSample;
+  const int64_t n = std::clamp(r.bucket_elements, kMinSample, kMaxSample);
+  Backend* pin = r.pin_memory ? &be : nullptr;
+  int stream = 0;
+  auto host = [&](size_t bytes, const char* tag) { return HostBuffer(bytes, r.numa_node, pin, tag, stream_skew(stream++)); };
+  HostBuffer h32 = host(n * 4, "link probe fp32"), h16 = host(n * 2, "link probe bf16");
   DeviceBuffer dev16 = be.alloc(n * 2, "cast probe bf16"), dev32 = be.alloc(n * 4, "cast probe fp32");
-  std::vector<float> p(n, 0.5f), m(n, 0.1f), v(n, 0.01f), g32(n, 1e-3f);
-  std::vector<bf16> g16(n), out16(n);
-  adam.cast(g16.data(), DType::BF16, g32.data(), DType::F32, n);
   Stream& d2h = be.stream(StreamKind::D2H);
   Stream& h2d = be.stream(StreamKind::H2D);
+  const double t_d2h4 = time_on_stream(be, d2h, [&] { be.copy_d2h(h32.data(), dev32.data(), n * 4, d2h); });
+  const double t_h2d4 = time_on_stream(be, h2d, [&] { be.copy_h2d(dev32.data(), h32.data(), n * 4, h2d); });
+  plan.d2h_gbs = 4.0 * n / t_d2h4 / 1e9;
+  plan.h2d_gbs = 4.0 * n / t_h2d4 / 1e9;
+  const std::string link = str_cat("link measured with ", r.pin_memory ? "pinned" : "pageable", " ",
+                                   4.0 * n / (1 << 20), " MiB copies (", n, " elements, one bucket",
+                                   n < r.bucket_elements ? ", capped" : "", "): d2h ", gbs(4.0 * n, t_d2h4), ", h2d ",
+                                   gbs(4.0 * n, t_h2d4));
+  if (r.model_dtype == DType::F32) {
+    plan.report = str_cat("casting: ", link, "; fp32 model, nothing to cast");
+    return plan;
+  }
+  const double t_d2h2 = time_on_stream(be, d2h, [&] { be.copy_d2h(h16.data(), dev16.data(), n * 2, d2h); });
+  const double t_h2d2 = time_on_stream(be, h2d, [&] { be.copy_h2d(dev16.data(), h16.data(), n * 2, h2d); });
   Ops& ops = be.ops();
-
-  const double t_d2h4 = time_on_stream(be, d2h, [&] { be.copy_d2h(g32.data(), dev32.data(), n * 4, d2h); });
-  const double t_h2d4 = time_on_stream(be, h2d, [&] { be.copy_h2d(dev32.data(), p.data(), n * 4, h2d); });
-  const double t_d2h2 = time_on_stream(be, d2h, [&] { be.copy_d2h(g16.data(), dev16.data(), n * 2, d2h); });
-  const double t_h2d2 = time_on_stream(be, h2d, [&] { be.copy_h2d(dev16.data(), out16.data(), n * 2, h2d); });
   const double t_up = time_on_stream(be, d2h, [&] { ops.cast(d2h, dev32.data(), DType::F32, dev16.data(), DType::BF16, n); });
   const double t_down = time_on_stream(be, h2d, [&] { ops.cast(h2d, dev16.data(), DType::BF16, dev32.data(), DType::F32, n); });
   be.synchronize(d2h);
   be.synchronize(h2d);
-  g32.assign(n, 1e-3f);  // the probe copies overwrote the gradients with zeros
+
+  // GraceAdam with each operand type, on arrays laid out like the offloaded state.
+  HostBuffer p = host(n * 4, "cast probe p"), m = host(n * 4, "cast probe m"), v = host(n * 4, "cast probe v");
+  std::fill_n(h32.as<float>(), n, 1e-3f);
+  adam.cast(h16.data(), DType::BF16, h32.data(), DType::F32, n);
+  HostBuffer out16 = host(n * 2, "cast probe bf16 out");
   AdamWParams hp;
-  hp.lr = 0.0f;  // the cost is the same; the state stays put between repetitions
-  const double a_g32 = time_on_host([&] { adam.step(p.data(), m.data(), v.data(), g32.data(), DType::F32, nullptr, DType::F32, n, hp); });
-  const double a_g16 = time_on_host([&] { adam.step(p.data(), m.data(), v.data(), g16.data(), DType::BF16, nullptr, DType::F32, n, hp); });
-  const double a_o16 = time_on_host([&] { adam.step(p.data(), m.data(), v.data(), g16.data(), DType::BF16, out16.data(), DType::BF16, n, hp); });
+  hp.lr = 0.0;  // the cost is the same; the state stays put between repetitions
+  const AdamArrays state{p.as<float>(), m.as<float>(), v.as<float>(), h32.data(), DType::F32};
+  AdamArrays bf16_grads = state;
+  bf16_grads.grad = h16.data(), bf16_grads.grad_dt = DType::BF16;
+  AdamArrays bf16_out = bf16_grads;
+  bf16_out.out = out16.data(), bf16_out.out_dt = DType::BF16;
+  const double a_g32 = time_on_host([&] { adam.step(state, n, hp); });
+  const double a_g16 = time_on_host([&] { adam.step(bf16_grads, n, hp); });
+  const double a_o16 = time_on_host([&] { adam.step(bf16_out, n, hp); });
 
   // Cost per bucket of each route (the stages of one bucket run one after the other).
   const double grads_device = t_up + t_d2h4 + a_g32, grads_host = t_d2h2 + a_g16;
   const double weights_device = a_g16 + t_h2d4 + t_down, weights_host = a_o16 + t_h2d2;
-  plan.grads = pick(grads, grads_device, grads_host);
-  plan.weights = pick(weights, weights_device, weights_host);
+  plan.grads = pick(r.grads, grads_device, grads_host);
+  plan.weights = pick(r.weights, weights_device, weights_host);
 
-  auto gbs = [&](double bytes, double s) { return str_cat(bytes / s / 1e9, " GB/s"); };
   auto ms = [&](double s) { return str_cat(s * 1e3 / (n / 1e6), " ms/Mparam"); };
   auto why = [](CastSite configured) { return configured == CastSite::Auto ? "measured" : "configured"; };
-  plan.report = str_cat("casting: link d2h ", gbs(4.0 * n, t_d2h4), ", h2d ", gbs(4.0 * n, t_h2d4),
-                        "; device cast ", gbs(6.0 * n, t_up), " up, ", gbs(6.0 * n, t_down),
-                        " down; GraceAdam ", ms(a_g32), " (fp32 grads), ", ms(a_g16), " (bf16 grads), ",
-                        ms(a_o16), " (+bf16 out) -> gradients cast on the ", cast_site_name(plan.grads), " (",
-                        why(grads), "; device route ", ms(grads_device), ", host route ", ms(grads_host),
-                        "), weights cast on the ", cast_site_name(plan.weights), " (", why(weights),
+  plan.report = str_cat("casting: ", link, " (bf16: d2h ", gbs(2.0 * n, t_d2h2), ", h2d ", gbs(2.0 * n, t_h2d2),
+                        "); device cast ", gbs(6.0 * n, t_up), " up, ", gbs(6.0 * n, t_down), " down; GraceAdam ",
+                        ms(a_g32), " (fp32 grads), ", ms(a_g16), " (bf16 grads), ", ms(a_o16),
+                        " (+bf16 out)\n  -> gradients cast on the ", cast_site_name(plan.grads), " (", why(r.grads),
+                        "; device route ", ms(grads_device), ", host route ", ms(grads_host),
+                        "); weights cast on the ", cast_site_name(plan.weights), " (", why(r.weights),
                         "; device route ", ms(weights_device), ", host route ", ms(weights_host), ")");
   return plan;
 }

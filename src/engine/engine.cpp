@@ -29,13 +29,23 @@ int numa_node_of(const std::vector<int>& cores) {
 }  // namespace
 
 Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions& opts, Communicator& comm)
-    : backend_(backend), layout_(layout), opts_(opts), comm_(comm), buckets_(make_buckets(layout, opts.bucket_size)),
-      shards_(make_shard_layout(buckets_, comm.size(), comm.rank())), timeline_(backend, opts.trace_path, opts.rank) {
+    : backend_(backend), layout_(layout), opts_(opts), comm_(comm), stage_(comm.size() > 1 ? opts.zero_stage : 3),
+      buckets_(make_buckets(layout, opts.bucket_size)),
+      shards_(make_shard_layout(buckets_, stage_ >= 1 ? comm.size() : 1, stage_ >= 1 ? comm.rank() : 0)),
+      timeline_(backend, opts.trace_path, opts.rank) {
+  SO_CHECK(opts.zero_stage >= 0 && opts.zero_stage <= 3, "engine: ZeRO stage ", opts.zero_stage, " is not 0, 1, 2 or 3");
+  keep_gathered_ = shards_.sharded() && stage_ <= 2;
+  keep_full_grads_ = shards_.sharded() && stage_ == 1;
+  all_reduce_grads_ = comm.size() > 1 && stage_ <= 1;
   const OffloadConfig& off = opts.offload;
   const size_t nb = buckets_.size();
   first_device_bucket_ = off.mode == OffloadMode::None ? 0 : first_device_bucket(buckets_, off);
   // Device buckets' shards come first in the shard buffers, offloaded ones after them.
   device_end_ = first_device_bucket_ > 0 ? shards_.buckets[first_device_bucket_ - 1].shard_begin : shards_.total;
+  // Buckets complete in the first layer's backward or later (units 1 and 0) are ready within the
+  // last moments of backward: validation sums them on the device (below, end_step).
+  first_device_sum_ = first_device_bucket_;
+  while (first_device_sum_ > 0 && buckets_[first_device_sum_ - 1].ready_unit <= 1) --first_device_sum_;
 
   int units = 0;
   for (const ParamInfo& p : layout.params) units = std::max(units, p.last_unit + 1);
@@ -62,24 +72,48 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
   exp_avg_ = backend.alloc(nd * sizeof(float), "adam exp_avg");
   exp_avg_sq_ = backend.alloc(nd * sizeof(float), "adam exp_avg_sq");
   bucket_sums_ = backend.alloc(nb * sizeof(float), "bucket gradient norms");
+  for (size_t b = 0; b < nb; ++b) {
+    reduced_ev_.push_back(backend.create_event());
+    stepped_ev_.push_back(backend.create_event());
+  }
+  weights_waited_.assign(nb, 1);
+  // The forward reads the buckets by their first unit (ties: the later bucket first, which holds
+  // the earlier parameters of that unit in backward-order packing).
+  for (size_t b = 0; b < nb; ++b) forward_order_.push_back(b);
+  std::sort(forward_order_.begin(), forward_order_.end(),
+            [&](size_t a, size_t b) { return bucket_lo_[a] != bucket_lo_[b] ? bucket_lo_[a] < bucket_lo_[b] : a > b; });
+  if (off.mode == OffloadMode::SuperOffload && off.rollback == RollbackMode::Exact && nd > 0)
+    device_snapshot_ = backend.alloc(3 * nd * sizeof(float), "exact-rollback snapshot (device buckets)");
   for (size_t b = 0; b < nb && !shards_.sharded(); ++b)
     SO_CHECK(shards_.buckets[b].shard_begin == buckets_[b].begin, "engine: unsharded layout differs from the flat one");
-  if (shards_.sharded()) {
+  if (comm.size() > 1) {
     gathered_.resize(nb);
     full_grads_.resize(nb);
+    gathered_fresh_.assign(nb, 0);
     gather_used_.assign(nb, 0);
-    for (size_t b = 0; b < nb; ++b) {
-      gathered_ev_.push_back(backend.create_event());
-      reduced_ev_.push_back(backend.create_event());
-    }
-    device_step_done_ = backend.create_event();
+    full_grads_zeroed_.assign(nb, 0);
+    for (size_t b = 0; b < nb; ++b) gathered_ev_.push_back(backend.create_event());
     comm.attach(backend);
+    // Stages 1-2 keep the whole model's weights (and stage 1 its gradients) on every rank.
+    for (size_t b = 0; b < nb; ++b) {
+      const size_t bytes = static_cast<size_t>(shards_.padded_size(b)) * dtype_size(opts.dtype);
+      if (keep_gathered_) gathered_[b] = backend.alloc(bytes, "weights (whole model: ZeRO stage 1-2)");
+      if (keep_full_grads_) full_grads_[b] = backend.alloc(bytes, "gradients (whole model: ZeRO stage 1)");
+    }
   }
 
   if (off.mode != OffloadMode::None) {
     const SimdIsa isa = off.simd == "auto" ? default_simd_isa() : parse_simd_isa(off.simd);
     grace_ = std::make_unique<GraceAdam>(opts.optimizer_cores, isa);
-    const CastPlan cast = plan_casts(backend, *grace_, opts.dtype, off.cast_grads, off.cast_weights);
+    const int numa_node = opts.numa_node >= 0 ? opts.numa_node : numa_node_of(opts.optimizer_cores);
+    CastPlanRequest cr;
+    cr.model_dtype = opts.dtype;
+    cr.grads = off.cast_grads, cr.weights = off.cast_weights;
+    for (size_t b = 0; b < first_device_bucket_; ++b)
+      cr.bucket_elements = std::max(cr.bucket_elements, shards_.buckets[b].shard_size);
+    cr.numa_node = numa_node;
+    cr.pin_memory = off.pin_memory;
+    const CastPlan cast = plan_casts(backend, *grace_, cr);
     cast_report_ = cast.report;
     OffloadOptimizer::Options oo;
     oo.dtype = opts.dtype;
@@ -87,7 +121,11 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
     oo.rollback = off.rollback;
     oo.cast = cast;
     oo.pin_memory = off.pin_memory;
-    oo.numa_node = opts.numa_node >= 0 ? opts.numa_node : numa_node_of(opts.optimizer_cores);
+    oo.numa_node = numa_node;
+    oo.before_change = [this](size_t b) { before_state_change(b); };  // offloaded bucket i is engine bucket i
+    oo.host_sums = first_device_sum_;
+    for (size_t b : forward_order_)
+      if (b < first_device_bucket_) oo.forward_order.push_back(b);
     // The offload pipeline works on this rank's shards: bucket ranges in shard coordinates.
     std::vector<Bucket> host;
     for (size_t b = 0; b < first_device_bucket_; ++b) {
@@ -98,7 +136,6 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
     }
     offload_ = std::make_unique<OffloadOptimizer>(backend, std::move(host), device_end_, shards_.total,
                                                   weights_.data(), grads_.data(), oo, *grace_, timeline_);
-    weights_waited_.assign(first_device_bucket_, 1);
   }
 }
 
@@ -127,18 +164,28 @@ void* Engine::grad(int id) {
   const ParamInfo& p = info(id);
   const size_t esz = dtype_size(opts_.dtype);
   if (!shards_.sharded()) return static_cast<char*>(grads_.data()) + p.offset * esz;
-  // The full gradient buffer of a bucket exists from its first gradient to its reduce-scatter.
+  // The full gradient buffer of a bucket exists from its first gradient to its reduce-scatter
+  // (stages 2-3), or always (stage 1: zeroed at its first gradient of each step, once the last
+  // step's all-reduce and shard copy are done with it).
   const size_t b = param_bucket_[id];
+  const size_t bytes = static_cast<size_t>(shards_.padded_size(b)) * esz;
+  Stream& compute = backend_.stream(StreamKind::Compute);
   if (!full_grads_[b]) {
-    const size_t bytes = static_cast<size_t>(shards_.padded_size(b)) * esz;
     full_grads_[b] = backend_.alloc(bytes, "gradient bucket (full, until reduce-scatter)");
-    backend_.memset_zero(full_grads_[b].data(), bytes, backend_.stream(StreamKind::Compute));
+    backend_.memset_zero(full_grads_[b].data(), bytes, compute);
+  } else if (keep_full_grads_ && !full_grads_zeroed_[b]) {
+    backend_.wait(compute, *reduced_ev_[b]);
+    backend_.memset_zero(full_grads_[b].data(), bytes, compute);
   }
+  full_grads_zeroed_[b] = 1;
   return static_cast<char*>(full_grads_[b].data()) + (p.offset - buckets_[b].begin) * esz;
 }
 
 size_t Engine::state_bytes() const {
-  return weights_.bytes() + grads_.bytes() + master_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes();
+  size_t kept = 0;
+  for (size_t b = 0; b < gathered_.size(); ++b)
+    kept += (keep_gathered_ ? gathered_[b].bytes() : 0) + (keep_full_grads_ ? full_grads_[b].bytes() : 0);
+  return weights_.bytes() + grads_.bytes() + master_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes() + kept;
 }
 
 size_t Engine::host_state_bytes() const { return offload_ ? offload_->host_bytes() : 0; }
@@ -153,6 +200,10 @@ std::string Engine::describe() const {
                  grace_->pool().pinned() ? ", pinned" : ", not pinned", "), ", buckets_.size() - first_device_bucket_,
                  " on the device; host state ", offload_->host_bytes() / (1024.0 * 1024.0), " MiB",
                  opts_.offload.pin_memory ? " pinned" : "", "; rollback ", rollback_mode_name(opts_.offload.rollback),
+                 opts_.offload.mode == OffloadMode::SuperOffload && opts_.offload.rollback == RollbackMode::Inverse
+                     ? " (undoing a step leaves last-bit differences, ~1e-7 relative, in the state of a skipped step; "
+                       "offload_optimizer.rollback=exact undoes bitwise for 12 more host bytes per parameter)"
+                     : "",
                  opts_.offload.mode == OffloadMode::SuperOffload
                      ? (opts_.offload.speculation == Speculation::Always ? "; speculation always" : "; speculation adaptive")
                      : "",
@@ -190,6 +241,32 @@ float* Engine::state_ptr(int64_t e, OptimState which) {
                                          : offload_->exp_avg_sq(e);
   const DeviceBuffer& buf = which == OptimState::Master ? master_ : which == OptimState::ExpAvg ? exp_avg_ : exp_avg_sq_;
   return buf.as<float>() + e;
+}
+
+size_t Engine::bucket_of(int id) const {
+  info(id);
+  return param_bucket_[id];
+}
+
+AdamArrays Engine::device_arrays(size_t b, bool with_snapshot) {
+  const int64_t e = shards_.buckets[b].shard_begin;
+  const size_t esz = dtype_size(opts_.dtype);
+  AdamArrays a{master_.as<float>() + e, exp_avg_.as<float>() + e, exp_avg_sq_.as<float>() + e,
+               static_cast<char*>(grads_.data()) + e * esz, opts_.dtype, static_cast<char*>(weights_.data()) + e * esz,
+               opts_.dtype};
+  if (with_snapshot && device_snapshot_) {
+    float* snap = device_snapshot_.as<float>();
+    a.snapshot_p = snap + e, a.snapshot_m = snap + device_end_ + e, a.snapshot_v = snap + 2 * device_end_ + e;
+  }
+  return a;
+}
+
+ParamSlice Engine::saved_slice(int id, int rank) const {
+  const ParamInfo& p = info(id);
+  if (!shards_.sharded()) return rank == 0 ? ParamSlice{0, p.numel} : ParamSlice{};
+  const size_t b = param_bucket_[id];
+  const std::optional<OwnedPart> part = owned_part(shards_, buckets_[b], b, p.offset, p.numel, rank);
+  return part ? ParamSlice{part->src, part->n} : ParamSlice{};
 }
 
 ParamSlice Engine::owned_slice(int id) const {
@@ -234,6 +311,7 @@ void Engine::write_owned(int id, OptimState which, const std::vector<float>& val
     }
     backend_.copy_h2d(static_cast<char*>(weights_.data()) + part->dst * dtype_size(opts_.dtype), dev.data(),
                       dev.size(), s);
+    invalidate_gathered();
   }
   backend_.synchronize(s);  // `values` and `dev` go away after return
 }
@@ -270,7 +348,7 @@ std::vector<float> Engine::read_state(int id, OptimState which) {
 }
 
 std::vector<float> Engine::read_grad(int id) {
-  SO_CHECK(!shards_.sharded(), "engine: read_grad reads the full gradients, which ZeRO-3 never keeps");
+  SO_CHECK(!shards_.sharded(), "engine: read_grad reads the full gradients, which ZeRO stages 1-3 do not keep");
   const ParamInfo& p = info(id);
   Stream& s = backend_.stream(StreamKind::Compute);
   DeviceBuffer wide = backend_.alloc(p.numel * sizeof(float), "grad readback");
@@ -281,60 +359,125 @@ std::vector<float> Engine::read_grad(int id) {
   return out;
 }
 
+// ---- checkpoint snapshots --------------------------------------------------------------------
+
+std::vector<float> Engine::copy_bucket_state(size_t b) {
+  const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
+  std::vector<float> out(static_cast<size_t>(3 * n));
+  const OptimState parts[] = {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq};
+  if (on_host(begin)) {
+    for (int k = 0; k < 3; ++k) std::memcpy(out.data() + k * n, state_ptr(begin, parts[k]), n * sizeof(float));
+    return out;
+  }
+  // Device state: nothing changes it until before_state_change returns, so any stream may read it.
+  Stream& d2h = backend_.stream(StreamKind::D2H);
+  for (int k = 0; k < 3; ++k) backend_.copy_d2h(out.data() + k * n, state_ptr(begin, parts[k]), n * sizeof(float), d2h);
+  std::unique_ptr<Event> copied = backend_.create_event();
+  backend_.record(*copied, d2h);
+  backend_.synchronize(*copied);
+  return out;
+}
+
+void Engine::freeze_state() {
+  drain_optimizer();  // the snapshot is of a finished step
+  if (frozen_.empty())
+    for (size_t b = 0; b < buckets_.size(); ++b) frozen_.push_back(std::make_unique<Frozen>());
+  SO_CHECK(frozen_wanted_.load() == 0, "engine: a checkpoint snapshot is still being taken (",
+           frozen_wanted_.load(), " buckets left)");
+  for (auto& f : frozen_) {
+    std::lock_guard<std::mutex> lock(f->mu);
+    f->wanted = true;
+    f->copy.clear();
+  }
+  frozen_wanted_ = static_cast<int64_t>(frozen_.size());
+}
+
+void Engine::before_state_change(size_t b) {
+  if (frozen_wanted_.load() == 0) return;
+  Frozen& f = *frozen_[b];
+  std::lock_guard<std::mutex> lock(f.mu);  // a take_frozen copying this bucket finishes first
+  if (f.wanted && f.copy.empty()) f.copy = copy_bucket_state(b);
+}
+
+std::vector<float> Engine::take_frozen(size_t b) {
+  SO_CHECK(b < frozen_.size(), "engine: take_frozen(", b, ") without freeze_state");
+  Frozen& f = *frozen_[b];
+  std::lock_guard<std::mutex> lock(f.mu);
+  SO_CHECK(f.wanted, "engine: bucket ", b, "'s frozen state was taken already");
+  std::vector<float> out = f.copy.empty() ? copy_bucket_state(b) : std::move(f.copy);
+  f.copy.clear();
+  f.wanted = false;
+  --frozen_wanted_;
+  return out;
+}
+
 // ---- the step ---------------------------------------------------------------------------------
 
-void Engine::begin_step(float lr, int micro_batches) {
+void Engine::begin_step(double lr, int micro_batches) {
   SO_CHECK(micro_batches > 0, "engine: a step needs at least one micro-batch, got ", micro_batches);
   ++iteration_;
-  lr_ = lr;
   micro_batches_ = micro_batches;
   micro_done_ = 0;
   in_backward_ = false;
   timeline_.begin_forward(iteration_);
   timeline_.mark_compute("zero gradients");
   Stream& compute = backend_.stream(StreamKind::Compute);
-  if (offload_) {
-    AdamWParams hp = opts_.adam;
-    hp.lr = lr;
-    hp.step = steps_ + 1;
-    const bool speculate = opts_.offload.mode == OffloadMode::SuperOffload &&
-                           (opts_.offload.speculation == Speculation::Always || !last_step_redone_);
-    speculative_steps_ += speculate;
-    offload_->begin_step(iteration_, hp, speculate);
-    std::fill(weights_waited_.begin(), weights_waited_.end(), 0);
-  }
+  spec_hp_ = opts_.adam;
+  spec_hp_.lr = lr;
+  spec_hp_.step = steps_ + 1;
+  speculating_ = opts_.offload.mode == OffloadMode::SuperOffload &&
+                 (opts_.offload.speculation == Speculation::Always || !last_step_redone_);
+  speculative_steps_ += speculating_;
+  if (offload_) offload_->begin_step(iteration_, spec_hp_, speculating_);
+  std::fill(weights_waited_.begin(), weights_waited_.end(), 0);
   // Unsharded, backward accumulates straight into the gradient buffer: zero it once the last
-  // step's copies have read it. Sharded, full gradient buckets start zeroed when first touched.
-  if (!shards_.sharded()) {
+  // step's readers are done with it, the offloaded part (copied to the host) first, so that this
+  // overlaps the device buckets' steps, which read their part and bucket_sums_ (the guards).
+  // Sharded, full gradient buckets start zeroed when first touched.
+  const size_t esz = dtype_size(opts_.dtype);
+  if (!shards_.sharded() && offload_) {
     for (size_t b = 0; b < first_device_bucket_; ++b) offload_->wait_grads_copied(b, compute);
-    backend_.memset_zero(grads_.data(), grads_.bytes(), compute);
+    backend_.memset_zero(static_cast<char*>(grads_.data()) + device_end_ * esz, (shards_.total - device_end_) * esz,
+                         compute);
   }
+  for (size_t b = first_device_bucket_; b < buckets_.size(); ++b) backend_.wait(compute, *stepped_ev_[b]);
+  backend_.memset_zero(bucket_sums_.data(), (buckets_.size() - first_device_sum_) * sizeof(float), compute);
+  if (!shards_.sharded()) backend_.memset_zero(grads_.data(), device_end_ * esz, compute);
+  std::fill(full_grads_zeroed_.begin(), full_grads_zeroed_.end(), 0);
 }
 
-void Engine::wait_offloaded_weights(size_t b) {
-  if (!offload_ || b >= first_device_bucket_ || weights_waited_[b]) return;
+void Engine::wait_stepped_weights(size_t b) {
+  if (weights_waited_[b]) return;
   Stream& compute = backend_.stream(StreamKind::Compute);
-  timeline_.compute_stall(str_cat("weights b", b), [&] { offload_->wait_weights(b, compute); });
+  timeline_.compute_stall(str_cat("weights b", b), [&] {
+    if (b < first_device_bucket_)
+      offload_->wait_weights(b, compute);
+    else
+      backend_.wait(compute, *stepped_ev_[b]);
+  });
   weights_waited_[b] = 1;
 }
 
 void Engine::gather(size_t b) {
-  if (gathered_[b]) return;
+  if (gathered_fresh_[b]) return;
   const size_t esz = dtype_size(opts_.dtype);
   const BucketShard& sh = shards_.buckets[b];
-  gathered_[b] = backend_.alloc(static_cast<size_t>(shards_.padded_size(b)) * esz, "gathered weight bucket");
+  if (!gathered_[b])
+    gathered_[b] = backend_.alloc(static_cast<size_t>(shards_.padded_size(b)) * esz, "gathered weight bucket");
   gather_used_[b] = 0;
   Stream& comm = backend_.stream(StreamKind::Comm);
-  // The shard must hold the last step's weights: from the CPU (offloaded) or the device step.
+  // The shard must hold the last step's weights: from the CPU (offloaded) or the device step. (That
+  // step came after the last backward read of this bucket, so a kept buffer is free to overwrite.)
   if (offload_ && b < first_device_bucket_)
     offload_->wait_weights(b, comm);
   else
-    backend_.wait(comm, *device_step_done_);
+    backend_.wait(comm, *stepped_ev_[b]);
   timeline_.stream_span(comm, Lane::Comm, str_cat("all-gather b", b), iteration_, [&] {
     comm_.all_gather(comm, gathered_[b].data(), static_cast<char*>(weights_.data()) + sh.shard_begin * esz,
                      sh.shard_size, opts_.dtype);
   });
   backend_.record(*gathered_ev_[b], comm);
+  gathered_fresh_[b] = 1;
 }
 
 void Engine::use_gathered(size_t b) {
@@ -346,14 +489,18 @@ void Engine::use_gathered(size_t b) {
 }
 
 void Engine::release_gathered(size_t b) {
-  if (gathered_[b]) backend_.release_after(std::move(gathered_[b]), backend_.stream(StreamKind::Compute));
+  if (keep_gathered_ || !gathered_[b]) return;
+  backend_.release_after(std::move(gathered_[b]), backend_.stream(StreamKind::Compute));
+  gathered_fresh_[b] = 0;
 }
+
+void Engine::invalidate_gathered() { std::fill(gathered_fresh_.begin(), gathered_fresh_.end(), 0); }
 
 // Forward visits units 0, 1, ..., L+1 (the head runs forward and backward in one pass); backward
 // L, ..., 0. A bucket is kept from the first to the last unit of the pass that reads it.
 void Engine::enter_unit(int unit, bool backward) {
   if (!shards_.sharded()) {
-    for (size_t b : unit_buckets_[unit]) wait_offloaded_weights(b);
+    for (size_t b : unit_buckets_[unit]) wait_stepped_weights(b);
     return;
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -394,23 +541,54 @@ void Engine::after_backward(int unit) {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (buckets_[b].ready_unit != unit) continue;
     Stream* producer = &compute;
-    if (shards_.sharded()) {
-      // Sum over every rank into this rank's shard, then drop the full bucket.
+    if (comm_.size() > 1) {
       const BucketShard& sh = shards_.buckets[b];
-      grad(buckets_[b].params.front());  // a bucket nobody wrote still reduces (zeros)
+      char* shard = static_cast<char*>(grads_.data()) + sh.shard_begin * esz;
+      if (shards_.sharded()) grad(buckets_[b].params.front());  // a bucket nobody wrote still reduces (zeros)
       std::unique_ptr<Event> ready = backend_.create_event();
       backend_.record(*ready, compute);
       backend_.wait(comm, *ready);
       if (offload_ && b < first_device_bucket_) offload_->wait_grads_copied(b, comm);
-      timeline_.stream_span(comm, Lane::Comm, str_cat("reduce-scatter b", b), iteration_, [&] {
-        comm_.reduce_scatter(comm, static_cast<char*>(grads_.data()) + sh.shard_begin * esz, full_grads_[b].data(),
-                             sh.shard_size, opts_.dtype, ReduceOp::Sum);
+      // Sum over every rank: into this rank's shard (stages 2-3: reduce-scatter, then the full
+      // bucket goes), or everywhere (stage 1: the shard copied out for the optimizer; stage 0:
+      // in place, every rank steps everything).
+      const char* what = shards_.sharded() && !keep_full_grads_ ? "reduce-scatter b" : "all-reduce b";
+      timeline_.stream_span(comm, Lane::Comm, str_cat(what, b), iteration_, [&] {
+        if (!shards_.sharded()) {
+          comm_.all_reduce(comm, shard, sh.shard_size, opts_.dtype, ReduceOp::Sum);
+        } else if (keep_full_grads_) {
+          comm_.all_reduce(comm, full_grads_[b].data(), shards_.padded_size(b), opts_.dtype, ReduceOp::Sum);
+          backend_.copy_d2d(shard, full_grads_[b].as<char>() + shards_.rank * sh.shard_size * esz,
+                            static_cast<size_t>(sh.shard_size) * esz, comm);
+        } else {
+          comm_.reduce_scatter(comm, shard, full_grads_[b].data(), sh.shard_size, opts_.dtype, ReduceOp::Sum);
+        }
       });
-      backend_.record(*reduced_ev_[b], comm);
-      backend_.release_after(std::move(full_grads_[b]), comm);
+      if (shards_.sharded() && !keep_full_grads_) backend_.release_after(std::move(full_grads_[b]), comm);
       producer = &comm;
     }
     if (offload_ && b < first_device_bucket_) offload_->grads_ready(b, *producer);
+    if (b >= first_device_sum_) {
+      // Beside the compute stream (so it overlaps the rest of backward where the hardware can):
+      // the bucket's sum of squares for validation, and a device bucket's speculative step,
+      // guarded by that sum (a bucket with non-finite gradients is never applied).
+      if (producer == &compute) {
+        std::unique_ptr<Event> ready = backend_.create_event();
+        backend_.record(*ready, compute);
+        backend_.wait(comm, *ready);
+      }
+      float* sum = bucket_sums_.as<float>() + (b - first_device_sum_);
+      const BucketShard& sh = shards_.buckets[b];
+      backend_.ops().sum_squares(comm, sum, static_cast<char*>(grads_.data()) + sh.shard_begin * esz, sh.shard_size,
+                                 opts_.dtype);
+      if (b >= first_device_bucket_ && speculates_on_device(b)) {
+        before_state_change(b);
+        timeline_.stream_span(comm, Lane::Comm, str_cat("adam (speculative, device) b", b), iteration_, [&] {
+          backend_.ops().adam(comm, AdamCall::Step, device_arrays(b, true), sh.shard_size, spec_hp_, 1.0f, sum);
+        });
+      }
+    }
+    if (producer == &comm || b >= first_device_sum_) backend_.record(*reduced_ev_[b], comm);
   }
 }
 
@@ -418,36 +596,32 @@ StepResult Engine::end_step() {
   SO_CHECK(micro_done_ == micro_batches_, "engine: end_step after ", micro_done_, " of ", micro_batches_,
            " backward passes");
   timeline_.end_backward();
-  timeline_.mark_compute("optimizer (validation, device buckets)");
+  timeline_.mark_compute("optimizer (validation)");
   Stream& s = backend_.stream(StreamKind::Compute);
   Ops& ops = backend_.ops();
-  const size_t esz = dtype_size(opts_.dtype);
-  auto grad_at = [&](int64_t e) { return static_cast<char*>(grads_.data()) + e * esz; };
   const size_t nb = buckets_.size();
-  if (shards_.sharded())
-    for (size_t b = first_device_bucket_; b < nb; ++b) backend_.wait(s, *reduced_ev_[b]);
+  const size_t first = first_device_sum_;
+  for (size_t b = first; b < nb; ++b) backend_.wait(s, *reduced_ev_[b]);
 
-  // Per-bucket sums of squares of this rank's gradients (device buckets here, offloaded ones by
-  // the CPU as their gradients arrived), added in bucket order so every mode computes the same
-  // norm, then summed over ranks.
+  // Per-bucket sums of squares of this rank's gradients, added in bucket order so every mode
+  // computes the same norm, then summed over ranks: the device buckets' and the last offloaded
+  // ones' here (those became ready in the first layer's backward or the embedding's: waiting for
+  // their copy to the host and the CPU's sum would put both on the critical path; the op computes
+  // the same float), the other offloaded ones' by the CPU as their gradients arrived.
   std::vector<float> sums(nb, 0.0f);
-  const size_t nd = nb - first_device_bucket_;
-  if (nd > 0) {
-    float* dev_sums = bucket_sums_.as<float>();
-    backend_.memset_zero(dev_sums, nd * sizeof(float), s);
-    for (size_t b = first_device_bucket_; b < nb; ++b)
-      ops.sum_squares(s, dev_sums + (b - first_device_bucket_), grad_at(shards_.buckets[b].shard_begin),
-                      shards_.buckets[b].shard_size, opts_.dtype);
-    backend_.copy_d2h(sums.data() + first_device_bucket_, dev_sums, nd * sizeof(float), s);
+  if (nb > first) {  // computed in after_backward, beside the compute stream
+    backend_.copy_d2h(sums.data() + first, bucket_sums_.data(), (nb - first) * sizeof(float), s);
     backend_.synchronize(s);
   }
   if (offload_) {
-    const std::vector<float> host = offload_->sums();
+    const std::vector<float> host = offload_->sums(first);
     std::copy(host.begin(), host.end(), sums.begin());
   }
   double sumsq = 0.0;
   for (float x : sums) sumsq += x;
-  comm_.all_reduce_sum(&sumsq, 1);  // global over ranks; a non-finite value anywhere stays non-finite
+  // Each rank holds its shard of the reduced gradients: sum over ranks (a non-finite value anywhere
+  // stays non-finite). Stage 0 ranks hold all of them already.
+  if (shards_.sharded()) comm_.all_reduce_sum(&sumsq, 1);
 
   StepResult r;
   r.grad_norm = std::sqrt(sumsq);
@@ -457,20 +631,36 @@ StepResult Engine::end_step() {
     r.clip_coef = static_cast<float>(std::min(1.0, opts_.grad_clip / (r.grad_norm + 1e-6)));
   if (offload_) offload_->finish_step(StepDecision{r.skipped, r.clip_coef});
   last_step_redone_ = r.skipped || r.clip_coef < 1.0f;
-  if (!r.skipped) {
-    ++steps_;
-    AdamWParams hp = opts_.adam;
-    hp.lr = lr_;
-    hp.step = steps_;
-    hp.grad_scale = r.clip_coef;
-    for (size_t b = first_device_bucket_; b < nb; ++b) {
-      const int64_t e = shards_.buckets[b].shard_begin;
-      ops.adamw(s, master_.as<float>() + e, exp_avg_.as<float>() + e, exp_avg_sq_.as<float>() + e, grad_at(e),
-                opts_.dtype, static_cast<char*>(weights_.data()) + e * esz, opts_.dtype, shards_.buckets[b].shard_size,
-                hp);
+  // The device buckets, as the offloaded ones, in the order the next forward reads them, beside
+  // the compute stream (which waits per bucket before reading its weights, and zeroes the other
+  // gradients meanwhile): speculated ones are left alone, redone with the clip coefficient or rolled
+  // back (one pass each; a bucket whose own gradients were not finite was never stepped, and its
+  // guard skips these calls too); the others are stepped now.
+  Stream& comm = backend_.stream(StreamKind::Comm);
+  for (size_t b : forward_order_) {
+    if (b < first_device_bucket_) continue;
+    const int64_t n = shards_.buckets[b].shard_size;
+    const float* guard = bucket_sums_.as<float>() + (b - first);
+    const bool speculated = speculates_on_device(b);
+    if (speculated && (r.skipped || r.clip_coef != 1.0f)) {
+      before_state_change(b);
+      ++device_rollbacks_;
+      timeline_.stream_span(comm, Lane::Comm, str_cat(r.skipped ? "rollback (device) b" : "adam (redo, device) b", b),
+                            iteration_, [&] {
+                              ops.adam(comm, r.skipped ? AdamCall::Rollback : AdamCall::Redo, device_arrays(b, true),
+                                       n, spec_hp_, r.clip_coef, guard);
+                            });
+    } else if (!speculated && !r.skipped) {
+      before_state_change(b);
+      AdamWParams hp = spec_hp_;
+      hp.grad_scale = r.clip_coef;
+      timeline_.stream_span(comm, Lane::Comm, str_cat("adam (device) b", b), iteration_,
+                            [&] { ops.adam(comm, AdamCall::Step, device_arrays(b, false), n, hp); });
     }
+    backend_.record(*stepped_ev_[b], comm);
   }
-  if (shards_.sharded()) backend_.record(*device_step_done_, s);
+  if (!r.skipped) ++steps_;
+  invalidate_gathered();  // stages 1-2: every bucket is gathered again after its update
   // ZeRO-Offload's step is synchronous, as in DeepSpeed: every bucket's weights are back on the
   // device before the next forward starts.
   if (opts_.offload.mode == OffloadMode::ZeroOffload) offload_->drain();
@@ -484,7 +674,7 @@ void Engine::finish() {
       use_gathered(b);
       release_gathered(b);
     } else {
-      wait_offloaded_weights(b);
+      wait_stepped_weights(b);
     }
   }
   timeline_.close();

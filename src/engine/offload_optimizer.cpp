@@ -6,6 +6,7 @@
 
 #include "so/core/clock.h"
 #include "so/core/error.h"
+#include "so/optim/adamw.h"
 
 namespace so {
 
@@ -22,15 +23,23 @@ OffloadOptimizer::OffloadOptimizer(Backend& backend, std::vector<Bucket> buckets
   const size_t n = static_cast<size_t>(end - base);
   const bool bf16 = opts.dtype == DType::BF16;
   host_grad_dtype_ = bf16 && opts.cast.grads == CastSite::Host ? DType::BF16 : DType::F32;
-  Backend* pin = opts.pin_memory ? &backend : nullptr;
-  master_ = HostBuffer(n * 4, opts.numa_node, pin, "offloaded fp32 master weights");
-  exp_avg_ = HostBuffer(n * 4, opts.numa_node, pin, "offloaded adam exp_avg");
-  exp_avg_sq_ = HostBuffer(n * 4, opts.numa_node, pin, "offloaded adam exp_avg_sq");
-  grads_ = HostBuffer(n * dtype_size(host_grad_dtype_), opts.numa_node, pin, "offloaded gradients");
-  if (bf16 && opts.cast.weights == CastSite::Host)
-    weights_out_ = HostBuffer(n * 2, opts.numa_node, pin, "bf16 weights for the device");
-  if (opts.rollback == RollbackMode::Exact && opts.mode == OffloadMode::SuperOffload)
-    snapshot_ = HostBuffer(n * 12, opts.numa_node, nullptr, "exact-rollback snapshot");
+  OptimizerHostStateSpec hs;
+  hs.elements = static_cast<int64_t>(n);
+  hs.grad_dtype = host_grad_dtype_;
+  hs.has_out = bf16 && opts.cast.weights == CastSite::Host;  // GraceAdam writes the bf16 weights
+  hs.out_dtype = DType::BF16;
+  hs.snapshot = opts.rollback == RollbackMode::Exact && opts.mode == OffloadMode::SuperOffload;
+  hs.numa_node = opts.numa_node;
+  hs.pin_with = opts.pin_memory ? &backend : nullptr;
+  host_ = OptimizerHostState(hs);
+  if (opts_.forward_order.empty())
+    for (size_t i = buckets.size(); i-- > 0;) opts_.forward_order.push_back(i);
+  std::vector<size_t> sorted = opts_.forward_order;
+  std::sort(sorted.begin(), sorted.end());
+  bool permutation = sorted.size() == buckets.size();
+  for (size_t i = 0; permutation && i < sorted.size(); ++i) permutation = sorted[i] == i;
+  SO_CHECK(permutation, "offload optimizer: forward_order is not a permutation of the ", buckets.size(),
+           " offloaded buckets");
   for (Bucket& b : buckets) {
     SO_CHECK(b.begin >= base && b.end <= end, "offloaded bucket [", b.begin, ", ", b.end, ") outside [", base, ", ",
              end, ")");
@@ -58,13 +67,10 @@ OffloadOptimizer::~OffloadOptimizer() {
   worker_.join();
 }
 
-size_t OffloadOptimizer::host_bytes() const {
-  return master_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes() + grads_.bytes() + weights_out_.bytes() +
-         snapshot_.bytes();
-}
+size_t OffloadOptimizer::host_bytes() const { return host_.bytes(); }
 
 void* OffloadOptimizer::host_grad(size_t i) const {
-  return static_cast<char*>(grads_.data()) + offset(i) * dtype_size(host_grad_dtype_);
+  return static_cast<char*>(host_.grads()) + offset(i) * dtype_size(host_grad_dtype_);
 }
 
 // ---- the worker thread ----------------------------------------------------------------------
@@ -118,10 +124,13 @@ void OffloadOptimizer::settle_upload(size_t i) {
 void OffloadOptimizer::process(size_t i, int64_t gen, const AdamWParams& hp, bool speculate) {
   Slot& s = slots_[i];
   backend_.synchronize(*s.grads_on_host);
-  const int64_t n = s.bucket.size();
-  const double t0 = now_seconds();
-  const float sumsq = static_cast<float>(adam_.sum_squares(host_grad(i), host_grad_dtype_, n));
-  timeline_.host_span(Lane::Optimizer, str_cat("norm b", i), gen, t0, now_seconds());
+  const bool summed_here = i < opts_.host_sums;
+  float sumsq = 0.0f;
+  if (summed_here) {
+    const double t0 = now_seconds();
+    sumsq = static_cast<float>(adam_.sum_squares(host_grad(i), host_grad_dtype_, s.bucket.size()));
+    timeline_.host_span(Lane::Optimizer, str_cat("norm b", i), gen, t0, now_seconds());
+  }
   StepDecision d;
   bool known;
   {
@@ -137,64 +146,50 @@ void OffloadOptimizer::process(size_t i, int64_t gen, const AdamWParams& hp, boo
   if (known) return finalize(i, gen, hp, d);
   // Speculate only on a bucket whose own gradients are finite: a NaN is never applied, so a
   // rollback never has to undo one.
-  if (!speculate || !std::isfinite(sumsq)) return;
-  if (snapshot_.data()) {
-    float* snap = snapshot_.as<float>() + 3 * offset(i);
-    std::memcpy(snap, master(s.bucket.begin), n * 4);
-    std::memcpy(snap + n, exp_avg(s.bucket.begin), n * 4);
-    std::memcpy(snap + 2 * n, exp_avg_sq(s.bucket.begin), n * 4);
-  }
-  apply(i, hp, gen, "adam (speculative)");
+  if (!speculate || !summed_here || !std::isfinite(sumsq)) return;
+  apply(i, hp, gen, true);
   s.speculated = true;
   upload(i, gen);
 }
 
-void OffloadOptimizer::finalize(size_t i, int64_t gen, AdamWParams hp, const StepDecision& d) {
+void OffloadOptimizer::finalize(size_t i, int64_t gen, const AdamWParams& hp, const StepDecision& d) {
   Slot& s = slots_[i];
   if (s.decided) return;
-  hp.grad_scale = d.grad_scale;
   if (s.speculated) {
+    // One pass over the bucket either way: back to the old state (skip), or straight from the
+    // speculative state to the clipped one (redo), writing the device copy as it goes.
     if (d.skip || d.grad_scale != 1.0f) {
-      undo(i, hp, gen);
-      if (!d.skip) apply(i, hp, gen, "adam (redo, clipped)");
+      settle_upload(i);
+      if (opts_.before_change) opts_.before_change(i);
+      ++rollbacks_;
+      const AdamArrays a = host_.arrays(offset(i), true);
+      const double t0 = now_seconds();
+      if (d.skip)
+        adam_.rollback(a, s.bucket.size(), hp);
+      else
+        adam_.redo(a, s.bucket.size(), hp, d.grad_scale);
+      timeline_.host_span(Lane::Optimizer, str_cat(d.skip ? "rollback b" : "adam (redo, clipped) b", i), gen, t0,
+                          now_seconds());
       upload(i, gen);
     }
   } else if (!d.skip) {
-    apply(i, hp, gen, "adam");
+    AdamWParams final_hp = hp;
+    final_hp.grad_scale = d.grad_scale;
+    apply(i, final_hp, gen, false);
     upload(i, gen);
   }
   s.decided = true;
   publish_final(i, gen);
 }
 
-void OffloadOptimizer::apply(size_t i, const AdamWParams& hp, int64_t gen, const char* what) {
+// A step of bucket i; a speculative one keeps the old state for the exact rollback in the same pass.
+void OffloadOptimizer::apply(size_t i, const AdamWParams& hp, int64_t gen, bool speculative) {
   settle_upload(i);
-  const Bucket& b = slots_[i].bucket;
-  const bool out = weights_out_.data() != nullptr;
+  if (opts_.before_change) opts_.before_change(i);
   const double t0 = now_seconds();
-  adam_.step(master(b.begin), exp_avg(b.begin), exp_avg_sq(b.begin), host_grad(i), host_grad_dtype_,
-             out ? weights_out_.as<bf16>() + offset(i) : nullptr, DType::BF16, b.size(), hp);
-  timeline_.host_span(Lane::Optimizer, str_cat(what, " b", i), gen, t0, now_seconds());
-}
-
-void OffloadOptimizer::undo(size_t i, const AdamWParams& hp_final, int64_t gen) {
-  settle_upload(i);
-  ++rollbacks_;
-  const Bucket& b = slots_[i].bucket;
-  const int64_t n = b.size();
-  const double t0 = now_seconds();
-  if (snapshot_.data()) {
-    const float* snap = snapshot_.as<float>() + 3 * offset(i);
-    std::memcpy(master(b.begin), snap, n * 4);
-    std::memcpy(exp_avg(b.begin), snap + n, n * 4);
-    std::memcpy(exp_avg_sq(b.begin), snap + 2 * n, n * 4);
-  } else {
-    AdamWParams hp = hp_final;
-    hp.grad_scale = 1.0f;  // the speculative step's
-    adam_.rollback(master(b.begin), exp_avg(b.begin), exp_avg_sq(b.begin), host_grad(i), host_grad_dtype_, n, hp);
-  }
-  if (weights_out_.data()) adam_.cast(weights_out_.as<bf16>() + offset(i), DType::BF16, master(b.begin), DType::F32, n);
-  timeline_.host_span(Lane::Optimizer, str_cat("rollback b", i), gen, t0, now_seconds());
+  adam_.step(host_.arrays(offset(i), speculative), slots_[i].bucket.size(), hp);
+  timeline_.host_span(Lane::Optimizer, str_cat(speculative ? "adam (speculative) b" : "adam b", i), gen, t0,
+                      now_seconds());
 }
 
 // New weights of bucket i to the device: bf16 made by GraceAdam, or fp32 cast on the device, or
@@ -207,8 +202,8 @@ void OffloadOptimizer::upload(size_t i, int64_t gen) {
   void* dst = static_cast<char*>(device_weights_) + b.begin * esz;
   Stream& h2d = backend_.stream(StreamKind::H2D);
   timeline_.stream_span(h2d, Lane::H2D, str_cat("weights b", i), gen, [&] {
-    if (weights_out_.data()) {
-      backend_.copy_h2d(dst, weights_out_.as<bf16>() + offset(i), n * 2, h2d);
+    if (host_.out()) {
+      backend_.copy_h2d(dst, static_cast<bf16*>(host_.out()) + offset(i), n * 2, h2d);
     } else if (weight_ring_) {
       float* slot = weight_ring_.as<float>() + (i % kRingSlots) * ring_elems_;
       backend_.copy_h2d(slot, master(b.begin), n * 4, h2d);
@@ -266,15 +261,17 @@ void OffloadOptimizer::grads_ready(size_t i, Stream& producer) {
   enqueue([this, i, gen, hp, speculate] { process(i, gen, hp, speculate); });
 }
 
-std::vector<float> OffloadOptimizer::sums() {
+std::vector<float> OffloadOptimizer::sums(size_t count) {
+  SO_CHECK(count <= std::min(slots_.size(), opts_.host_sums), "offload optimizer: sums of ", count, " of ",
+           slots_.size(), " buckets (", opts_.host_sums, " summed on the host)");
   wait_until([&] {
-    for (const Slot& s : slots_)
-      if (s.summed_gen != gen_) return false;
+    for (size_t i = 0; i < count; ++i)
+      if (slots_[i].summed_gen != gen_) return false;
     return true;
   });
   std::vector<float> out;
   std::lock_guard<std::mutex> lock(mu_);
-  for (const Slot& s : slots_) out.push_back(s.sumsq);
+  for (size_t i = 0; i < count; ++i) out.push_back(slots_[i].sumsq);
   return out;
 }
 
@@ -286,7 +283,7 @@ void OffloadOptimizer::finish_step(const StepDecision& d) {
   }
   const int64_t gen = gen_;
   const AdamWParams hp = hp_;
-  for (size_t i = 0; i < slots_.size(); ++i) enqueue([this, i, gen, hp, d] { finalize(i, gen, hp, d); });
+  for (size_t i : opts_.forward_order) enqueue([this, i, gen, hp, d] { finalize(i, gen, hp, d); });
 }
 
 void OffloadOptimizer::wait_weights(size_t i, Stream& compute) {

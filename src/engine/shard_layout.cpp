@@ -25,9 +25,14 @@ ShardLayout make_shard_layout(const std::vector<Bucket>& buckets, int world, int
 }
 
 std::optional<OwnedPart> owned_part(const ShardLayout& sl, const Bucket& bucket, size_t b, int64_t begin, int64_t n) {
+  return owned_part(sl, bucket, b, begin, n, sl.rank);
+}
+
+std::optional<OwnedPart> owned_part(const ShardLayout& sl, const Bucket& bucket, size_t b, int64_t begin, int64_t n,
+                                    int rank) {
   const BucketShard& s = sl.buckets[b];
   const int64_t o = begin - bucket.begin;  // position inside the (padded) bucket
-  const int64_t mine_lo = sl.rank * s.shard_size, mine_hi = mine_lo + s.shard_size;
+  const int64_t mine_lo = rank * s.shard_size, mine_hi = mine_lo + s.shard_size;
   const int64_t lo = std::max(o, mine_lo), hi = std::min(o + n, mine_hi);
   if (lo >= hi) return std::nullopt;
   return OwnedPart{lo - o, s.shard_begin + (lo - mine_lo), hi - lo};

@@ -16,6 +16,10 @@ namespace so {
 
 class Stream;
 
+// The three AdamW calls of speculation-then-validation (optim::AdamKernels): a step, its undo,
+// and its undo followed by a step with another grad_scale, in one pass.
+enum class AdamCall { Step, Rollback, Redo };
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -79,11 +83,14 @@ class Ops {
   virtual void replicate_heads(Stream& s, void* out, const void* in, int64_t rows, int64_t heads, int64_t copies,
                                int64_t head_dim, bool reverse, DType dt) = 0;
 
-  // AdamW on fp32 master weights p and moments m, v (torch.optim.AdamW semantics: decoupled
-  // decay p *= 1 - lr*wd, then the bias-corrected Adam update); writes the updated weights to
-  // out (dtype out_dt) in the same pass. grad has dtype grad_dt.
-  virtual void adamw(Stream& s, float* p, float* m, float* v, const void* grad, DType grad_dt, void* out,
-                     DType out_dt, int64_t n, const AdamWParams& hp) = 0;
+  // AdamW on the n fp32 master weights and moments of `a` (backend memory; optim::adamw_reference
+  // and optim::AdamKernels semantics, bit for bit), writing the new weights to a.out (dtype
+  // a.out_dt) in the same pass; with a snapshot in `a`, a step saves the old state there and
+  // rollback / redo start from it. final_scale is a redo's grad_scale. With `guard` (a bucket's sum
+  // of squared gradients, written earlier in stream order) the call does nothing when *guard is
+  // not finite: a non-finite gradient is never applied, so it never has to be undone.
+  virtual void adam(Stream& s, AdamCall call, const AdamArrays& a, int64_t n, const AdamWParams& hp,
+                    float final_scale = 1.0f, const float* guard = nullptr) = 0;
 };
 
 }  // namespace so

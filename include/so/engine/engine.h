@@ -11,13 +11,22 @@
 // per micro-batch -> end_step() -> ... The next step's forward waits per bucket (events) for the
 // weights it reads, not for the whole optimizer.
 //
-// ZeRO-3 (more than one rank in `comm`): each rank keeps only its shard of every bucket's weights,
-// gradients and optimizer state (ShardLayout). Before a unit's forward or backward its buckets are
-// all-gathered on the comm stream (the next unit's prefetched meanwhile) and released when no
-// later unit of the pass reads them; a bucket's gradients are accumulated into a full-size
-// buffer, reduce-scattered (summed over all ranks: the loss is scaled by the global token count)
-// into the rank's shard when final, and that shard goes through the same optimizer path.
+// ZeRO stages, with more than one rank in `comm` (one rank: all stages are the same):
+//   3: each rank keeps only its shard of every bucket's weights, gradients and optimizer state
+//      (ShardLayout). Before a unit's forward or backward its buckets are all-gathered on the comm
+//      stream (the next unit's prefetched meanwhile) and released when no later unit of the pass
+//      reads them; a bucket's gradients are accumulated into a full-size buffer, reduce-scattered
+//      (summed over all ranks: the loss is scaled by the global token count) into the rank's
+//      shard when final, and that shard goes through the same optimizer path.
+//   2: the same, but the gathered weights stay (every rank keeps the whole model): each bucket is
+//      gathered once per step, after its update, and never released.
+//   1: as 2, and each bucket's full gradients stay too: all-reduced instead of reduce-scattered,
+//      the rank's shard copied out for its optimizer.
+//   0: nothing sharded: gradients all-reduced in place, every rank steps every parameter.
+// The stages differ only in what is kept whole; the step's logic is the same.
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -37,6 +46,7 @@ namespace so {
 
 struct EngineOptions {
   DType dtype = DType::F32;
+  int zero_stage = 3;                      // 0..3: what is sharded over the ranks (above)
   int64_t bucket_size = int64_t{1} << 22;  // elements
   float grad_clip = 0.0f;                  // max global norm; 0 = off
   AdamWParams adam;                        // lr is given per step
@@ -83,6 +93,20 @@ class Engine final : public ParamStore, public ModelHooks {
 
   // Checkpoints: this rank's part of each tensor, without any collective.
   ParamSlice owned_slice(int param_id) const;
+  // The part of a parameter that `rank` writes to a checkpoint: its owned slice, except that under
+  // stage 0 (every rank holds the same whole state) rank 0 alone writes. Computable for any rank.
+  ParamSlice saved_slice(int param_id, int rank) const;
+  size_t bucket_of(int param_id) const;
+  int64_t bucket_shard_begin(size_t b) const { return shards_.buckets[b].shard_begin; }
+  int64_t bucket_shard_size(size_t b) const { return shards_.buckets[b].shard_size; }
+
+  // A snapshot of the optimizer state for an asynchronous checkpoint, taken lazily: after
+  // freeze_state() (between steps), the first change to a bucket's state (the offload pipeline's
+  // step, the device step) first copies that bucket aside, unless take_frozen(b) already took it.
+  // take_frozen(b) returns bucket b's state as of freeze_state(), once: this rank's shard of it,
+  // master weights, exp_avg, exp_avg_sq one after the other (bucket_shard_size(b) each).
+  void freeze_state();
+  std::vector<float> take_frozen(size_t b);
   std::vector<float> read_owned(int param_id, OptimState which);  // slice.count values
   // Master writes also refresh the device copy in model dtype (rounded as every cast rounds).
   void write_owned(int param_id, OptimState which, const std::vector<float>& values);
@@ -96,7 +120,7 @@ class Engine final : public ParamStore, public ModelHooks {
 
   // Opens a step: zeroes the gradients and fixes the learning rate the (speculative) CPU steps
   // use. The last of `micro_batches` backward passes hands the gradients to the optimizer.
-  void begin_step(float lr, int micro_batches = 1);
+  void begin_step(double lr, int micro_batches = 1);
   // Validates (global norm, finite check) and applies the step. Skipped steps change nothing,
   // not even the step count.
   StepResult end_step();
@@ -105,14 +129,18 @@ class Engine final : public ParamStore, public ModelHooks {
 
   int64_t steps_taken() const { return steps_; }
   int64_t iteration() const { return iteration_; }
-  int64_t rollbacks() const { return offload_ ? offload_->rollbacks() : 0; }  // offloaded buckets undone
+  // Speculated buckets undone (rolled back or redone with the clip coefficient), offloaded and device ones.
+  int64_t rollbacks() const { return (offload_ ? offload_->rollbacks() : 0) + device_rollbacks_; }
   int64_t speculative_steps() const { return speculative_steps_; }
   StepTimeline& timeline() { return timeline_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   size_t num_offloaded_buckets() const { return first_device_bucket_; }
   const ParamLayout& layout() const { return layout_; }
   const ShardLayout& shards() const { return shards_; }
-  size_t state_bytes() const;       // device memory of parameter/gradient shards and optimizer state
+  int zero_stage() const { return stage_; }
+  // Device memory of weights, gradients and optimizer state this rank keeps for the whole run:
+  // shards, and under stages 0-2 the replicated parts (stage 3's transient gathers not included).
+  size_t state_bytes() const;
   size_t host_state_bytes() const;  // host memory of offloaded state
   std::string describe() const;     // one line: mode, placement, threads, casts
 
@@ -121,46 +149,75 @@ class Engine final : public ParamStore, public ModelHooks {
   bool on_host(int64_t shard_element) const { return shard_element >= device_end_; }
   void drain_optimizer();
   float* state_ptr(int64_t shard_element, OptimState which);
-  // ZeRO-3 gathers: make bucket b's full weights available / make compute wait for them / drop them.
+  // Gathers (stages 1-3): make bucket b's full weights available / make compute wait for them /
+  // drop them (stage 3) or mark them stale after an update (stages 1-2).
   void gather(size_t b);
   void use_gathered(size_t b);
   void release_gathered(size_t b);
+  void invalidate_gathered();
   // Units u of the current pass: gather what u reads, prefetch the next unit's, drop the rest.
   void enter_unit(int unit, bool backward);
-  void wait_offloaded_weights(size_t b);  // unsharded: compute waits for the CPU's new weights
+  void wait_stepped_weights(size_t b);  // unsharded: compute waits for bucket b's new weights
+  void before_state_change(size_t b);     // copies bucket b's frozen state aside if still needed
+  AdamArrays device_arrays(size_t b, bool with_snapshot);  // a device bucket's state, grads and weights
+  std::vector<float> copy_bucket_state(size_t b);
 
   Backend& backend_;
   const ParamLayout& layout_;
   EngineOptions opts_;
   Communicator& comm_;
+  int stage_;                       // the ZeRO stage in effect (3 when there is one rank: no difference)
+  bool keep_gathered_ = false;      // stages 1-2: gathered weights persist, re-gathered after each step
+  bool keep_full_grads_ = false;    // stage 1: full gradient buckets persist (all-reduced)
+  bool all_reduce_grads_ = false;   // stages 0-1 over several ranks: gradients all-reduced
   std::vector<Bucket> buckets_;
   ShardLayout shards_;
   size_t first_device_bucket_ = 0;  // buckets [0, this) are offloaded (first in backward order)
+  size_t first_device_sum_ = 0;     // validation sums buckets [this, n) on the device, the rest on the CPU
   int64_t device_end_ = 0;          // device-resident optimizer state covers shard elements [0, this)
   std::vector<std::vector<size_t>> unit_buckets_;  // unit -> buckets holding its parameters
   std::vector<int> bucket_lo_, bucket_hi_;         // first and last unit reading each bucket
+  std::vector<size_t> forward_order_;              // buckets in the order the forward first reads them
   std::vector<size_t> param_bucket_;               // parameter id -> bucket
 
   DeviceBuffer weights_, grads_;                // model dtype, this rank's shards (all elements unsharded)
   DeviceBuffer master_, exp_avg_, exp_avg_sq_;  // fp32, shard elements [0, device_end_)
-  std::vector<DeviceBuffer> gathered_, full_grads_;  // ZeRO-3: per bucket, full size, while in use
+  std::vector<DeviceBuffer> gathered_, full_grads_;  // per bucket, full size: while in use (stage 3) or always
   std::vector<std::unique_ptr<Event>> gathered_ev_, reduced_ev_;
+  std::vector<char> gathered_fresh_;                 // gathered_[b] holds the current weights (a gather is issued)
   std::vector<char> gather_used_;                    // compute already waits for this gather
-  std::unique_ptr<Event> device_step_done_;          // device buckets' new weight shards written
-  DeviceBuffer bucket_sums_;                    // fp32 per device bucket
+  std::vector<char> full_grads_zeroed_;              // stage 1: this step's zeroing of full_grads_[b] is issued
+  std::vector<std::unique_ptr<Event>> stepped_ev_;   // device bucket b's last step done (comm stream)
+  DeviceBuffer bucket_sums_;                    // fp32 per bucket validated on the device (first_device_sum_ on)
+  DeviceBuffer device_snapshot_;                // exact rollback of speculated device buckets: p, m, v [3][device_end_]
   StepTimeline timeline_;
   std::unique_ptr<GraceAdam> grace_;
   std::unique_ptr<OffloadOptimizer> offload_;
   std::string cast_report_;
 
+  // Asynchronous checkpoints: per bucket, whether the state as of freeze_state() is still wanted,
+  // and its copy once the optimizer had to change the bucket first.
+  struct Frozen {
+    std::mutex mu;
+    bool wanted = false;
+    std::vector<float> copy;
+  };
+  std::vector<std::unique_ptr<Frozen>> frozen_;
+  std::atomic<int64_t> frozen_wanted_{0};
+
   int64_t steps_ = 0;
   int64_t iteration_ = 0;
   int64_t speculative_steps_ = 0;
+  int64_t device_rollbacks_ = 0;
   bool last_step_redone_ = false;  // validation clipped or skipped the previous step
-  float lr_ = 0.0f;
+  bool speculating_ = false;       // this step's buckets are stepped before validation (SuperOffload)
+  AdamWParams spec_hp_;            // of the speculative steps: this step's lr and step, grad_scale 1
+  // A device bucket is stepped speculatively when its gradients are final before the last moments
+  // of backward (there is backward left to hide the step behind); the others right after validation.
+  bool speculates_on_device(size_t b) const { return speculating_ && buckets_[b].ready_unit > 1; }
   int micro_batches_ = 1, micro_done_ = 0;
   bool in_backward_ = false;
-  std::vector<char> weights_waited_;  // per offloaded bucket, this iteration
+  std::vector<char> weights_waited_;  // per bucket: compute waits for its new weights already (unsharded)
 };
 
 }  // namespace so

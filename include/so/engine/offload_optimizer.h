@@ -10,6 +10,7 @@
 // own gradients are finite; finish_step rolls back and redoes it when validation clips, or rolls
 // it back when the step is skipped. Under ZeRO-Offload every bucket waits for the decision.
 #include <atomic>
+#include <cstdint>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -20,7 +21,7 @@
 #include <vector>
 
 #include "so/backend/backend.h"
-#include "so/backend/host_buffer.h"
+#include "so/engine/optimizer_host_state.h"
 #include "so/engine/bucket.h"
 #include "so/engine/cast_plan.h"
 #include "so/engine/offload_config.h"
@@ -44,6 +45,18 @@ class OffloadOptimizer {
     CastPlan cast;
     bool pin_memory = true;
     int numa_node = -1;
+    // The order in which the next forward reads the buckets (a permutation of their indices):
+    // validation's corrections run in this order, so the forward starts on the first bucket's new
+    // weights while later ones are still being redone. Empty: descending index (buckets are built
+    // in backward order, so the last one holds the first layers).
+    std::vector<size_t> forward_order;
+    // Buckets [0, host_sums) have their sums of squares taken here (sums()); the engine sums the
+    // rest on the device, as their gradients are final only at the end of backward: the worker
+    // neither sums nor speculates on those (it would only lengthen the tail of the step).
+    size_t host_sums = SIZE_MAX;
+    // Called on the optimizer thread before a bucket's state first changes in a step (checkpoint
+    // snapshots copy it aside here); may be empty.
+    std::function<void(size_t)> before_change;
   };
   // buckets: the offloaded ones, covering [base, end) of the flat buffers; device_weights and
   // device_grads are the whole flat device buffers (model dtype).
@@ -58,9 +71,9 @@ class OffloadOptimizer {
   int64_t base() const { return base_; }
   size_t host_bytes() const;
   // Host state of flat element `e` (base <= e < end); only while no step is in flight.
-  float* master(int64_t e) { return master_.as<float>() + (e - base_); }
-  float* exp_avg(int64_t e) { return exp_avg_.as<float>() + (e - base_); }
-  float* exp_avg_sq(int64_t e) { return exp_avg_sq_.as<float>() + (e - base_); }
+  float* master(int64_t e) { return host_.p() + (e - base_); }
+  float* exp_avg(int64_t e) { return host_.m() + (e - base_); }
+  float* exp_avg_sq(int64_t e) { return host_.v() + (e - base_); }
 
   // iteration: increases by one per call (skipped steps are retried under a new iteration);
   // hp carries lr and the optimizer step number the step will have if it is applied.
@@ -72,8 +85,11 @@ class OffloadOptimizer {
   // Bucket i's gradients are final once `producer` (the compute stream, or the comm stream that
   // reduce-scattered them) reaches this point.
   void grads_ready(size_t i, Stream& producer);
-  // Per-bucket sums of squared gradients (fp32, as the device ops compute them); waits.
-  std::vector<float> sums();
+  // Per-bucket sums of squared gradients of buckets [0, count) (fp32, as the device ops compute
+  // them); waits for those.
+  std::vector<float> sums(size_t count);
+  // Hands validation's decision to the optimizer thread and returns: the buckets are finalised
+  // (stepped, redone with the clip coefficient, or rolled back) one pass each, in forward order.
   void finish_step(const StepDecision& d);
   // The compute stream waits until bucket i's weights from the last finished step are on the
   // device (the host first waits until the optimizer has issued that copy).
@@ -99,9 +115,8 @@ class OffloadOptimizer {
 
   // Worker-thread steps of the pipeline.
   void process(size_t i, int64_t gen, const AdamWParams& hp, bool speculate);
-  void finalize(size_t i, int64_t gen, AdamWParams hp, const StepDecision& d);
-  void apply(size_t i, const AdamWParams& hp, int64_t gen, const char* what);
-  void undo(size_t i, const AdamWParams& hp, int64_t gen);
+  void finalize(size_t i, int64_t gen, const AdamWParams& hp, const StepDecision& d);
+  void apply(size_t i, const AdamWParams& hp, int64_t gen, bool speculative);
   void upload(size_t i, int64_t gen);
   void settle_upload(size_t i);
   void publish_final(size_t i, int64_t gen);
@@ -118,8 +133,7 @@ class OffloadOptimizer {
   void* device_grads_;
   DType host_grad_dtype_;  // what crosses the link and GraceAdam reads
   std::vector<Slot> slots_;
-  HostBuffer master_, exp_avg_, exp_avg_sq_, grads_, weights_out_;
-  HostBuffer snapshot_;                     // exact rollback: p, m, v of each bucket before its speculative step
+  OptimizerHostState host_;               // p, m, v, gradients, bf16 weights out, exact-rollback snapshot
   DeviceBuffer grad_ring_, weight_ring_;    // device-side cast staging, two buckets each
   int64_t ring_elems_ = 0;
 

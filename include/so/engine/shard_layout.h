@@ -34,5 +34,8 @@ struct OwnedPart {
   int64_t src = 0, dst = 0, n = 0;
 };
 std::optional<OwnedPart> owned_part(const ShardLayout& sl, const Bucket& bucket, size_t b, int64_t begin, int64_t n);
+// The same for another rank of the layout (dst is then an offset in that rank's shard buffers).
+std::optional<OwnedPart> owned_part(const ShardLayout& sl, const Bucket& bucket, size_t b, int64_t begin, int64_t n,
+                                    int rank);
 
 }  // namespace so

@@ -1,5 +1,7 @@
 #include "cpu_ops.h"
 
+#include <cmath>
+
 #include "cpu_backend.h"
 #include "cpu_kernels.h"
 #include "so/optim/adam_kernels.h"
@@ -124,9 +126,17 @@ void CpuOps::cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src
   }));
 }
 
-void CpuOps::adamw(Stream& s, float* p, float* m, float* v, const void* grad, DType grad_dt, void* out,
-                   DType out_dt, int64_t n, const AdamWParams& hp) {
-  SO_ENQUEUE(s, optimizer_kernels().step(p, m, v, grad, grad_dt, out, out_dt, n, hp));
+void CpuOps::adam(Stream& s, AdamCall call, const AdamArrays& a, int64_t n, const AdamWParams& hp, float final_scale,
+                  const float* guard) {
+  SO_ENQUEUE(s, {
+    if (guard && !std::isfinite(*guard)) return;
+    const AdamKernels& k = optimizer_kernels();
+    switch (call) {
+      case AdamCall::Step: return k.step(a, n, hp);
+      case AdamCall::Rollback: return k.rollback(a, n, hp);
+      case AdamCall::Redo: return k.redo(a, n, hp, final_scale);
+    }
+  });
 }
 
 void CpuOps::transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,

@@ -1,9 +1,12 @@
-// AdamW on the device, bit for bit optim::adamw_reference: the same constants (derived on the host
-// by optim::adam_constants, bias corrections in double), the same operation order, and every
-// operation an explicitly rounded intrinsic, because nvcc would otherwise contract a*b+c into an FMA
-// and round once where the reference rounds twice. (IEEE division and square root also hold
-// without the intrinsics unless --use_fast_math; spelling them out keeps the file flag-proof.)
-// This is what lets the on-device optimizer and the CPU-offloaded GraceAdam produce the same weights.
+// AdamW on the device, bit for bit optim::adamw_reference and optim::AdamKernels (step, rollback,
+// redo): the same constants (derived on the host by optim::adam_constants, as torch derives them),
+// the same operation order, and every operation an explicitly rounded intrinsic: FMAs (__fmaf_rn)
+// exactly where the host kernels have them and nowhere else, because nvcc would otherwise contract
+// other a*b+c pairs. (IEEE division and square root also hold without the intrinsics unless
+// --use_fast_math; spelling them out keeps the file flag-proof. The host's divide-free
+// sqrt(v)/bc2_sqrt equals IEEE division, so __fdiv_rn matches it.) This is what lets the on-device
+// optimizer and the CPU-offloaded GraceAdam produce the same weights, and a device bucket be
+// speculated, redone and rolled back as the offloaded ones are.
 #include "cuda_bf16.cuh"
 #include "cuda_check.h"
 #include "cuda_kernels.h"
@@ -13,33 +16,71 @@ namespace so::cuda {
 
 namespace {
 
-// The constants the step uses, passed by value as a kernel argument.
-struct StepConstants {
-  float step_size, bc2_sqrt, decay, beta2, one_minus_b1, one_minus_b2, eps, grad_scale;
+// The constants the kernels use, passed by value as a kernel argument.
+struct Consts {
+  float neg_step_size, bc2_sqrt, decay, beta2, one_minus_b1, one_minus_b2, eps, grad_scale;
+  float inv_decay, inv_beta1, inv_beta2, final_scale;
 };
 
-template <typename G, typename O, int N>
-__global__ void adamw_kernel(float* p, float* m, float* v, const G* grad, O* out, int64_t n, StepConstants c) {
+// The step's change of the decayed weight: (-step_size * m') / (sqrt(v')/bc2_sqrt + eps).
+__device__ __forceinline__ float update(const Consts& c, float m1, float v1) {
+  return __fdiv_rn(__fmul_rn(c.neg_step_size, m1), __fadd_rn(__fdiv_rn(__fsqrt_rn(v1), c.bc2_sqrt), c.eps));
+}
+
+// Line by line the reference:  pd = p * decay;  m' = fma(1-b1, g - m, m);  v' = fma((1-b2) g, g, v b2)
+// p' = pd + update(m', v');  g already scaled.
+__device__ __forceinline__ void step(const Consts& c, float g, float& p, float& m, float& v) {
+  const float pd = __fmul_rn(p, c.decay);
+  m = __fmaf_rn(c.one_minus_b1, __fsub_rn(g, m), m);
+  v = __fmaf_rn(__fmul_rn(c.one_minus_b2, g), g, __fmul_rn(v, c.beta2));
+  p = __fadd_rn(pd, update(c, m, v));
+}
+
+// AdamMath::undo_decayed: the state before a step with g, the weight still decayed.
+__device__ __forceinline__ void undo_decayed(const Consts& c, float g, float& p, float& m, float& v) {
+  const float pd = __fsub_rn(p, update(c, m, v));
+  m = __fmul_rn(__fmaf_rn(-c.one_minus_b1, g, m), c.inv_beta1);
+  const float v0 = __fmul_rn(__fmaf_rn(__fmul_rn(-c.one_minus_b2, g), g, v), c.inv_beta2);
+  v = v0 > 0.0f ? v0 : 0.0f;  // max0: NaN -> +0, as the host's
+  p = pd;
+}
+
+template <AdamCall kCall, bool kSnapshot, typename G, typename O, int N>
+__global__ void adam_kernel(float* p, float* m, float* v, float* sp, float* sm, float* sv, const G* grad, O* out,
+                            int64_t n, Consts c, const float* guard) {
+  if (guard != nullptr && !isfinite(*guard)) return;  // a non-finite bucket is never applied
   for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * N; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x * N) {
     float pv[N], mv[N], vv[N], gv[N];
-    load_f32<N>(pv, p, i, n);
-    load_f32<N>(mv, m, i, n);
-    load_f32<N>(vv, v, i, n);
+    // The state the call starts from: the snapshot for an exact rollback or redo, else in place.
+    const bool from_snapshot = kSnapshot && kCall != AdamCall::Step;
+    load_f32<N>(pv, from_snapshot ? sp : p, i, n);
+    load_f32<N>(mv, from_snapshot ? sm : m, i, n);
+    load_f32<N>(vv, from_snapshot ? sv : v, i, n);
     load_f32<N>(gv, grad, i, n);
+    if constexpr (kSnapshot && kCall == AdamCall::Step) {
+      store_f32<N>(sp, pv, i, n);
+      store_f32<N>(sm, mv, i, n);
+      store_f32<N>(sv, vv, i, n);
+    }
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      // Line by line the reference:
-      //   g = grad * grad_scale;  pi = p * decay;  mi = m + (1-b1) * (g - m);
-      //   vi = b2 * v + (1-b2) * g * g;  denom = sqrt(vi) / bc2_sqrt + eps;  pi -= step_size * (mi / denom)
-      const float g = __fmul_rn(gv[k], c.grad_scale);
-      const float pi = __fmul_rn(pv[k], c.decay);
-      const float mi = __fadd_rn(mv[k], __fmul_rn(c.one_minus_b1, __fsub_rn(g, mv[k])));
-      const float vi = __fadd_rn(__fmul_rn(c.beta2, vv[k]), __fmul_rn(__fmul_rn(c.one_minus_b2, g), g));
-      const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
-      pv[k] = __fsub_rn(pi, __fmul_rn(c.step_size, __fdiv_rn(mi, denom)));
-      mv[k] = mi;
-      vv[k] = vi;
+      if constexpr (kCall == AdamCall::Step) {
+        step(c, __fmul_rn(gv[k], c.grad_scale), pv[k], mv[k], vv[k]);
+      } else if constexpr (kCall == AdamCall::Rollback) {
+        if constexpr (!kSnapshot) {
+          undo_decayed(c, __fmul_rn(gv[k], c.grad_scale), pv[k], mv[k], vv[k]);
+          pv[k] = __fmul_rn(pv[k], c.inv_decay);
+        }
+      } else if constexpr (kSnapshot) {  // redo from the snapshot: a step with the final scale
+        step(c, __fmul_rn(gv[k], c.final_scale), pv[k], mv[k], vv[k]);
+      } else {  // redo in place: p'' = (p' - update') + update'', never through 1/decay
+        undo_decayed(c, __fmul_rn(gv[k], c.grad_scale), pv[k], mv[k], vv[k]);
+        const float g = __fmul_rn(gv[k], c.final_scale);
+        mv[k] = __fmaf_rn(c.one_minus_b1, __fsub_rn(g, mv[k]), mv[k]);
+        vv[k] = __fmaf_rn(__fmul_rn(c.one_minus_b2, g), g, __fmul_rn(vv[k], c.beta2));
+        pv[k] = __fadd_rn(pv[k], update(c, mv[k], vv[k]));
+      }
     }
     store_f32<N>(p, pv, i, n);
     store_f32<N>(m, mv, i, n);
@@ -48,27 +89,42 @@ __global__ void adamw_kernel(float* p, float* m, float* v, const G* grad, O* out
   }
 }
 
-}  // namespace
-
-void launch_adamw(cudaStream_t stream, float* p, float* m, float* v, const void* grad, DType grad_dt, void* out,
-                  DType out_dt, int64_t n, const optim::AdamConstants& c) {
-  if (n == 0) return;
-  const StepConstants k{c.step_size, c.bc2_sqrt,     c.decay, c.beta2,
-                        c.one_minus_b1, c.one_minus_b2, c.eps,   c.grad_scale};
-  const bool wide = aligned16(p) && aligned16(m) && aligned16(v) && aligned16(grad) && aligned16(out);
-  dispatch_dtype(grad_dt, [&](auto g) {
-    dispatch_dtype(out_dt, [&](auto o) {
+template <AdamCall kCall>
+void launch(cudaStream_t stream, const AdamArrays& a, int64_t n, const Consts& k, const float* guard) {
+  const bool snapshot = a.has_snapshot();
+  const bool wide = aligned16(a.p) && aligned16(a.m) && aligned16(a.v) && aligned16(a.grad) && aligned16(a.out) &&
+                    (!snapshot || (aligned16(a.snapshot_p) && aligned16(a.snapshot_m) && aligned16(a.snapshot_v)));
+  dispatch_dtype(a.grad_dt, [&](auto g) {
+    dispatch_dtype(a.out_dt, [&](auto o) {
       using G = decltype(g);
       using O = decltype(o);
       // Groups of 8: 32 bytes of each fp32 array, 16 of a bf16 one.
       with_vector_width<8>(wide, [&](auto vw) {
         constexpr int N = decltype(vw)::value;
-        adamw_kernel<G, O, N><<<grid_for_elements(n, N), kBlockThreads, 0, stream>>>(
-            p, m, v, static_cast<const G*>(grad), static_cast<O*>(out), n, k);
+        auto run = [&](auto kernel) {
+          kernel<<<grid_for_elements(n, N), kBlockThreads, 0, stream>>>(
+              a.p, a.m, a.v, a.snapshot_p, a.snapshot_m, a.snapshot_v, static_cast<const G*>(a.grad),
+              static_cast<O*>(a.out), n, k, guard);
+        };
+        snapshot ? run(adam_kernel<kCall, true, G, O, N>) : run(adam_kernel<kCall, false, G, O, N>);
         SO_CUDA_CHECK(cudaGetLastError());
       });
     });
   });
+}
+
+}  // namespace
+
+void launch_adam(cudaStream_t stream, AdamCall call, const AdamArrays& a, int64_t n, const optim::AdamConstants& c,
+                 float final_scale, const float* guard) {
+  if (n == 0) return;
+  const Consts k{c.neg_step_size, c.bc2_sqrt,  c.decay,     c.beta2,     c.one_minus_b1, c.one_minus_b2,
+                 c.eps,           c.grad_scale, c.inv_decay, c.inv_beta1, c.inv_beta2,    final_scale};
+  switch (call) {
+    case AdamCall::Step: return launch<AdamCall::Step>(stream, a, n, k, guard);
+    case AdamCall::Rollback: return launch<AdamCall::Rollback>(stream, a, n, k, guard);
+    case AdamCall::Redo: return launch<AdamCall::Redo>(stream, a, n, k, guard);
+  }
 }
 
 }  // namespace so::cuda

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "cuda_device_error.h"
+#include "so/backend/ops.h"
 #include "so/core/dtype.h"
 #include "src/optim/adam_constants.h"
 
@@ -78,9 +79,10 @@ void launch_transpose_blocks(cudaStream_t stream, void* dst, const void* src, in
 void launch_replicate_heads(cudaStream_t stream, void* out, const void* in, int64_t rows, int64_t heads,
                             int64_t copies, int64_t head_dim, bool reverse, DType dt);
 
-// optim::adamw_reference element by element, bit for bit (same operation order, no FMA), with the
-// constants the host derived by optim::adam_constants; out (dtype out_dt) may be null.
-void launch_adamw(cudaStream_t stream, float* p, float* m, float* v, const void* grad, DType grad_dt, void* out,
-                  DType out_dt, int64_t n, const optim::AdamConstants& c);
+// Ops::adam: optim::adamw_reference and optim::AdamKernels' rollback and redo element by element, bit
+// for bit (same operation order, FMAs where they have them), with the constants the host derived
+// by optim::adam_constants; skipped when guard is set and *guard is not finite.
+void launch_adam(cudaStream_t stream, AdamCall call, const AdamArrays& a, int64_t n, const optim::AdamConstants& c,
+                 float final_scale, const float* guard);
 
 }  // namespace so::cuda

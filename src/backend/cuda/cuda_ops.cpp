@@ -106,11 +106,11 @@ void CudaOps::replicate_heads(Stream& s, void* out, const void* in, int64_t rows
   launch_replicate_heads(raw(s), out, in, rows, heads, copies, head_dim, reverse, dt);
 }
 
-void CudaOps::adamw(Stream& s, float* p, float* m, float* v, const void* grad, DType grad_dt, void* out,
-                    DType out_dt, int64_t n, const AdamWParams& hp) {
-  // The reference's own constants (bias corrections in double, on the host), so the device step
-  // equals optim::adamw_reference bit for bit.
-  launch_adamw(raw(s), p, m, v, grad, grad_dt, out, out_dt, n, optim::adam_constants(hp));
+void CudaOps::adam(Stream& s, AdamCall call, const AdamArrays& a, int64_t n, const AdamWParams& hp, float final_scale,
+                   const float* guard) {
+  // The reference's own constants (derived on the host as torch derives them), so the device's
+  // calls equal the host kernels bit for bit.
+  launch_adam(raw(s), call, a, n, optim::adam_constants(hp), final_scale, guard);
 }
 
 }  // namespace so::cuda

@@ -47,8 +47,8 @@ class CudaOps final : public Ops {
                         DType dt) override;
   void replicate_heads(Stream& s, void* out, const void* in, int64_t rows, int64_t heads, int64_t copies,
                        int64_t head_dim, bool reverse, DType dt) override;
-  void adamw(Stream& s, float* p, float* m, float* v, const void* grad, DType grad_dt, void* out, DType out_dt,
-             int64_t n, const AdamWParams& hp) override;
+  void adam(Stream& s, AdamCall call, const AdamArrays& a, int64_t n, const AdamWParams& hp, float final_scale,
+            const float* guard) override;
 
  private:
   // At least `bytes` of scratch for kernels enqueued on s. One buffer per stream kind, kept between
