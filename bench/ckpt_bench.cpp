@@ -1,6 +1,13 @@
 // so_bench ckpt: save and load time of an HDF5 checkpoint for a model built from random weights,
-// through the same save_checkpoint / load_checkpoint the trainer uses (all ranks of the job
-// writing their ZeRO-3 shards), with file size and bytes per second.
+// through the same CheckpointSave / load_checkpoint the trainer uses (all ranks of the job writing
+// their ZeRO-3 shards), with file size and bytes per second against the disk's own bounds
+// (sequential write + fsync, and sequential read, of the same bytes in the same directory, page
+// cache evicted before every read), and the stall an asynchronous save costs the training step
+// that follows it: the save call itself, plus what the next optimizer step (which changes every
+// bucket while the writer runs) takes beyond the same step without a save in flight.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
@@ -48,53 +55,94 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
 
   auto clock = [] { return std::chrono::steady_clock::now(); };
   auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-  // The bound: the checkpoint's bytes written sequentially into a new file in the same directory
-  // and fsynced, measured just before each save, while the previous checkpoint is still there.
-  // Both land on blocks the file system picks for a new file; on thin-provisioned disks writing
-  // never-used blocks can be several times slower than rewriting freed ones, so a probe taken at
-  // another moment is not a fair bound (docs/perf.md).
+  // Pages of `file` out of the page cache, so the next read comes from the disk.
+  auto evict = [](const std::string& file) {
+    const int fd = ::open(file.c_str(), O_RDONLY);
+    SO_CHECK(fd >= 0, "cannot open ", file);
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  };
+  // The bounds: the checkpoint's bytes written sequentially into a new file in the same directory
+  // and fsynced (measured just before each save, while the previous checkpoint is still there:
+  // both land on blocks the file system picks for a new file; on thin-provisioned disks writing
+  // never-used blocks can be several times slower than rewriting freed ones, docs/perf.md), then
+  // read back sequentially from the disk.
   auto disk_probe = [&](double bytes) {
     const std::string probe = dir + "/.disk-bound-probe";
     std::vector<char> block(size_t{64} << 20, 1);
-    const auto t0 = clock();
+    auto t0 = clock();
     AtomicFileWriter out(probe);
     for (double left = bytes; left > 0; left -= static_cast<double>(block.size()))
       out.write(block.data(), static_cast<size_t>(std::min(left, static_cast<double>(block.size()))));
     out.commit();
-    return std::pair{secs(t0, clock()), probe};
+    const double write_s = secs(t0, clock());
+    evict(probe);
+    t0 = clock();
+    const int fd = ::open(probe.c_str(), O_RDONLY);
+    while (::read(fd, block.data(), block.size()) > 0) {
+    }
+    ::close(fd);
+    const double read_s = secs(t0, clock());
+    std::filesystem::remove(probe);
+    return std::pair{write_s, read_s};
   };
-  double best_save = 1e30, best_load = 1e30, best_probe = 1e30, bytes = 0;
+  // One optimizer step that changes every bucket (zero gradients: AdamW still decays and moves
+  // the moments), on the engine's own path; its time is what a save in flight may lengthen.
+  auto optimizer_step = [&] {
+    const auto t0 = clock();
+    engine.begin_step(1e-4);
+    for (int u = layout.num_units - 1; u >= 0; --u) engine.after_backward(u);
+    engine.end_step();
+    engine.finish();
+    return secs(t0, clock());
+  };
+  double best_save = 1e30, best_load = 1e30, best_write = 1e30, best_read = 1e30, bytes = 0;
+  double best_step = 1e30, best_stall = 1e30, best_async = 1e30;
   std::string path;
   TrainState state;
   for (int r = 0; r < reps; ++r) {
-    std::string probe;
     if (r > 0 && comm.rank() == 0) {  // the first save tells the size
-      double t;
-      std::tie(t, probe) = disk_probe(bytes);
-      best_probe = std::min(best_probe, t);
+      const auto [w, rd] = disk_probe(bytes);
+      best_write = std::min(best_write, w);
+      best_read = std::min(best_read, rd);
     }
     comm.barrier();
     auto t0 = clock();
-    state.steps_taken = r + 1;
+    state.steps_taken = 2 * r + 1;
     path = save_checkpoint(engine, comm, cfg, state, dir, 1);
     best_save = std::min(best_save, secs(t0, clock()));
-    if (!probe.empty()) std::filesystem::remove(probe);
     bytes = static_cast<double>(std::filesystem::file_size(path));
+    if (comm.rank() == 0) evict(path);
     comm.barrier();
     t0 = clock();
     load_checkpoint(engine, comm, cfg, path);
     comm.barrier();
     best_load = std::min(best_load, secs(t0, clock()));
+    // Asynchronous: the save call, then a step changing every bucket while the writer runs.
+    best_step = std::min(best_step, optimizer_step());
+    comm.barrier();
+    t0 = clock();
+    state.steps_taken = 2 * r + 2;
+    CheckpointSave save(engine, comm, cfg, state, dir, 1);
+    const double call = secs(t0, clock());
+    const double step = optimizer_step();
+    save.commit();
+    best_async = std::min(best_async, secs(t0, clock()));
+    best_stall = std::min(best_stall, call + std::max(0.0, step - best_step));
   }
   if (comm.rank() == 0) {
-    const double disk = bytes / best_probe / 1e9;
+    const double write_bound = bytes / best_write / 1e9, read_bound = bytes / best_read / 1e9;
     std::printf("# so_bench ckpt: %s, %.3fM parameters, %s training, %d ranks, best of %d\n", model.c_str(),
                 params / 1e6, dtype.c_str(), comm.size(), reps);
-    std::printf("# %10s %12s %9s %9s %10s %10s %16s %12s\n", "file MiB", "B/parameter", "save s", "load s",
-                "save GB/s", "load GB/s", "disk+fsync GB/s", "save/disk");
-    std::printf("  %10.1f %12.2f %9.3f %9.3f %10.3f %10.3f %16.3f %12.2f\n", bytes / (1 << 20), bytes / params,
-                best_save, best_load, bytes / best_save / 1e9, bytes / best_load / 1e9, disk,
-                bytes / best_save / 1e9 / disk);
+    std::printf("# %10s %12s %9s %9s %10s %10s %12s %12s %10s %10s\n", "file MiB", "B/parameter", "save s", "load s",
+                "save GB/s", "load GB/s", "write bound", "read bound", "save/bound", "load/bound");
+    std::printf("  %10.1f %12.2f %9.3f %9.3f %10.3f %10.3f %12.3f %12.3f %10.2f %10.2f\n", bytes / (1 << 20),
+                bytes / params, best_save, best_load, bytes / best_save / 1e9, bytes / best_load / 1e9, write_bound,
+                read_bound, bytes / best_save / 1e9 / write_bound, bytes / best_load / 1e9 / read_bound);
+    std::printf("# async save: stall %.3f s (the call + the next optimizer step's extra time; the step alone %.3f s), "
+                "%.3f of the synchronous save; save to commit %.3f s\n",
+                best_stall, best_step, best_stall / best_save, best_async);
   }
   return 0;
 }

@@ -25,8 +25,10 @@ int usage() {
 
 int inspect(const std::string& path) {
   const so::CheckpointSummary c = so::read_checkpoint_summary(path);
-  std::printf("%s\n  format version %lld, written by %lld ranks\n  iteration %lld, optimizer steps %lld, next sample %lld\n",
+  std::printf("%s\n  format version %lld, written by %lld ranks (ZeRO stage %lld)\n  iteration %lld, optimizer steps "
+              "%lld, next sample %lld\n",
               c.path.c_str(), static_cast<long long>(c.format_version), static_cast<long long>(c.world_size),
+              static_cast<long long>(c.zero_stage),
               static_cast<long long>(c.state.iteration), static_cast<long long>(c.state.steps_taken),
               static_cast<long long>(c.state.data_position));
   std::printf("  model: %s\n  tensors (each also under /optim/exp_avg and /optim/exp_avg_sq):\n",
@@ -60,7 +62,8 @@ int export_hf(int argc, char** argv) {
   }
   if (out.empty() || path.empty()) return usage();
   SO_CHECK(dtype == "bf16" || dtype == "fp32", "export: --dtype is '", dtype, "'; choose bf16 or fp32");
-  const so::CheckpointSummary c = so::read_checkpoint_summary(path);
+  const so::CheckpointReader reader(path);
+  const so::CheckpointSummary& c = reader.summary();
   const so::ModelConfig cfg = so::ModelConfig::from_hf_json(c.model_config, c.path + ": model_config");
   const so::ParamLayout layout = so::ParamLayout::for_model(cfg);
   so::HfExportOptions opts;
@@ -72,7 +75,7 @@ int export_hf(int argc, char** argv) {
   SO_CHECK(errno == 0 && end != shard.c_str() && *end == '\0' && opts.max_shard_bytes >= 0,
            "export: --max-shard-size is '", shard, "'; give a byte count (0 = one file)");
   so::export_hf_model(out, cfg, layout,
-                      [&](int id) { return so::read_checkpoint_tensor(c.path, "/model/" + layout.params[id].name); },
+                      [&](int id) { return reader.tensor("/model/" + layout.params[id].name); },
                       opts);
   std::printf("exported %s (step %lld) to %s as %s safetensors\n", c.path.c_str(),
               static_cast<long long>(c.state.steps_taken), out.c_str(), dtype.c_str());

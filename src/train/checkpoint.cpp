@@ -1,20 +1,24 @@
 #include "so/train/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <array>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
-#include <cstdlib>
-#include <thread>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
+#include <thread>
 
-#include "parallel/mpi_comm.h"
+#include "checkpoint_file.h"
 #include "so/core/error.h"
+#include "so/core/json_reader.h"
 #include "so/io/atomic_file.h"
-#include "so/io/hdf5_file.h"
+#include "so/io/crc32c.h"
 
 namespace so {
 
@@ -22,121 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kFormat = "so_train checkpoint";
 constexpr const char* kLatest = "latest";
-constexpr int64_t kChunkElems = int64_t{1} << 20;  // 4 MiB fp32 chunks: checksum granularity
-
-struct TensorGroup {
-  OptimState which;
-  const char* group;
-};
-constexpr TensorGroup kGroups[] = {
-    {OptimState::Master, "/model"}, {OptimState::ExpAvg, "/optim/exp_avg"}, {OptimState::ExpAvgSq, "/optim/exp_avg_sq"}};
-
-#define SO_H5(call, ...) SO_CHECK((call) >= 0, "HDF5: ", #call, " failed: ", __VA_ARGS__)
-
-H5Id check_id(hid_t id, const std::string& what) {
-  SO_CHECK(id >= 0, "HDF5: ", what, " failed");
-  return H5Id(id);
-}
-
-H5Id mpio_access(Communicator& comm) {
-  H5Id fapl = check_id(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate(file access)");
-  SO_H5(H5Pset_fapl_mpio(fapl.get(), mpi_comm_of(comm), MPI_INFO_NULL), "MPI-IO file access");
-  return fapl;
-}
-
-H5Id collective_transfer() {
-  H5Id dxpl = check_id(H5Pcreate(H5P_DATASET_XFER), "H5Pcreate(transfer)");
-  // Filtered (checksummed) datasets can only be written collectively in parallel HDF5.
-  SO_H5(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), "collective transfer");
-  return dxpl;
-}
-
-// Flattened elements [first, first + count) of a row-major 1-D or 2-D tensor as three
-// rectangles — the tail of a first row, whole rows, the head of a last row — any of them empty.
-// Always three, so every rank makes the same number of collective calls per dataset.
-struct Rect {
-  hsize_t start[2] = {0, 0}, count[2] = {0, 0};
-  int64_t offset = 0;  // into the rank's contiguous buffer
-  int64_t size() const { return static_cast<int64_t>(count[0] * count[1]); }
-};
-std::array<Rect, 3> split_range(const std::vector<int64_t>& shape, int64_t first, int64_t count) {
-  SO_CHECK(shape.size() == 1 || shape.size() == 2, "checkpoint: tensors of rank ", shape.size(), " are not supported");
-  const int64_t C = shape.back(), end = first + count;
-  std::array<Rect, 3> r;
-  auto set = [&](Rect& x, int64_t row, int64_t col, int64_t rows, int64_t cols, int64_t offset) {
-    if (rows <= 0 || cols <= 0) return;
-    x.start[0] = static_cast<hsize_t>(row), x.start[1] = static_cast<hsize_t>(col);
-    x.count[0] = static_cast<hsize_t>(rows), x.count[1] = static_cast<hsize_t>(cols);
-    x.offset = offset;
-  };
-  if (count == 0) return r;
-  int64_t r0 = first / C, c0 = first % C;
-  const int64_t r1 = end / C, c1 = end % C;
-  if (r0 == r1) {
-    set(r[0], r0, c0, 1, c1 - c0, 0);
-    return r;
-  }
-  int64_t at = 0;
-  if (c0 > 0) set(r[0], r0, c0, 1, C - c0, 0), at = C - c0, ++r0;
-  set(r[1], r0, 0, r1 - r0, C, at);
-  set(r[2], r1, 0, 1, c1, at + (r1 - r0) * C);
-  return r;
-}
-
-// File and memory dataspaces of one rectangle (a 1-D tensor is one row of a 2-D view).
-std::pair<H5Id, H5Id> rect_spaces(hid_t dataset, const std::vector<int64_t>& shape, const Rect& x) {
-  H5Id file = check_id(H5Dget_space(dataset), "H5Dget_space");
-  const bool one_d = shape.size() == 1;
-  const hsize_t mem_dims[2] = {std::max<hsize_t>(x.count[0], 1), std::max<hsize_t>(x.count[1], 1)};
-  H5Id mem = check_id(H5Screate_simple(one_d ? 1 : 2, one_d ? mem_dims + 1 : mem_dims, nullptr), "memory dataspace");
-  if (x.size() == 0) {
-    SO_H5(H5Sselect_none(file.get()), "empty selection");
-    SO_H5(H5Sselect_none(mem.get()), "empty selection");
-  } else {
-    SO_H5(H5Sselect_hyperslab(file.get(), H5S_SELECT_SET, one_d ? x.start + 1 : x.start, nullptr,
-                              one_d ? x.count + 1 : x.count, nullptr),
-          "hyperslab");
-  }
-  return {std::move(file), std::move(mem)};
-}
-
-std::vector<hsize_t> dims_of(const std::vector<int64_t>& shape) { return {shape.begin(), shape.end()}; }
-
-void write_string_attr(hid_t obj, const char* name, const std::string& value) {
-  H5Id type = check_id(H5Tcopy(H5T_C_S1), "H5Tcopy");
-  SO_H5(H5Tset_size(type.get(), std::max<size_t>(1, value.size())), "string type");
-  H5Id space = check_id(H5Screate(H5S_SCALAR), "H5Screate");
-  H5Id attr = check_id(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                       str_cat("creating attribute ", name));
-  SO_H5(H5Awrite(attr.get(), type.get(), value.data()), "writing attribute ", name);
-}
-
-void write_int_attr(hid_t obj, const char* name, int64_t value) {
-  H5Id space = check_id(H5Screate(H5S_SCALAR), "H5Screate");
-  H5Id attr = check_id(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                       str_cat("creating attribute ", name));
-  SO_H5(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), "writing attribute ", name);
-}
-
-int64_t read_int_attr(hid_t obj, const char* name, const std::string& path) {
-  SO_CHECK(H5Aexists(obj, name) > 0, "checkpoint '", path, "' has no attribute '", name, "'");
-  H5Id attr = check_id(H5Aopen(obj, name, H5P_DEFAULT), str_cat("opening attribute ", name));
-  int64_t v = 0;
-  SO_H5(H5Aread(attr.get(), H5T_NATIVE_INT64, &v), "reading attribute ", name, " of ", path);
-  return v;
-}
-
-std::string read_string_attr(hid_t obj, const char* name, const std::string& path) {
-  SO_CHECK(H5Aexists(obj, name) > 0, "checkpoint '", path, "' has no attribute '", name, "'");
-  H5Id attr = check_id(H5Aopen(obj, name, H5P_DEFAULT), str_cat("opening attribute ", name));
-  H5Id type = check_id(H5Aget_type(attr.get()), "H5Aget_type");
-  std::string v(H5Tget_size(type.get()), '\0');
-  SO_H5(H5Aread(attr.get(), type.get(), v.data()), "reading attribute ", name, " of ", path);
-  while (!v.empty() && v.back() == '\0') v.pop_back();
-  return v;
-}
 
 std::string step_file_name(int64_t step) {
   char buf[32];
@@ -144,231 +34,276 @@ std::string step_file_name(int64_t step) {
   return buf;
 }
 
-nlohmann::json manifest(const ParamLayout& layout) {
-  nlohmann::json m = nlohmann::json::array();
-  for (const ParamInfo& p : layout.params)
-    m.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", "float32"}, {"numel", p.numel}});
-  return m;
+// The full write of `bytes` at `offset`.
+void pwrite_all(int fd, const void* data, size_t bytes, uint64_t offset, const std::string& what) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pwrite(fd, p, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    SO_CHECK(n > 0, what, ": write failed at byte ", offset, ": ", n < 0 ? std::strerror(errno) : "no progress");
+    p += n, bytes -= static_cast<size_t>(n), offset += static_cast<uint64_t>(n);
+  }
+}
+
+// Agreement over the job: each rank passes its own failure (empty: none); every rank throws when
+// any failed, the failing ranks with their own message.
+void agree(Communicator& comm, const std::string& error, const std::string& what) {
+  double failed = error.empty() ? 0.0 : 1.0;
+  comm.all_reduce_sum(&failed, 1);
+  if (!error.empty()) throw Error(error);
+  if (failed > 0) throw Error(str_cat(what, " failed on ", failed, " other rank(s); see their messages"));
 }
 
 }  // namespace
 
-std::string save_checkpoint(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainState& state,
-                            const std::string& dir, int keep) {
+// ---- saving ------------------------------------------------------------------------------------
+
+struct CheckpointSave::Impl {
+  Engine& engine;
+  Communicator& comm;
+  int keep;
+  fs::path folder, partial, final_path;
+  // Per manifest tensor: its segments (all ranks'), and where this rank writes in each group.
+  std::vector<std::vector<ckpt::Segment>> segments;
+  std::map<std::string, uint64_t> offsets;
+  int fd = -1;
+  std::thread writer;
+  std::atomic<bool> written{false};
+  std::string error;  // of this rank's writer; read after `written`
+  bool committed = false;
+
+  Impl(Engine& e, Communicator& c, int k) : engine(e), comm(c), keep(k) {}
+  void write_all();
+};
+
+CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainState& state,
+                               const std::string& dir, int keep)
+    : impl_(std::make_unique<Impl>(engine, comm, keep)) {
   SO_CHECK(keep >= 1, "checkpoint: keep must be at least 1, is ", keep);
-  const fs::path folder(dir), final_path = folder / step_file_name(state.steps_taken);
-  const fs::path partial = folder / str_cat(".", step_file_name(state.steps_taken), ".partial");
-  if (comm.rank() == 0) {
-    std::error_code ec;
-    fs::create_directories(folder, ec);
-    SO_CHECK(!ec, "cannot create checkpoint directory '", dir, "': ", ec.message());
-  }
-  comm.barrier();
+  Impl& s = *impl_;
+  s.folder = dir;
+  s.final_path = s.folder / step_file_name(state.steps_taken);
+  s.partial = s.folder / str_cat(".", step_file_name(state.steps_taken), ".partial");
   const ParamLayout& layout = engine.layout();
-  {
-    H5Id fapl = mpio_access(comm);
-    H5Id file = check_id(H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
-                         str_cat("creating checkpoint '", partial.string(), "'"));
-    const hid_t f = file.get();
-    write_string_attr(f, "format", kFormat);
-    write_int_attr(f, "format_version", kCheckpointFormatVersion);
-    write_int_attr(f, "iteration", state.iteration);
-    write_int_attr(f, "steps_taken", state.steps_taken);
-    write_int_attr(f, "data_position", state.data_position);
-    write_int_attr(f, "last_step_redone", state.last_step_redone ? 1 : 0);
-    write_int_attr(f, "world_size", comm.size());
-    write_string_attr(f, "config", cfg.resolved.dump());
-    write_string_attr(f, "model_config", cfg.model.to_hf_json().dump());
-    write_string_attr(f, "manifest", manifest(layout).dump());
-    H5Id lcpl = check_id(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate(link)");
-    SO_H5(H5Pset_create_intermediate_group(lcpl.get(), 1), "intermediate groups");
-    H5Id dxpl = collective_transfer();
-    for (const TensorGroup& g : kGroups)
-      for (size_t id = 0; id < layout.params.size(); ++id) {
+  engine.freeze_state();  // the state as of now, whatever the optimizer does next
+
+  std::vector<int64_t> counts;
+  for (size_t id = 0; id < layout.params.size(); ++id) {
+    std::vector<ckpt::Segment> slices;
+    for (int r = 0; r < comm.size(); ++r) {
+      const ParamSlice sl = engine.saved_slice(static_cast<int>(id), r);
+      slices.push_back({sl.first, sl.count});
+    }
+    s.segments.push_back(ckpt::cut_segments(slices, layout.params[id].numel));
+    counts.push_back(static_cast<int64_t>(s.segments.back().size()));
+  }
+
+  // A save that fails before its writer starts releases the snapshot and leaves no file behind.
+  const auto abandon = [&] {
+    for (size_t b = 0; b < engine.buckets().size(); ++b) engine.take_frozen(b);
+    if (s.fd >= 0) ::close(s.fd);
+    std::error_code ec;
+    if (comm.rank() == 0) fs::remove(s.partial, ec);
+  };
+  std::string error;
+  if (comm.rank() == 0) {
+    try {
+      std::error_code ec;
+      fs::create_directories(s.folder, ec);
+      SO_CHECK(!ec, "cannot create checkpoint directory '", dir, "': ", ec.message());
+      // Temporary files of saves that never committed (a crash, a full disk) go first.
+      for (const auto& entry : fs::directory_iterator(s.folder)) {
+        const std::string n = entry.path().filename().string();
+        if (n.rfind(".step-", 0) == 0 && n.size() > 8 && n.substr(n.size() - 8) == ".partial") fs::remove(entry.path());
+      }
+      ckpt::create_file(s.partial.string(),
+                        ckpt::make_metadata(state, comm.size(), engine.zero_stage(), cfg.resolved, cfg.model.to_hf_json(), layout),
+                        layout, counts);
+    } catch (const std::exception& e) {
+      error = str_cat("checkpoint save to '", dir, "': ", e.what());
+    }
+  }
+  try {
+    agree(comm, error, "checkpoint save");
+  } catch (...) {
+    abandon();
+    throw;
+  }
+
+  // Every rank: where its datasets lie, then its slices on a thread of their own.
+  std::vector<std::string> names;
+  for (const ckpt::TensorGroup& g : ckpt::kGroups)
+    for (const ParamInfo& p : layout.params) {
+      names.push_back(ckpt::data_name(g, p.name));
+      names.push_back(ckpt::checksum_name(g, p.name));
+    }
+  try {
+    s.offsets = ckpt::dataset_offsets(s.partial.string(), names);
+    s.fd = ::open(s.partial.c_str(), O_WRONLY | O_CLOEXEC);
+    SO_CHECK(s.fd >= 0, "cannot open '", s.partial.string(), "' for writing: ", std::strerror(errno));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  try {
+    agree(comm, error, "checkpoint save");
+  } catch (...) {
+    abandon();
+    throw;
+  }
+  s.writer = std::thread([&s] { s.write_all(); });
+}
+
+// This rank's slices, bucket by bucket in the order the optimizer changes them (backward order),
+// each with its segments' checksums, then fdatasync. Every bucket is taken even after a failure,
+// so the optimizer stops copying them aside.
+void CheckpointSave::Impl::write_all() {
+  const ParamLayout& layout = engine.layout();
+  const int rank = comm.rank();
+  for (size_t b = 0; b < engine.buckets().size(); ++b) {
+    const std::vector<float> state = engine.take_frozen(b);
+    if (!error.empty()) continue;
+    try {
+      const int64_t shard = engine.bucket_shard_size(b);
+      for (int id : engine.buckets()[b].params) {
+        const ParamSlice mine = engine.saved_slice(id, rank);
+        if (mine.count == 0) continue;
         const ParamInfo& p = layout.params[id];
-        const std::string name = str_cat(g.group, "/", p.name);
-        const std::vector<hsize_t> dims = dims_of(p.shape);
-        std::vector<hsize_t> chunk = dims;
-        chunk.back() = std::min<hsize_t>(chunk.back(), kChunkElems);
-        if (chunk.size() == 2) chunk[0] = std::clamp<hsize_t>(kChunkElems / chunk[1], 1, dims[0]);
-        H5Id dcpl = check_id(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate(dataset)");
-        SO_H5(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), "chunking ", name);
-        SO_H5(H5Pset_fletcher32(dcpl.get()), "Fletcher32 on ", name);
-        // Every element is written: skip the fill values parallel HDF5 would write at creation.
-        SO_H5(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "fill time of ", name);
-        H5Id fspace = check_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), "dataspace");
-        H5Id ds = check_id(H5Dcreate2(f, name.c_str(), H5T_IEEE_F32LE, fspace.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
-                           str_cat("creating dataset ", name));
-        const ParamSlice mine = engine.owned_slice(static_cast<int>(id));
-        const std::vector<float> values = engine.read_owned(static_cast<int>(id), g.which);
-        for (const Rect& x : split_range(p.shape, mine.first, mine.count)) {
-          auto [fs_, ms] = rect_spaces(ds.get(), p.shape, x);
-          SO_H5(H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, ms.get(), fs_.get(), dxpl.get(), values.data() + x.offset),
-                "writing ", name, " to ", partial.string());
+        const std::optional<OwnedPart> part =
+            owned_part(engine.shards(), engine.buckets()[b], b, p.offset, p.numel);
+        SO_CHECK(part && part->src == mine.first && part->n == mine.count, "checkpoint: slice of ", p.name);
+        const int64_t at = part->dst - engine.bucket_shard_begin(b);  // in the bucket's shard
+        const std::vector<ckpt::Segment>& segs = segments[id];
+        for (size_t k = 0; k < 3; ++k) {
+          const ckpt::TensorGroup& g = ckpt::kGroups[k];
+          const float* values = state.data() + static_cast<int64_t>(k) * shard + at;
+          const std::string name = ckpt::data_name(g, p.name);
+          const uint64_t data_at = offsets.at(name), table_at = offsets.at(ckpt::checksum_name(g, p.name));
+          pwrite_all(fd, values, static_cast<size_t>(mine.count) * 4, data_at + static_cast<uint64_t>(mine.first) * 4,
+                     str_cat("checkpoint '", partial.string(), "': ", name));
+          for (size_t i = 0; i < segs.size(); ++i) {
+            if (segs[i].first < mine.first || segs[i].first >= mine.first + mine.count) continue;
+            const uint64_t entry[3] = {static_cast<uint64_t>(segs[i].first), static_cast<uint64_t>(segs[i].count),
+                                       crc32c(values + (segs[i].first - mine.first), static_cast<size_t>(segs[i].count) * 4)};
+            pwrite_all(fd, entry, sizeof entry, table_at + i * sizeof entry,
+                       str_cat("checkpoint '", partial.string(), "': checksums of ", name));
+          }
         }
       }
-  }  // closing the file flushes it on every rank
-  comm.barrier();
+    } catch (const std::exception& e) {
+      error = str_cat("checkpoint save: ", e.what());
+    }
+  }
+  if (error.empty() && ::fdatasync(fd) != 0)
+    error = str_cat("checkpoint save: fdatasync of '", partial.string(), "' failed: ", std::strerror(errno));
+  written = true;
+}
+
+CheckpointSave::~CheckpointSave() {
+  Impl& s = *impl_;
+  if (s.writer.joinable()) s.writer.join();
+  if (s.fd >= 0) ::close(s.fd);
+  if (!s.committed && s.comm.rank() == 0) {  // never published: only the temporary file goes
+    std::error_code ec;
+    fs::remove(s.partial, ec);
+  }
+}
+
+bool CheckpointSave::written() const { return impl_->written.load(); }
+
+std::string CheckpointSave::commit() {
+  Impl& s = *impl_;
+  SO_CHECK(!s.committed, "checkpoint: committed twice");
+  s.writer.join();
+  agree(s.comm, s.error, "checkpoint save");
   // Crash-safety tests kill the job here: everything written, nothing committed yet.
-  if (const char* pause = std::getenv("SO_CKPT_TEST_PAUSE_BEFORE_COMMIT"); pause && comm.rank() == 0) {
-    std::fprintf(stderr, "checkpoint: paused before committing %s\n", final_path.c_str());
+  if (const char* pause = std::getenv("SO_CKPT_TEST_PAUSE_BEFORE_COMMIT"); pause && s.comm.rank() == 0) {
+    std::fprintf(stderr, "checkpoint: paused before committing %s\n", s.final_path.c_str());
     std::fflush(stderr);
     std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(pause)));
   }
-  if (comm.rank() == 0) {
-    publish_file(partial.string(), final_path.string());
-    write_file_atomically((folder / kLatest).string(), final_path.filename().string() + "\n");
-    // Keep the newest `keep` checkpoints; never the one `latest` names.
-    std::vector<fs::path> old;
-    for (const auto& e : fs::directory_iterator(folder)) {
-      const std::string n = e.path().filename().string();
-      if (n.rfind("step-", 0) == 0 && e.path().extension() == ".h5") old.push_back(e.path());
+  std::string error;
+  if (s.comm.rank() == 0) {
+    try {
+      publish_file(s.partial.string(), s.final_path.string());
+      write_file_atomically((s.folder / kLatest).string(), s.final_path.filename().string() + "\n");
+      // Keep the newest `keep` checkpoints; never the one `latest` names.
+      std::vector<fs::path> old;
+      for (const auto& e : fs::directory_iterator(s.folder)) {
+        const std::string n = e.path().filename().string();
+        if (n.rfind("step-", 0) == 0 && e.path().extension() == ".h5") old.push_back(e.path());
+      }
+      std::sort(old.begin(), old.end());
+      for (size_t i = 0; i + static_cast<size_t>(s.keep) < old.size(); ++i)
+        if (old[i] != s.final_path) fs::remove(old[i]);
+    } catch (const std::exception& e) {
+      error = str_cat("checkpoint commit of '", s.final_path.string(), "': ", e.what());
     }
-    std::sort(old.begin(), old.end());
-    for (size_t i = 0; i + static_cast<size_t>(keep) < old.size(); ++i)
-      if (old[i] != final_path) fs::remove(old[i]);
   }
-  comm.barrier();
-  return final_path.string();
+  agree(s.comm, error, "checkpoint commit");
+  s.committed = true;
+  return s.final_path.string();
 }
+
+std::string save_checkpoint(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainState& state,
+                            const std::string& dir, int keep) {
+  return CheckpointSave(engine, comm, cfg, state, dir, keep).commit();
+}
+
+// ---- loading -----------------------------------------------------------------------------------
 
 std::string resolve_checkpoint(const std::string& file_or_dir) {
   const fs::path p(file_or_dir);
-  SO_CHECK(fs::exists(p), "checkpoint '", file_or_dir, "' does not exist");
-  if (!fs::is_directory(p)) return file_or_dir;
+  std::error_code ec;
+  SO_CHECK(fs::exists(p, ec), "checkpoint '", file_or_dir, "' does not exist");
+  if (!fs::is_directory(p, ec)) return file_or_dir;
   const fs::path latest = p / kLatest;
-  SO_CHECK(fs::exists(latest), "checkpoint directory '", file_or_dir, "' has no '", kLatest, "' pointer");
+  SO_CHECK(fs::is_regular_file(latest, ec), "checkpoint directory '", file_or_dir, "' has no '", kLatest, "' pointer");
   std::ifstream in(latest);
   std::string name;
   std::getline(in, name);
-  SO_CHECK(!name.empty() && fs::exists(p / name), "'", latest.string(), "' names '", name, "', which does not exist");
+  SO_CHECK(!name.empty() && name.size() < 256 && name.find('/') == std::string::npos && fs::is_regular_file(p / name, ec),
+           "'", latest.string(), "' names '", name.substr(0, 256), "', which is not a checkpoint file in that directory");
   return (p / name).string();
 }
 
 TrainState load_checkpoint(Engine& engine, Communicator& comm, const RunConfig& cfg, const std::string& file_or_dir) {
-  const std::string path = resolve_checkpoint(file_or_dir);
-  H5Id fapl = mpio_access(comm);
-  H5Id file;
-  H5E_BEGIN_TRY { file = H5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get())); }
-  H5E_END_TRY;
-  SO_CHECK(file.valid(), "cannot open checkpoint '", path, "' (not an HDF5 file, or truncated)");
-  const hid_t f = file.get();
-  SO_CHECK(read_string_attr(f, "format", path) == kFormat, "'", path, "' is not a so_train checkpoint");
-  const int64_t version = read_int_attr(f, "format_version", path);
-  SO_CHECK(version == kCheckpointFormatVersion, "checkpoint '", path, "' has format version ", version,
-           "; this build reads version ", kCheckpointFormatVersion);
-  const nlohmann::json saved_model = nlohmann::json::parse(read_string_attr(f, "model_config", path));
-  SO_CHECK(saved_model == cfg.model.to_hf_json(), "checkpoint '", path, "' holds a different model: ",
-           saved_model.dump(), " vs the config's ", cfg.model.to_hf_json().dump());
+  (void)comm;  // every rank reads its own part: nothing to agree on
+  const ckpt::CheckpointFile file(resolve_checkpoint(file_or_dir));
+  SO_CHECK(file.summary().model_config == cfg.model.to_hf_json(), "checkpoint '", file.path(),
+           "' holds a different model: ", brief_json(file.summary().model_config), " vs the config's ",
+           brief_json(cfg.model.to_hf_json()));
   const ParamLayout& layout = engine.layout();
-  const nlohmann::json saved = nlohmann::json::parse(read_string_attr(f, "manifest", path));
-  SO_CHECK(saved == manifest(layout), "checkpoint '", path, "': manifest differs from the model's tensors");
-
-  H5Id dxpl = check_id(H5Pcreate(H5P_DATASET_XFER), "H5Pcreate(transfer)");
-  for (const TensorGroup& g : kGroups)
+  SO_CHECK(ckpt::manifest_of(file.layout()) == ckpt::manifest_of(layout), "checkpoint '", file.path(),
+           "': its tensors differ from the model's");
+  for (const ckpt::TensorGroup& g : ckpt::kGroups)
     for (size_t id = 0; id < layout.params.size(); ++id) {
-      const ParamInfo& p = layout.params[id];
-      const std::string name = str_cat(g.group, "/", p.name);
-      H5Id ds;
-      H5E_BEGIN_TRY { ds = H5Id(H5Dopen2(f, name.c_str(), H5P_DEFAULT)); }
-      H5E_END_TRY;
-      SO_CHECK(ds.valid(), "checkpoint '", path, "' has no dataset ", name);
-      H5Id fspace = check_id(H5Dget_space(ds.get()), "H5Dget_space");
-      std::vector<hsize_t> dims(static_cast<size_t>(H5Sget_simple_extent_ndims(fspace.get())));
-      H5Sget_simple_extent_dims(fspace.get(), dims.data(), nullptr);
-      SO_CHECK(dims == dims_of(p.shape), "checkpoint '", path, "': dataset ", name, " has the wrong shape");
       const ParamSlice mine = engine.owned_slice(static_cast<int>(id));
-      std::vector<float> values(static_cast<size_t>(mine.count));
-      for (const Rect& x : split_range(p.shape, mine.first, mine.count)) {
-        auto [fs_, ms] = rect_spaces(ds.get(), p.shape, x);
-        herr_t rc;
-        H5E_BEGIN_TRY { rc = H5Dread(ds.get(), H5T_NATIVE_FLOAT, ms.get(), fs_.get(), dxpl.get(), values.data() + x.offset); }
-        H5E_END_TRY;
-        SO_CHECK(rc >= 0, "checkpoint '", path, "': reading dataset ", name,
-                 " failed (checksum mismatch or truncated file: the checkpoint is damaged)");
-      }
-      engine.write_owned(static_cast<int>(id), g.which, values);
+      engine.write_owned(static_cast<int>(id), g.which,
+                         file.read(ckpt::data_name(g, layout.params[id].name), mine.first, mine.count));
     }
-  TrainState s;
-  s.iteration = read_int_attr(f, "iteration", path);
-  s.steps_taken = read_int_attr(f, "steps_taken", path);
-  s.data_position = read_int_attr(f, "data_position", path);
-  s.last_step_redone = read_int_attr(f, "last_step_redone", path) != 0;
+  const TrainState s = file.summary().state;
   engine.restore_counters(s.iteration, s.steps_taken, s.last_step_redone);
   return s;
 }
 
-namespace {
-
-H5Id open_serial(const std::string& path) {
-  H5Id file;
-  H5E_BEGIN_TRY { file = H5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)); }
-  H5E_END_TRY;
-  SO_CHECK(file.valid(), "cannot open checkpoint '", path, "' (not an HDF5 file, or truncated)");
-  return file;
-}
-
-}  // namespace
-
 CheckpointSummary read_checkpoint_summary(const std::string& file_or_dir) {
-  CheckpointSummary c;
-  c.path = resolve_checkpoint(file_or_dir);
-  H5Id file = open_serial(c.path);
-  const hid_t f = file.get();
-  SO_CHECK(read_string_attr(f, "format", c.path) == kFormat, "'", c.path, "' is not a so_train checkpoint");
-  c.format_version = read_int_attr(f, "format_version", c.path);
-  c.world_size = read_int_attr(f, "world_size", c.path);
-  c.state.iteration = read_int_attr(f, "iteration", c.path);
-  c.state.steps_taken = read_int_attr(f, "steps_taken", c.path);
-  c.state.data_position = read_int_attr(f, "data_position", c.path);
-  c.state.last_step_redone = read_int_attr(f, "last_step_redone", c.path) != 0;
-  c.config = nlohmann::json::parse(read_string_attr(f, "config", c.path));
-  c.model_config = nlohmann::json::parse(read_string_attr(f, "model_config", c.path));
-  c.manifest = nlohmann::json::parse(read_string_attr(f, "manifest", c.path));
-  return c;
+  return ckpt::CheckpointFile(resolve_checkpoint(file_or_dir)).summary();
 }
 
-std::vector<float> read_checkpoint_tensor(const std::string& file, const std::string& dataset) {
-  H5Id f = open_serial(file);
-  H5Id ds;
-  H5E_BEGIN_TRY { ds = H5Id(H5Dopen2(f.get(), dataset.c_str(), H5P_DEFAULT)); }
-  H5E_END_TRY;
-  SO_CHECK(ds.valid(), "checkpoint '", file, "' has no dataset ", dataset);
-  H5Id space = check_id(H5Dget_space(ds.get()), "H5Dget_space");
-  std::vector<float> out(static_cast<size_t>(H5Sget_simple_extent_npoints(space.get())));
-  herr_t rc;
-  H5E_BEGIN_TRY { rc = H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()); }
-  H5E_END_TRY;
-  SO_CHECK(rc >= 0, "checkpoint '", file, "': dataset ", dataset,
-           " cannot be read (checksum mismatch or truncated file: the checkpoint is damaged)");
-  return out;
+CheckpointReader::CheckpointReader(const std::string& file_or_dir)
+    : file_(std::make_unique<ckpt::CheckpointFile>(resolve_checkpoint(file_or_dir))) {}
+CheckpointReader::~CheckpointReader() = default;
+const CheckpointSummary& CheckpointReader::summary() const { return file_->summary(); }
+std::vector<float> CheckpointReader::tensor(const std::string& dataset) const {
+  return file_->read(dataset, 0, file_->numel(dataset));
 }
 
 std::vector<std::string> verify_checkpoint(const std::string& file_or_dir) {
-  std::vector<std::string> problems;
-  CheckpointSummary c;
   try {
-    c = read_checkpoint_summary(file_or_dir);
+    return ckpt::CheckpointFile(resolve_checkpoint(file_or_dir)).verify_all();
   } catch (const Error& e) {
     return {e.what()};
   }
-  if (c.format_version != kCheckpointFormatVersion)
-    problems.push_back(str_cat("format version ", c.format_version, ", expected ", kCheckpointFormatVersion));
-  for (const nlohmann::json& t : c.manifest) {
-    const std::string name = t.at("name").get<std::string>();
-    const int64_t numel = t.at("numel").get<int64_t>();
-    for (const TensorGroup& g : kGroups) {
-      const std::string ds = str_cat(g.group, "/", name);
-      try {
-        const std::vector<float> v = read_checkpoint_tensor(c.path, ds);
-        if (static_cast<int64_t>(v.size()) != numel)
-          problems.push_back(str_cat(ds, ": ", v.size(), " elements, the manifest says ", numel));
-      } catch (const Error& e) {
-        problems.push_back(e.what());
-      }
-    }
-  }
-  return problems;
 }
 
 }  // namespace so

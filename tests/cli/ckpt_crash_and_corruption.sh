@@ -2,7 +2,8 @@
 # Crash safety and corruption: (1) SIGKILL while a save is paused just before its commit: the
 # previous checkpoint stays `latest`, verifies and resumes; no partial file is ever loaded.
 # (2) A truncated file and a flipped byte inside a dataset are refused by so_ckpt verify and by
-# --resume with a message naming the damage, and the damaged files are left untouched.
+# --resume with a message naming the damage, and the damaged files are left untouched. (3) A save
+# to a full disk fails cleanly.
 # usage: ckpt_crash_and_corruption.sh SO_TRAIN SO_CKPT WORKDIR
 set -uo pipefail
 so_train=$1 so_ckpt=$2 work=$3
@@ -25,6 +26,19 @@ ls "$work/run"/.step-00000004.h5.partial >/dev/null 2>&1 || fail "no partial fil
 "$so_ckpt" verify "$work/run" || fail "previous checkpoint does not verify"
 "$so_train" "${args[@]}" --steps 3 --resume "$work/run" 2>&1 | grep -q "done: 3 steps" || fail "resume after the crash"
 echo "crash: previous checkpoint intact, verified and resumed"
+
+# (3) A save that cannot fit (a file-size limit standing in for a full disk; SIGXFSZ ignored so that
+# writes fail as on a full disk): a clear error and exit 1, before HDF5 writes a byte (HDF5 1.10
+# crashes at exit after a failed write); the previous checkpoint stays `latest`, no partial file.
+out=$( (trap '' XFSZ; ulimit -f 4096; "$so_train" "${args[@]}" --steps 4 --resume "$work/run" --save-dir "$work/run" \
+  --save-every 2) 2>&1)
+rc=$?
+[ $rc -eq 1 ] || fail "full disk: exit code $rc (expected 1): $(echo "$out" | tail -3)"
+echo "$out" | grep -Eq "error: checkpoint save to '.*': the checkpoint needs about .* MB but this process may not write files larger than" ||
+  fail "full disk: message: $(echo "$out" | grep error)"
+[ "$(cat "$work/run/latest")" = "step-00000002.h5" ] || fail "full disk: latest moved to $(cat "$work/run/latest")"
+ls "$work/run"/.step-*.partial >/dev/null 2>&1 && fail "full disk: a partial file was left behind"
+echo "full disk: refused ($(echo "$out" | grep -o 'error: .*'))"
 
 # (2) Damage copies of the good checkpoint.
 good="$work/run/step-00000002.h5"

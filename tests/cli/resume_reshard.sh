@@ -12,7 +12,7 @@ run() {  # ranks micro-batch extra-args...
   shift 2
   "$mpirun" --oversubscribe -np "$np" "$so_train" --config configs/runs/tiny-demo.json --set data.seq_len=32 \
     --set steps_per_print=1 --set scheduler.params.warmup_num_steps=2 --set zero_optimization.sub_group_size=100000 \
-    --set train_micro_batch_size_per_gpu="$mb" "${extra[@]}" "$@" >/dev/null
+    --set zero_optimization.stage=3 --set train_micro_batch_size_per_gpu="$mb" "${extra[@]}" "$@" >/dev/null
 }
 extra=("$@")
 run 2 2 --steps 8 --metrics "$work/straight.jsonl"

@@ -1,0 +1,83 @@
+#include "so/io/crc32c.h"
+
+#include <array>
+#include <cstring>
+
+#if defined(__aarch64__)
+#include <arm_acle.h>
+#include <sys/auxv.h>
+#endif
+
+namespace so {
+
+namespace {
+
+constexpr uint32_t kPoly = 0x82F63B78u;  // the Castagnoli polynomial, reflected
+
+// Slicing-by-8 tables: t[k][b] is the CRC of byte b followed by k zero bytes.
+struct Tables {
+  std::array<std::array<uint32_t, 256>, 8> t{};
+  constexpr Tables() {
+    for (uint32_t b = 0; b < 256; ++b) {
+      uint32_t c = b;
+      for (int i = 0; i < 8; ++i) c = c & 1 ? (c >> 1) ^ kPoly : c >> 1;
+      t[0][b] = c;
+    }
+    for (uint32_t b = 0; b < 256; ++b)
+      for (int k = 1; k < 8; ++k) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xff];
+  }
+};
+constexpr Tables kTables;
+
+uint32_t crc_table(const unsigned char* p, size_t n, uint32_t c) {
+  const auto& t = kTables.t;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    w ^= c;
+    c = t[7][w & 0xff] ^ t[6][(w >> 8) & 0xff] ^ t[5][(w >> 16) & 0xff] ^ t[4][(w >> 24) & 0xff] ^
+        t[3][(w >> 32) & 0xff] ^ t[2][(w >> 40) & 0xff] ^ t[1][(w >> 48) & 0xff] ^ t[0][w >> 56];
+  }
+  for (; n > 0; --n, ++p) c = (c >> 8) ^ t[0][(c ^ *p) & 0xff];
+  return c;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t crc_hw(const unsigned char* p, size_t n, uint32_t c) {
+  uint64_t c64 = c;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    c64 = __builtin_ia32_crc32di(c64, w);
+  }
+  c = static_cast<uint32_t>(c64);
+  for (; n > 0; --n, ++p) c = __builtin_ia32_crc32qi(c, *p);
+  return c;
+}
+bool have_hw() { return __builtin_cpu_supports("sse4.2"); }
+#elif defined(__aarch64__)
+__attribute__((target("+crc"))) uint32_t crc_hw(const unsigned char* p, size_t n, uint32_t c) {
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    c = __crc32cd(c, w);
+  }
+  for (; n > 0; --n, ++p) c = __crc32cb(c, *p);
+  return c;
+}
+bool have_hw() { return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0; }
+#else
+uint32_t crc_hw(const unsigned char* p, size_t n, uint32_t c) { return crc_table(p, n, c); }
+bool have_hw() { return false; }
+#endif
+
+}  // namespace
+
+uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
+  static const bool hw = have_hw();
+  const auto* p = static_cast<const unsigned char*>(data);
+  const uint32_t c = ~crc;
+  return ~(hw ? crc_hw(p, n, c) : crc_table(p, n, c));
+}
+
+}  // namespace so

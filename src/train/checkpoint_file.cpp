@@ -1,0 +1,398 @@
+#include "checkpoint_file.h"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <iterator>
+
+#include "so/core/error.h"
+#include "so/core/json_reader.h"
+#include "so/io/crc32c.h"
+#include "so/io/hdf5_file.h"
+
+namespace so::ckpt {
+
+namespace fs = std::filesystem;
+
+// Data and checksum tables are read and written as the little-endian bytes they are on disk.
+static_assert(std::endian::native == std::endian::little);
+
+const TensorGroup kGroups[3] = {
+    {OptimState::Master, "/model"}, {OptimState::ExpAvg, "/optim/exp_avg"}, {OptimState::ExpAvgSq, "/optim/exp_avg_sq"}};
+
+namespace {
+
+constexpr char kMetadata[] = "/metadata";
+constexpr int64_t kMaxMetadataBytes = int64_t{64} << 20;
+constexpr int64_t kMaxSteps = int64_t{1} << 40;
+
+#define SO_H5(call, ...) SO_CHECK((call) >= 0, "HDF5: ", #call, " failed: ", __VA_ARGS__)
+
+H5Id check_id(hid_t id, const std::string& what) {
+  SO_CHECK(id >= 0, "HDF5: ", what, " failed");
+  return H5Id(id);
+}
+
+// HDF5 calls that may fail on a damaged file: errors are reported by us, not printed by HDF5.
+template <typename Fn>
+auto quietly(Fn&& fn) {
+  decltype(fn()) r;
+  H5E_BEGIN_TRY { r = fn(); }
+  H5E_END_TRY;
+  return r;
+}
+
+void write_string_attr(hid_t obj, const char* name, const std::string& value) {
+  H5Id type = check_id(H5Tcopy(H5T_C_S1), "H5Tcopy");
+  SO_H5(H5Tset_size(type.get(), std::max<size_t>(1, value.size())), "string type");
+  H5Id space = check_id(H5Screate(H5S_SCALAR), "H5Screate");
+  H5Id attr = check_id(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                       str_cat("creating attribute ", name));
+  SO_H5(H5Awrite(attr.get(), type.get(), value.data()), "writing attribute ", name);
+}
+
+void write_int_attr(hid_t obj, const char* name, int64_t value) {
+  H5Id space = check_id(H5Screate(H5S_SCALAR), "H5Screate");
+  H5Id attr = check_id(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                       str_cat("creating attribute ", name));
+  SO_H5(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), "writing attribute ", name);
+}
+
+// The full read of `bytes` at `offset`, or an error naming what was read.
+void pread_all(int fd, void* out, size_t bytes, uint64_t offset, const std::string& what) {
+  auto* p = static_cast<char*>(out);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    SO_CHECK(n > 0, what, ": read failed at byte ", offset, n < 0 ? str_cat(": ", std::strerror(errno)) : " (truncated file)");
+    p += n, bytes -= static_cast<size_t>(n), offset += static_cast<uint64_t>(n);
+  }
+}
+
+}  // namespace
+
+std::vector<Segment> cut_segments(std::vector<Segment> slices, int64_t numel) {
+  std::sort(slices.begin(), slices.end(), [](const Segment& a, const Segment& b) { return a.first < b.first; });
+  std::vector<Segment> out;
+  int64_t at = 0;
+  for (const Segment& s : slices) {
+    if (s.count == 0) continue;
+    SO_CHECK(s.first == at, "checkpoint: the ranks' slices leave a gap or overlap at element ", at);
+    for (int64_t e = s.first; e < s.first + s.count;) {
+      const int64_t end = std::min(s.first + s.count, (e / kChunkElements + 1) * kChunkElements);
+      out.push_back(Segment{e, end - e});
+      e = end;
+    }
+    at = s.first + s.count;
+  }
+  SO_CHECK(at == numel, "checkpoint: the ranks' slices cover ", at, " of ", numel, " elements");
+  return out;
+}
+
+std::string data_name(const TensorGroup& g, const std::string& param) { return str_cat(g.path, "/", param); }
+std::string checksum_name(const TensorGroup& g, const std::string& param) {
+  return str_cat("/checksums", g.path, "/", param);
+}
+
+nlohmann::json manifest_of(const ParamLayout& layout) {
+  nlohmann::json m = nlohmann::json::array();
+  for (const ParamInfo& p : layout.params)
+    m.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", "float32"}, {"numel", p.numel}});
+  return m;
+}
+
+nlohmann::json make_metadata(const TrainState& state, int world_size, int zero_stage, const nlohmann::json& config,
+                             const nlohmann::json& model_config, const ParamLayout& layout) {
+  return {{"format", kFormat},
+          {"format_version", kCheckpointFormatVersion},
+          {"state",
+           {{"iteration", state.iteration},
+            {"steps_taken", state.steps_taken},
+            {"data_position", state.data_position},
+            {"last_step_redone", state.last_step_redone}}},
+          {"world_size", world_size},
+          {"zero_stage", zero_stage},
+          {"checksum", {{"algorithm", "crc32c"}, {"chunk_elements", kChunkElements}}},
+          {"config", config},
+          {"model_config", model_config},
+          {"manifest", manifest_of(layout)}};
+}
+
+void check_room(const std::string& dir, uint64_t bytes) {
+  const auto mb = [](uint64_t b) { return str_cat(b / 1e6, " MB"); };
+  struct statvfs fsinfo {};
+  SO_CHECK(::statvfs(dir.c_str(), &fsinfo) == 0, "cannot query the free space of '", dir, "': ", std::strerror(errno));
+  const uint64_t avail = static_cast<uint64_t>(fsinfo.f_bavail) * fsinfo.f_frsize;
+  SO_CHECK(bytes <= avail, "the checkpoint needs about ", mb(bytes), " but the filesystem holding '", dir, "' has ",
+           mb(avail), " free");
+  struct rlimit limit {};
+  SO_CHECK(::getrlimit(RLIMIT_FSIZE, &limit) == 0, "getrlimit(RLIMIT_FSIZE): ", std::strerror(errno));
+  SO_CHECK(limit.rlim_cur == RLIM_INFINITY || bytes <= limit.rlim_cur, "the checkpoint needs about ", mb(bytes),
+           " but this process may not write files larger than ", mb(limit.rlim_cur), " (ulimit -f)");
+}
+
+void create_file(const std::string& path, const nlohmann::json& metadata, const ParamLayout& layout,
+                 const std::vector<int64_t>& segments_per_tensor) {
+  // The datasets, their checksum tables and the metadata, plus HDF5's own structures (under 1 KiB
+  // per dataset measured; 4 KiB counted) and its superblock and root group.
+  uint64_t bytes = metadata.dump().size() + (uint64_t{1} << 20);
+  for (size_t id = 0; id < layout.params.size(); ++id)
+    bytes += std::size(kGroups) * (4 * static_cast<uint64_t>(layout.params[id].numel) +
+                                    24 * static_cast<uint64_t>(segments_per_tensor[id]) + 2 * 4096);
+  check_room(fs::path(path).parent_path().string(), bytes);
+  H5Id file = check_id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+                       str_cat("creating checkpoint '", path, "'"));
+  const hid_t f = file.get();
+  write_string_attr(f, "format", kFormat);
+  write_int_attr(f, "format_version", kCheckpointFormatVersion);
+  {
+    const std::string text = metadata.dump();
+    H5Id type = check_id(H5Tcopy(H5T_C_S1), "H5Tcopy");
+    SO_H5(H5Tset_size(type.get(), std::max<size_t>(1, text.size())), "metadata type");
+    H5Id space = check_id(H5Screate(H5S_SCALAR), "H5Screate");
+    H5Id ds = check_id(H5Dcreate2(f, kMetadata, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                       "creating /metadata");
+    SO_H5(H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()), "writing /metadata");
+    const uint32_t crc = crc32c(text.data(), text.size());
+    H5Id aspace = check_id(H5Screate(H5S_SCALAR), "H5Screate");
+    H5Id attr = check_id(H5Acreate2(ds.get(), "crc32c", H5T_STD_U32LE, aspace.get(), H5P_DEFAULT, H5P_DEFAULT),
+                         "creating /metadata crc32c");
+    SO_H5(H5Awrite(attr.get(), H5T_NATIVE_UINT32, &crc), "writing /metadata crc32c");
+  }
+  H5Id lcpl = check_id(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate(link)");
+  SO_H5(H5Pset_create_intermediate_group(lcpl.get(), 1), "intermediate groups");
+  // Storage allocated now, nothing filled: every byte is written once, by the rank that owns it.
+  H5Id dcpl = check_id(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate(dataset)");
+  SO_H5(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "early allocation");
+  SO_H5(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "no fill");
+  auto create = [&](const std::string& name, hid_t type, const std::vector<hsize_t>& dims) {
+    H5Id space = check_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), "dataspace");
+    H5Id ds = check_id(H5Dcreate2(f, name.c_str(), type, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
+                       str_cat("creating dataset ", name));
+  };
+  for (const TensorGroup& g : kGroups)
+    for (size_t id = 0; id < layout.params.size(); ++id) {
+      const ParamInfo& p = layout.params[id];
+      create(data_name(g, p.name), H5T_IEEE_F32LE, std::vector<hsize_t>(p.shape.begin(), p.shape.end()));
+      create(checksum_name(g, p.name), H5T_STD_U64LE, {static_cast<hsize_t>(segments_per_tensor[id]), 3});
+    }
+  SO_H5(H5Fflush(f, H5F_SCOPE_GLOBAL), "flushing '", path, "'");
+}
+
+std::map<std::string, uint64_t> dataset_offsets(const std::string& path, const std::vector<std::string>& datasets) {
+  H5Id file = check_id(quietly([&] { return H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT); }),
+                       str_cat("opening '", path, "'"));
+  std::map<std::string, uint64_t> out;
+  for (const std::string& name : datasets) {
+    H5Id ds = check_id(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT), str_cat("opening ", name));
+    const haddr_t at = H5Dget_offset(ds.get());
+    SO_CHECK(at != HADDR_UNDEF, "checkpoint '", path, "': dataset ", name, " has no storage");
+    out[name] = at;
+  }
+  return out;
+}
+
+// ---- reading -------------------------------------------------------------------------------
+
+void parse_metadata(std::string_view text, const std::string& where, CheckpointSummary& summary, ParamLayout& layout) {
+  const std::string msource = str_cat(where, ": metadata");
+  const nlohmann::json doc = parse_json_text(text, msource);
+  JsonReader r(doc, msource);
+  SO_CHECK(r.require<std::string>("format") == kFormat, where, " is not a so_train checkpoint");
+  summary.format_version = r.get_in("format_version", 0, kCheckpointFormatVersion, kCheckpointFormatVersion);
+  {
+    JsonReader s = r.child("state");
+    summary.state.iteration = s.get_in("iteration", -1, 0, kMaxSteps);
+    summary.state.steps_taken = s.get_in("steps_taken", -1, 0, summary.state.iteration);
+    summary.state.data_position = s.get_in("data_position", -1, 0, int64_t{1} << 62);
+    summary.state.last_step_redone = s.require<bool>("last_step_redone");
+    for (const char* k : {"iteration", "steps_taken", "data_position"})
+      if (!s.has(k)) s.fail(k, "is missing");
+    s.finish();
+  }
+  summary.world_size = r.get_in("world_size", -1, 1, 1 << 24);
+  summary.zero_stage = r.get_in("zero_stage", -1, 0, 3);
+  for (const char* k : {"world_size", "zero_stage"})
+    if (!r.has(k)) r.fail(k, "is missing");
+  {
+    JsonReader c = r.child("checksum");
+    if (c.require<std::string>("algorithm") != "crc32c") c.fail("algorithm", "is not crc32c");
+    c.get_in("chunk_elements", -1, kChunkElements, kChunkElements);
+    c.finish();
+  }
+  for (const char* k : {"config", "model_config", "manifest"})
+    if (!r.has(k)) r.fail(k, "is missing");
+  summary.config = r.raw().at("config");
+  r.accept("config");
+  if (!summary.config.is_object()) r.fail("config", "must be an object");
+  summary.model_config = r.raw().at("model_config");
+  r.accept("model_config");
+  summary.manifest = r.raw().at("manifest");
+  r.accept("manifest");
+  r.finish();
+  // The manifest must be exactly the tensors of the model the checkpoint says it holds.
+  layout = ParamLayout::for_model(ModelConfig::from_hf_json(summary.model_config, msource + " model_config"));
+  SO_CHECK(summary.manifest == manifest_of(layout), where, ": the manifest does not list the tensors of its model_config");
+}
+
+CheckpointFile::CheckpointFile(const std::string& path) : path_(path) {
+  const std::string where = str_cat("checkpoint '", path, "'");
+  struct stat st {};
+  SO_CHECK(::stat(path.c_str(), &st) == 0, "cannot open ", where, ": ", std::strerror(errno));
+  SO_CHECK(S_ISREG(st.st_mode), where, " is not a regular file");
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+  H5Id file(quietly([&] { return H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT); }));
+  SO_CHECK(file.valid(), "cannot open ", where, " (not an HDF5 file, or truncated)");
+  const hid_t f = file.get();
+
+  // The metadata document, checked against its CRC32C before a field of it is read.
+  H5Id meta(quietly([&] { return H5Dopen2(f, kMetadata, H5P_DEFAULT); }));
+  SO_CHECK(meta.valid(), where, " has no ", kMetadata, " (not a so_train checkpoint of format ", kCheckpointFormatVersion,
+           ")");
+  H5Id mtype = check_id(H5Dget_type(meta.get()), "H5Dget_type");
+  SO_CHECK(H5Tget_class(mtype.get()) == H5T_STRING && H5Tis_variable_str(mtype.get()) == 0, where, ": ", kMetadata,
+           " is not a fixed-length string");
+  const size_t meta_bytes = H5Tget_size(mtype.get());
+  SO_CHECK(meta_bytes > 0 && static_cast<int64_t>(meta_bytes) <= kMaxMetadataBytes, where, ": ", kMetadata, " is ",
+           meta_bytes, " bytes (at most ", kMaxMetadataBytes, ")");
+  std::string text(meta_bytes, '\0');
+  SO_CHECK(quietly([&] { return H5Dread(meta.get(), mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()); }) >= 0,
+           where, ": reading ", kMetadata, " failed (truncated or damaged file)");
+  while (!text.empty() && text.back() == '\0') text.pop_back();
+  uint32_t want_crc = 0;
+  SO_CHECK(quietly([&] { return H5Aexists(meta.get(), "crc32c"); }) > 0, where, ": ", kMetadata, " has no crc32c");
+  H5Id attr = check_id(H5Aopen(meta.get(), "crc32c", H5P_DEFAULT), "opening /metadata crc32c");
+  SO_H5(H5Aread(attr.get(), H5T_NATIVE_UINT32, &want_crc), "reading /metadata crc32c of ", path);
+  SO_CHECK(crc32c(text.data(), text.size()) == want_crc, where, ": ", kMetadata,
+           " fails its checksum (the checkpoint is damaged)");
+
+  parse_metadata(text, where, summary_, layout_);
+  summary_.path = path;
+
+  for (const TensorGroup& g : kGroups)
+    for (const ParamInfo& p : layout_.params) {
+      Tensor t;
+      t.numel = p.numel;
+      const std::string dname = data_name(g, p.name), cname = checksum_name(g, p.name);
+      uint64_t table_offset = 0;
+      int64_t n_segments = 0;
+      for (const bool table : {false, true}) {
+        const std::string& name = table ? cname : dname;
+        H5Id ds(quietly([&] { return H5Dopen2(f, name.c_str(), H5P_DEFAULT); }));
+        SO_CHECK(ds.valid(), where, " has no dataset ", name);
+        H5Id type = check_id(H5Dget_type(ds.get()), "H5Dget_type");
+        SO_CHECK(H5Tequal(type.get(), table ? H5T_STD_U64LE : H5T_IEEE_F32LE) > 0, where, ": dataset ", name, " is not ",
+                 table ? "uint64 little-endian" : "float32 little-endian");
+        H5Id plist = check_id(H5Dget_create_plist(ds.get()), "H5Dget_create_plist");
+        SO_CHECK(H5Pget_layout(plist.get()) == H5D_CONTIGUOUS && H5Pget_nfilters(plist.get()) == 0, where, ": dataset ",
+                 name, " is not stored contiguously without filters (not written by so_train)");
+        H5Id space = check_id(H5Dget_space(ds.get()), "H5Dget_space");
+        const int rank = H5Sget_simple_extent_ndims(space.get());
+        SO_CHECK(rank >= 1 && rank <= 2, where, ": dataset ", name, " has rank ", rank);
+        std::vector<hsize_t> dims(static_cast<size_t>(rank));
+        H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+        if (table) {
+          SO_CHECK(rank == 2 && dims[1] == 3 && dims[0] >= 1 && dims[0] <= static_cast<hsize_t>(p.numel), where,
+                   ": checksum table ", name, " has the wrong shape");
+          n_segments = static_cast<int64_t>(dims[0]);
+        } else {
+          SO_CHECK(std::vector<int64_t>(dims.begin(), dims.end()) == p.shape, where, ": dataset ", name,
+                   " has the wrong shape");
+        }
+        const haddr_t at = H5Dget_offset(ds.get());
+        const uint64_t bytes = table ? static_cast<uint64_t>(n_segments) * 24 : static_cast<uint64_t>(p.numel) * 4;
+        SO_CHECK(at != HADDR_UNDEF && at <= file_size && bytes <= file_size - at, where, ": dataset ", name,
+                 " lies outside the ", file_size, "-byte file (truncated, or never written)");
+        (table ? table_offset : t.data_offset) = at;
+      }
+      // The table, read now (it is small) and checked to tile the tensor in chunk-bounded pieces.
+      if (fd_ < 0) {
+        fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        SO_CHECK(fd_ >= 0, "cannot open ", where, ": ", std::strerror(errno));
+      }
+      std::vector<uint64_t> raw(static_cast<size_t>(n_segments) * 3);
+      pread_all(fd_, raw.data(), raw.size() * 8, table_offset, str_cat(where, ": checksum table ", cname));
+      int64_t at = 0;
+      for (int64_t i = 0; i < n_segments; ++i) {
+        const uint64_t first = raw[3 * i], count = raw[3 * i + 1], crc = raw[3 * i + 2];
+        const bool ok = first == static_cast<uint64_t>(at) && count >= 1 && count <= static_cast<uint64_t>(kChunkElements) &&
+                        first / kChunkElements == (first + count - 1) / kChunkElements && crc <= UINT32_MAX &&
+                        first + count <= static_cast<uint64_t>(p.numel);
+        SO_CHECK(ok, where, ": checksum table ", cname, " entry ", i, " is not a valid segment (damaged, or never written)");
+        t.segments.push_back(Segment{static_cast<int64_t>(first), static_cast<int64_t>(count)});
+        t.crcs.push_back(static_cast<uint32_t>(crc));
+        at = static_cast<int64_t>(first + count);
+      }
+      SO_CHECK(at == p.numel, where, ": checksum table ", cname, " covers ", at, " of ", p.numel, " elements");
+      tensors_.emplace(dname, std::move(t));
+    }
+}
+
+CheckpointFile::~CheckpointFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const CheckpointFile::Tensor& CheckpointFile::tensor(const std::string& dataset) const {
+  const auto it = tensors_.find(dataset);
+  SO_CHECK(it != tensors_.end(), "checkpoint '", path_, "' has no dataset ", dataset);
+  return it->second;
+}
+
+void CheckpointFile::read_segments(const std::string& dataset, const Tensor& t, size_t a, size_t b, float* out) const {
+  if (a >= b) return;
+  const int64_t first = t.segments[a].first, last = t.segments[b - 1].first + t.segments[b - 1].count;
+  pread_all(fd_, out, static_cast<size_t>(last - first) * 4, t.data_offset + static_cast<uint64_t>(first) * 4,
+            str_cat("checkpoint '", path_, "': dataset ", dataset));
+  for (size_t i = a; i < b; ++i) {
+    const Segment& s = t.segments[i];
+    SO_CHECK(crc32c(out + (s.first - first), static_cast<size_t>(s.count) * 4) == t.crcs[i], "checkpoint '", path_,
+             "': dataset ", dataset, " elements [", s.first, ", ", s.first + s.count,
+             ") fail their checksum (the checkpoint is damaged)");
+  }
+}
+
+std::vector<float> CheckpointFile::read(const std::string& dataset, int64_t first, int64_t count) const {
+  const Tensor& t = tensor(dataset);
+  SO_CHECK(first >= 0 && count >= 0 && first + count <= t.numel, "checkpoint: elements [", first, ", ", first + count,
+           ") of ", dataset, " (", t.numel, " elements)");
+  std::vector<float> out(static_cast<size_t>(count));
+  if (count == 0) return out;
+  // Whole segments only: a checksum covers its segment, so the read starts and ends on their edges.
+  const auto begin = t.segments.begin(), end = t.segments.end();
+  const size_t a = std::partition_point(begin, end, [&](const Segment& s) { return s.first + s.count <= first; }) - begin;
+  const size_t b = std::partition_point(begin, end, [&](const Segment& s) { return s.first < first + count; }) - begin;
+  const int64_t lo = t.segments[a].first, hi = t.segments[b - 1].first + t.segments[b - 1].count;
+  if (lo == first && hi == first + count) {
+    read_segments(dataset, t, a, b, out.data());
+    return out;
+  }
+  std::vector<float> whole(static_cast<size_t>(hi - lo));
+  read_segments(dataset, t, a, b, whole.data());
+  std::copy_n(whole.begin() + (first - lo), count, out.begin());
+  return out;
+}
+
+std::vector<std::string> CheckpointFile::verify_all() const {
+  std::vector<std::string> problems;
+  std::vector<float> buf(static_cast<size_t>(kChunkElements));
+  for (const auto& [name, t] : tensors_)
+    for (size_t i = 0; i < t.segments.size(); ++i) {
+      try {
+        read_segments(name, t, i, i + 1, buf.data());
+      } catch (const Error& e) {
+        problems.push_back(e.what());
+        break;  // one line per damaged tensor
+      }
+    }
+  return problems;
+}
+
+}  // namespace so::ckpt

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Crafted checkpoints: copies of a good one, each altered the way an attacker (or a broken tool)
+would, the metadata's CRC32C recomputed where the attack needs it to get past the checksum. Each
+must be refused by `so_ckpt verify` and by `so_train --resume` with exit code 1 (no crash) and an
+error naming what is wrong, and left unmodified. Exits 77 (skipped) when h5py or numpy is missing.
+
+usage: ckpt_crafted.py SO_TRAIN SO_CKPT WORKDIR"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+try:
+    import h5py
+    import numpy as np
+except ImportError as e:
+    print(f"SKIPPED: {e}")
+    sys.exit(77)
+
+from crc32c import crc32c
+
+so_train, so_ckpt, work = sys.argv[1:4]
+ARGS = ["--config", "configs/runs/tiny-demo.json", "--set", "data.seq_len=32", "--set", "train_micro_batch_size_per_gpu=2"]
+
+
+def run(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout + p.stderr
+
+
+def set_metadata(f, text, crc=None):
+    """Replaces /metadata by `text` (a fixed-length string) with its CRC32C (or the one given)."""
+    raw = text.encode()
+    del f["metadata"]
+    ds = f.create_dataset("metadata", data=np.array(raw, dtype=f"S{max(1, len(raw))}"))
+    ds.attrs.create("crc32c", crc32c(raw) if crc is None else crc, dtype="<u4")
+
+
+def metadata(f):
+    return json.loads(f["metadata"][()].decode())
+
+
+def edit_metadata(change):
+    def attack(f):
+        m = metadata(f)
+        change(m)
+        set_metadata(f, json.dumps(m))
+    return attack
+
+
+def flip_metadata_byte(f):
+    raw = bytearray(f["metadata"][()])
+    crc = crc32c(bytes(raw))
+    raw[len(raw) // 2] ^= 0x01
+    set_metadata(f, raw.decode(errors="replace"), crc)
+
+
+def first_tensor(f):
+    return metadata(f)["manifest"][0]["name"]
+
+
+def retype_dataset(f):
+    name = "/model/" + first_tensor(f)
+    data = f[name][()].astype("<f8")
+    del f[name]
+    f.create_dataset(name, data=data)
+
+
+def unwritten_checksums(f):
+    name = "/checksums/model/" + first_tensor(f)
+    f[name][...] = 0
+
+
+def huge_shape(f):
+    name = "/model/" + first_tensor(f)
+    del f[name]
+    f.create_dataset(name, shape=(1 << 20, 1 << 14), dtype="<f4")  # 64 GiB claimed, nothing stored
+
+
+def nested_metadata(f):
+    set_metadata(f, "[" * 100000 + "]" * 100000)
+
+
+ATTACKS = [
+    ("metadata byte flipped", flip_metadata_byte, "fails its checksum"),
+    ("steps_taken -1", edit_metadata(lambda m: m["state"].update(steps_taken=-1)), "'state.steps_taken' must be in"),
+    ("iteration 2^63-1", edit_metadata(lambda m: m["state"].update(iteration=2**63 - 1)), "'state.iteration' must be in"),
+    ("steps_taken > iteration", edit_metadata(lambda m: m["state"].update(steps_taken=m["state"]["iteration"] + 1)),
+     "'state.steps_taken' must be in"),
+    ("data_position -5", edit_metadata(lambda m: m["state"].update(data_position=-5)), "'state.data_position' must be in"),
+    ("empty manifest", edit_metadata(lambda m: m.update(manifest=[])), "the manifest does not list the tensors"),
+    ("vocab 2^31", edit_metadata(lambda m: m["model_config"].update(vocab_size=2**31)), "vocab_size"),
+    ("unknown key", edit_metadata(lambda m: m.update(extra=1)), "unknown key 'extra'"),
+    ("metadata not JSON", lambda f: set_metadata(f, '{"format": "so_train-checkpoint", '), "metadata"),
+    ("metadata nested 100k deep", nested_metadata, "nested"),
+    ("dataset stored as float64", retype_dataset, "is not float32 little-endian"),
+    ("checksum table never written", unwritten_checksums, "is not a valid segment"),
+    ("dataset shape claims 64 GiB", huge_shape, "has the wrong shape"),
+]
+
+
+def main():
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    rc, out = run([so_train, *ARGS, "--steps", "2", "--save-dir", f"{work}/good", "--save-every", "2"])
+    assert rc == 0, out
+    good = f"{work}/good/step-00000002.h5"
+    failures = 0
+    for name, attack, expect in ATTACKS:
+        d = f"{work}/{name.replace(' ', '_')}"
+        os.makedirs(d)
+        path = f"{d}/step-00000002.h5"
+        shutil.copy(good, path)
+        with h5py.File(path, "r+") as f:
+            attack(f)
+        with open(f"{d}/latest", "w") as f:
+            f.write("step-00000002.h5\n")
+        before = hashlib.md5(open(path, "rb").read()).hexdigest()
+        for tool, cmd in (("verify", [so_ckpt, "verify", d]), ("resume", [so_train, *ARGS, "--steps", "3", "--resume", d])):
+            rc, out = run(cmd)
+            errors = [line for line in out.splitlines() if "error" in line.lower() or "DAMAGED" in line]
+            ok = rc == 1 and any(expect in line for line in errors)
+            print(f"{'ok ' if ok else 'BAD'} {name:32s} {tool:6s} exit {rc}: {(errors or [out.strip()[-200:]])[0][:200]}")
+            failures += not ok
+        if hashlib.md5(open(path, "rb").read()).hexdigest() != before:
+            print(f"BAD {name}: the file was modified")
+            failures += 1
+    print("crafted checkpoints ok" if failures == 0 else f"{failures} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
