@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "parallel/collective_watchdog.h"
 #include "parallel/communicator.h"
 #include "parallel/mpi_check.h"
 #include "parallel/mpi_comm.h"
@@ -69,14 +70,19 @@ class MpiCommunicator final : public Communicator {
   std::string name() const override { return name_; }
 
   void all_reduce_sum(double* values, int count) override {
+    const CollectiveWatchdog::Watch watch(str_cat("all_reduce_sum of ", count, " doubles on ", group()));
     SO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, MPI_SUM, host_comm_), "all_reduce_sum of ",
                  count, " doubles on ", group());
   }
-  void barrier() override { SO_MPI_CHECK(MPI_Barrier(host_comm_), group()); }
+  void barrier() override {
+    const CollectiveWatchdog::Watch watch(str_cat("barrier on ", group()));
+    SO_MPI_CHECK(MPI_Barrier(host_comm_), group());
+  }
 
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     SO_CHECK(color >= 0, "split of ", group(), " into '", name, "': color ", color, " must be >= 0");
     MPI_Comm child = MPI_COMM_NULL;
+    const CollectiveWatchdog::Watch watch(str_cat("split of ", group(), " into '", name, "'"));
     SO_MPI_CHECK(MPI_Comm_split(host_comm_, color, key, &child), "split of ", group(), " into '", name, "', color ",
                  color, ", key ", key);
     return std::make_unique<MpiCommunicator>(child, name, backend_);
@@ -97,6 +103,7 @@ class MpiCommunicator final : public Communicator {
     SO_CHECK(in_place || !overlap(send, block, recv, size_ * block), context("all_gather", count, dt),
              ": send overlaps recv other than as this rank's block");
     backend_->host_func(s, [=, this] {
+      const CollectiveWatchdog::Watch watch(context("all_gather", count, dt));
       SO_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, raw_type(dt), recv, n, raw_type(dt), stream_comm_),
                    context("all_gather", count, dt));
     });
@@ -110,6 +117,7 @@ class MpiCommunicator final : public Communicator {
     SO_CHECK(in_place || !overlap(send, size_ * block, recv, block), context("reduce_scatter", count, dt),
              ": recv overlaps send other than as this rank's block");
     backend_->host_func(s, [=, this] {
+      const CollectiveWatchdog::Watch watch(context("reduce_scatter", count, dt));
       float* in = reducible(send, int64_t{n} * size_, dt);
       // MPI's in-place variant leaves the result at the start of the buffer, which must then be
       // writable: the widened scratch, or send itself when recv aliases it.
@@ -124,6 +132,7 @@ class MpiCommunicator final : public Communicator {
   void all_reduce(Stream& s, void* buf, int64_t count, DType dt, ReduceOp op) override {
     const int n = checked("all_reduce", count, dt);
     backend_->host_func(s, [=, this] {
+      const CollectiveWatchdog::Watch watch(context("all_reduce", count, dt));
       float* data = reducible(buf, n, dt);
       SO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, n, MPI_FLOAT, MPI_SUM, stream_comm_),
                    context("all_reduce", count, dt));
@@ -138,6 +147,7 @@ class MpiCommunicator final : public Communicator {
     SO_CHECK(in_place || !overlap(send, bytes, recv, bytes), context("all_to_all", count, dt),
              ": send and recv overlap without being the same buffer");
     backend_->host_func(s, [=, this] {
+      const CollectiveWatchdog::Watch watch(context("all_to_all", count, dt));
       SO_MPI_CHECK(MPI_Alltoall(in_place ? MPI_IN_PLACE : send, n, raw_type(dt), recv, n, raw_type(dt), stream_comm_),
                    context("all_to_all", count, dt));
     });
@@ -147,6 +157,7 @@ class MpiCommunicator final : public Communicator {
     const int n = checked("broadcast", count, dt);
     SO_CHECK(root >= 0 && root < size_, context("broadcast", count, dt), ": root ", root, " is outside the group");
     backend_->host_func(s, [=, this] {
+      const CollectiveWatchdog::Watch watch(context("broadcast", count, dt));
       SO_MPI_CHECK(MPI_Bcast(buf, n, raw_type(dt), root, stream_comm_), context("broadcast", count, dt), " from root ",
                    root);
     });

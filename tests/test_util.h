@@ -17,7 +17,8 @@
 namespace so::test {
 
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  // (An empty vector's data() may be null, which memcmp must not see even with a zero length.)
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // Every parameter's master weights and both Adam moments equal bit for bit: the mode

@@ -34,9 +34,11 @@ class BinaryTokenFile final : public TokenSource {
     SO_CHECK(version == TokenFileFormat::kVersion, "token file '", path, "' has format version ", version,
              "; this build reads version ", TokenFileFormat::kVersion);
     SO_CHECK(bpt == 2 || bpt == 4, "token file '", path, "' says ", bpt, " bytes per token; must be 2 or 4");
-    SO_CHECK(file_.size() == hb + count * bpt, "token file '", path, "' header promises ", count, " tokens of ",
-             bpt, " bytes (", hb + count * bpt, " bytes in all) but the file has ", file_.size(),
-             " bytes (truncated or corrupt)");
+    // Compared as a token count: count * bpt can wrap around 64 bits for a crafted header.
+    const uint64_t fits = (file_.size() - hb) / bpt;
+    SO_CHECK(count == fits && (file_.size() - hb) % bpt == 0, "token file '", path, "' header promises ", count,
+             " tokens of ", bpt, " bytes but the file has ", file_.size(), " bytes, room for ", fits,
+             " after the header (truncated or corrupt)");
     bytes_per_token_ = bpt;
     count_ = static_cast<int64_t>(count);
   }
@@ -86,6 +88,9 @@ class Hdf5Tokens final : public TokenSource {
     const auto shape = file_.shape(dataset);
     SO_CHECK(shape.size() == 1, "HDF5 token dataset '", dataset, "' in '", path, "' must be 1-D, has rank ",
              shape.size());
+    const std::string type = file_.type_description(dataset);
+    SO_CHECK(file_.is_integer(dataset), "HDF5 token dataset '", dataset, "' in '", path, "' holds ", type,
+             "; token ids must be integers (a float dataset would be truncated)");
     count_ = shape[0];
   }
   int64_t size() const override { return count_; }

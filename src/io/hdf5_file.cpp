@@ -1,5 +1,10 @@
 #include "so/io/hdf5_file.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "so/core/error.h"
 
 namespace so {
@@ -34,6 +39,10 @@ H5Id::~H5Id() { close_id(id_); }
 H5File H5File::open_read(const std::string& path) {
   H5File f;
   f.path_ = path;
+  // H5Fopen would block on a FIFO (waiting for a writer) and misreport a directory.
+  struct stat st {};
+  SO_CHECK(::stat(path.c_str(), &st) == 0, "cannot open HDF5 file '", path, "': ", std::strerror(errno));
+  SO_CHECK(S_ISREG(st.st_mode), "HDF5 file '", path, "' is not a regular file (a directory, FIFO or device)");
   H5E_BEGIN_TRY { f.file_ = H5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)); }
   H5E_END_TRY;
   SO_CHECK(f.file_.valid(), "cannot open HDF5 file '", path, "' (missing, unreadable or not HDF5)");
@@ -63,6 +72,25 @@ std::vector<int64_t> H5File::shape(const std::string& dataset) const {
   std::vector<hsize_t> dims(static_cast<size_t>(rank));
   H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
   return std::vector<int64_t>(dims.begin(), dims.end());
+}
+
+bool H5File::is_integer(const std::string& dataset) const {
+  H5Id d = open_dataset(dataset);
+  H5Id type(H5Dget_type(d.get()));
+  return H5Tget_class(type.get()) == H5T_INTEGER;
+}
+
+std::string H5File::type_description(const std::string& dataset) const {
+  H5Id d = open_dataset(dataset);
+  H5Id type(H5Dget_type(d.get()));
+  const size_t bits = 8 * H5Tget_size(type.get());
+  switch (H5Tget_class(type.get())) {
+    case H5T_INTEGER:
+      return str_cat(bits, "-bit ", H5Tget_sign(type.get()) == H5T_SGN_NONE ? "unsigned" : "signed", " integers");
+    case H5T_FLOAT: return str_cat(bits, "-bit floats");
+    case H5T_STRING: return "strings";
+    default: return str_cat(bits, "-bit values of a non-numeric HDF5 class");
+  }
 }
 
 namespace {

@@ -14,12 +14,13 @@
 namespace so {
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   SO_CHECK(fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    SO_FAIL("'", path, "' is not a regular file");
+    SO_FAIL("'", path, "' is not a regular file (a directory, FIFO or device cannot be mapped)");
   }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ == 0) {  // mmap refuses length 0; an empty file maps to nothing

@@ -4,9 +4,9 @@
 #include <bit>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "so/core/error.h"
+#include "so/core/json_reader.h"
 #include "so/io/atomic_file.h"
 
 namespace so {
@@ -35,33 +35,16 @@ uint64_t read_le64(const uint8_t* p) {
   return v;
 }
 
-// Parses the header JSON, refusing duplicate keys in any object: nlohmann keeps the last one
-// silently, which would let two entries for one tensor disagree unseen.
 nlohmann::json parse_header(const std::string& path, const char* text, size_t n) {
-  std::vector<std::set<std::string>> keys;  // one set per open object
-  std::string duplicate;
-  const auto callback = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
-    using E = nlohmann::json::parse_event_t;
-    if (ev == E::object_start) keys.emplace_back();
-    if (ev == E::object_end) keys.pop_back();
-    if (ev == E::key && !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty())
-      duplicate = parsed.get<std::string>();
-    return true;
-  };
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text, text + n, callback);
-  } catch (const nlohmann::json::exception& e) {
-    SO_FAIL("safetensors file '", path, "': the header is not valid JSON: ", e.what());
-  }
-  SO_CHECK(duplicate.empty(), "safetensors file '", path, "': the header has the key '", duplicate, "' twice");
+  // Bounded nesting and no duplicate keys: two entries for one tensor must not disagree unseen.
+  nlohmann::json j = parse_json_text(std::string_view(text, n), str_cat("safetensors file '", path, "': the header"));
   SO_CHECK(j.is_object(), "safetensors file '", path, "': the header must be a JSON object, is ", j.type_name());
   return j;
 }
 
 // A non-negative JSON integer; `what` names it in errors.
 uint64_t unsigned_value(const nlohmann::json& v, const std::string& what) {
-  SO_CHECK(v.is_number_unsigned(), what, " must be a non-negative integer, is ", v.dump());
+  SO_CHECK(v.is_number_unsigned(), what, " must be a non-negative integer, is ", brief_json(v));
   return v.get<uint64_t>();
 }
 
@@ -77,7 +60,7 @@ SafetensorsTensor parse_tensor(const std::string& where, const std::string& name
   SafetensorsTensor t;
   t.name = name;
   const nlohmann::json& dt = entry["dtype"];
-  SO_CHECK(dt.is_string(), where, ": dtype must be a string, is ", dt.dump());
+  SO_CHECK(dt.is_string(), where, ": dtype must be a string, is ", brief_json(dt));
   const auto known = std::find_if(std::begin(kReadable), std::end(kReadable),
                                   [&](const DTypeName& d) { return dt.get<std::string>() == d.name; });
   SO_CHECK(known != std::end(kReadable), where, " has dtype ", dt.get<std::string>(),
@@ -85,28 +68,28 @@ SafetensorsTensor parse_tensor(const std::string& where, const std::string& name
   t.dtype = known->dtype;
 
   const nlohmann::json& shape = entry["shape"];
-  SO_CHECK(shape.is_array(), where, ": shape must be an array, is ", shape.dump());
+  SO_CHECK(shape.is_array(), where, ": shape must be an array, is ", brief_json(shape));
   uint64_t numel = 1;
   for (const nlohmann::json& d : shape) {
     const uint64_t dim = unsigned_value(d, where + ": every shape dimension");
     // Bounded by the data section below; here only the product must not wrap.
     SO_CHECK(dim <= INT64_MAX && !__builtin_mul_overflow(numel, dim, &numel) && numel <= INT64_MAX, where,
-             ": shape ", shape.dump(), " has more elements than fit 63 bits");
+             ": shape ", brief_json(shape), " has more elements than fit 63 bits");
     t.shape.push_back(static_cast<int64_t>(dim));
   }
   t.numel = static_cast<int64_t>(numel);
   uint64_t bytes = 0;
-  SO_CHECK(!__builtin_mul_overflow(numel, element_size(t.dtype), &bytes), where, ": shape ", shape.dump(),
+  SO_CHECK(!__builtin_mul_overflow(numel, element_size(t.dtype), &bytes), where, ": shape ", brief_json(shape),
            " overflows the byte count");
 
   const nlohmann::json& off = entry["data_offsets"];
-  SO_CHECK(off.is_array() && off.size() == 2, where, ": data_offsets must be [begin, end], is ", off.dump());
+  SO_CHECK(off.is_array() && off.size() == 2, where, ": data_offsets must be [begin, end], is ", brief_json(off));
   t.begin = unsigned_value(off[0], where + ": data_offsets begin");
   t.end = unsigned_value(off[1], where + ": data_offsets end");
   SO_CHECK(t.begin <= t.end && t.end <= data_bytes, where, ": data_offsets [", t.begin, ", ", t.end,
            "] lie outside the ", data_bytes, "-byte data section (truncated or corrupt file)");
   SO_CHECK(t.end - t.begin == bytes, where, ": data_offsets [", t.begin, ", ", t.end, "] hold ", t.end - t.begin,
-           " bytes but shape ", shape.dump(), " of ", known->name, " needs ", bytes);
+           " bytes but shape ", brief_json(shape), " of ", known->name, " needs ", bytes);
   return t;
 }
 
@@ -136,7 +119,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
       SO_CHECK(entry.is_object(), "safetensors file '", path, "': '", kMetadataKey, "' must be an object");
       for (const auto& [key, value] : entry.items()) {
         SO_CHECK(value.is_string(), "safetensors file '", path, "': metadata '", key, "' must be a string, is ",
-                 value.dump());
+                 brief_json(value));
         metadata_[key] = value.get<std::string>();
       }
       continue;
@@ -179,6 +162,7 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
   const SafetensorsTensor& t = tensor(name);
   const uint8_t* src = file_.data() + data_start_ + t.begin;  // validated at open
   std::vector<float> out(static_cast<size_t>(t.numel));
+  if (out.empty()) return out;  // (an empty file maps to no memory at all)
   if (t.dtype == SafetensorsDType::F32) {
     std::memcpy(out.data(), src, out.size() * 4);
     return out;

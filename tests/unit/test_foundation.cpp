@@ -2,16 +2,21 @@
 // pool's capacity, config validation, data files and sampling, LR schedules, FLOP counting.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "so/backend/backend.h"
 #include "so/core/error.h"
 #include "so/data/batch_sampler.h"
 #include "so/engine/bucket.h"
+#include "so/io/hdf5_file.h"
 #include "so/train/run_config.h"
 #include "tests/test_util.h"
 
@@ -129,11 +134,49 @@ TEST(RunConfig, RejectsWithTheKeyPath) {
   doc["fp16"] = {{"enabled", true}};
   EXPECT_NE(config_error(doc).find("fp16"), std::string::npos);
   doc = demo_config();
-  doc["train_batch_size"] = 7;
-  EXPECT_NE(config_error(doc).find("'train_batch_size' is 7"), std::string::npos);
-  doc = demo_config();
   doc["data"]["seq_len"] = 4096;
   EXPECT_NE(config_error(doc).find("max_position_embeddings"), std::string::npos);
+}
+
+// DeepSpeed's rules (deepspeed/runtime/config.py), the cases its own code was run on.
+TEST(RunConfig, BatchSizesAreDerivedAsDeepSpeedDerivesThem) {
+  struct Case {
+    int64_t tb, mb, ga, dp;
+    int64_t want_mb, want_ga, want_tb;  // 0: an error is expected
+  };
+  const Case cases[] = {
+      {4, 0, 1, 1, 4, 1, 4},     // the SuperOffload example: micro derived
+      {4, 0, 0, 2, 2, 1, 4},     // global only: micro = global / dp
+      {0, 2, 0, 4, 2, 1, 8},     // micro only: global = micro x dp
+      {0, 2, 3, 2, 2, 3, 12},    // micro and accumulation
+      {16, 2, 0, 2, 2, 4, 16},   // global and micro: accumulation derived
+      {0, 0, 0, 3, 1, 1, 3},     // none: so_train's micro-batch 1
+      {10, 3, 0, 1, 0, 0, 0},    // 10 / 3 does not divide
+      {10, 0, 3, 1, 0, 0, 0},
+      {6, 0, 0, 4, 0, 0, 0},     // 6 / 4
+      {8, 2, 3, 1, 0, 0, 0},     // 2 x 3 x 1 != 8
+  };
+  for (const Case& c : cases) {
+    RunConfig cfg;
+    cfg.source = "test.json";
+    cfg.train_batch_size = c.tb, cfg.micro_batch = c.mb, cfg.grad_accum = c.ga;
+    SCOPED_TRACE(::testing::Message() << "tb " << c.tb << " mb " << c.mb << " ga " << c.ga << " dp " << c.dp);
+    if (c.want_tb == 0) {
+      try {
+        resolve_batch_sizes(cfg, c.dp);
+        ADD_FAILURE() << "no error";
+      } catch (const Error& e) {
+        // Every message names all three and the data-parallel size.
+        EXPECT_NE(std::string(e.what()).find(str_cat("data-parallel size ", c.dp)), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("train_micro_batch_size_per_gpu"), std::string::npos) << e.what();
+      }
+      continue;
+    }
+    const BatchSizes b = resolve_batch_sizes(cfg, c.dp);
+    EXPECT_EQ(b.micro, c.want_mb);
+    EXPECT_EQ(b.accumulation, c.want_ga);
+    EXPECT_EQ(b.global, c.want_tb);
+  }
 }
 
 TEST(RunConfig, OverridesParseJsonOrStrings) {
@@ -172,6 +215,51 @@ TEST(Data, TokenFileRoundTripAndCorruption) {
   std::ofstream(path, std::ios::trunc) << "plain text, not tokens, but long enough for a header";
   EXPECT_THROW(open_token_file(path), Error);
   std::filesystem::remove_all(dir);
+}
+
+// Crafted and odd data files: refused with the file named, never read out of bounds, never waited on.
+TEST(Data, CraftedAndOddFilesAreRefused) {
+  const test::ScratchDir scratch("odd_data_files");
+  const std::filesystem::path& dir = scratch.path();
+  // A header whose token count times 4 bytes wraps around 64 bits to the 2000 bytes that follow.
+  const std::string wrap = (dir / "wrap.bin").string();
+  {
+    char h[TokenFileFormat::kHeaderBytes] = {};
+    const uint32_t version = TokenFileFormat::kVersion, bpt = 4;
+    const uint64_t count = (uint64_t{1} << 62) + 500;
+    std::memcpy(h, TokenFileFormat::kMagic, 8);
+    std::memcpy(h + 8, &version, 4);
+    std::memcpy(h + 12, &bpt, 4);
+    std::memcpy(h + 16, &count, 8);
+    std::ofstream f(wrap, std::ios::binary);
+    f.write(h, sizeof(h));
+    f << std::string(2000, '\0');
+  }
+  std::string msg = test::error_message([&] { open_token_file(wrap); });
+  EXPECT_NE(msg.find("header promises 4611686018427388404 tokens"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("wrap.bin"), std::string::npos) << msg;
+  // A FIFO is refused at once by every reader (opening one for reading would wait for a writer).
+  const std::string fifo = (dir / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const auto& open : std::vector<std::function<void()>>{[&] { open_token_file(fifo); },
+                                                            [&] { open_text_bytes(fifo); },
+                                                            [&] { open_hdf5_tokens(fifo, "tokens"); }}) {
+    msg = test::error_message(open);
+    EXPECT_NE(msg.find("is not a regular file"), std::string::npos) << msg;
+  }
+  // Float token ids in an HDF5 dataset are refused, not truncated to integers.
+  const std::string h5 = (dir / "float_tokens.h5").string();
+  {
+    const hid_t f = H5Fcreate(h5.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const hsize_t n = 8;
+    const hid_t space = H5Screate_simple(1, &n, nullptr);
+    const hid_t d = H5Dcreate2(f, "tokens", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    const float values[8] = {1.5f, 2.5f, 3.9f, 4, 5, 6, 7, 8};
+    ASSERT_GE(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values), 0);
+    H5Dclose(d), H5Sclose(space), H5Fclose(f);
+  }
+  msg = test::error_message([&] { open_hdf5_tokens(h5, "tokens"); });
+  EXPECT_NE(msg.find("holds 32-bit floats; token ids must be integers"), std::string::npos) << msg;
 }
 
 TEST(Data, SamplingIsDeterministicShiftedAndChecked) {

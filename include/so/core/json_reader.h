@@ -1,9 +1,14 @@
 #pragma once
 // Reads a JSON object key by key, with the full key path in every error, and rejects keys that
-// nobody read (finish()). Used for run configs and HF model configs alike.
+// nobody read (finish()). Used for run configs and HF model configs alike. Every JSON document
+// so_train reads (configs, HF config.json, safetensors headers, checkpoint attributes) goes through
+// parse_json_text: bounded nesting and no duplicate keys, so no reader can be crashed by a crafted
+// file (recursive dumps and copies of a 100,000-level document) or fed a value silently dropped.
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace so {
@@ -18,6 +23,8 @@ class JsonReader {
   T get(const std::string& key, const T& fallback);
   template <typename T>
   T require(const std::string& key);
+  // An integer in [lo, hi] (fallback when absent): never narrowed silently.
+  int64_t get_in(const std::string& key, int64_t fallback, int64_t lo, int64_t hi);
   JsonReader child(const std::string& key);  // the key must hold an object
   // Marks a key as accepted without reading it (a documented no-op setting).
   void accept(const std::string& key);
@@ -37,7 +44,18 @@ class JsonReader {
   std::set<std::string> used_;
 };
 
+// The deepest nesting accepted (a run config needs 4 levels, a checkpoint's attributes 5).
+constexpr int kMaxJsonDepth = 64;
+
+// Parses JSON text; errors name `source`: not JSON, nested deeper than kMaxJsonDepth, or a key
+// given twice in one object (JSON parsers disagree on which one wins; DeepSpeed refuses it too).
+nlohmann::json parse_json_text(std::string_view text, const std::string& source);
 // Parses the JSON file at `path`; errors name it as `what` (e.g. "model config") and the path.
-nlohmann::json read_json_file(const std::string& path, const std::string& what);
+// Only regular files up to max_bytes are read (a FIFO or device is refused, never blocked on).
+nlohmann::json read_json_file(const std::string& path, const std::string& what, int64_t max_bytes = 64 << 20);
+
+// A value for an error message: numbers and short strings whole, long strings cut at 64
+// characters, arrays and objects by their size (never a dump of a crafted 256 MB value).
+std::string brief_json(const nlohmann::json& v);
 
 }  // namespace so

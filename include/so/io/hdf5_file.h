@@ -33,6 +33,9 @@ class H5File {
 
   bool exists(const std::string& object) const;
   std::vector<int64_t> shape(const std::string& dataset) const;
+  // The stored element type: whether it is an integer type, and in words ("32-bit float", ...).
+  bool is_integer(const std::string& dataset) const;
+  std::string type_description(const std::string& dataset) const;
   std::vector<float> read_f32(const std::string& dataset) const;
   std::vector<int32_t> read_i32(const std::string& dataset) const;
   // Reads count elements starting at flat element `offset` of a 1-D integer dataset.

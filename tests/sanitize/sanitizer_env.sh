@@ -1,0 +1,12 @@
+# Sourced by build_tree.sh and run_tests.sh: run-time settings of the sanitizer tree's binaries.
+# Leak reports from inside Open MPI, hwloc, HDF5 and OpenBLAS (one-time allocations they never
+# free) are suppressed: allocation stacks are unwound in full (fast_unwind_on_malloc=0; the fast
+# unwinder stops at the first library frame without a frame pointer, leaving nothing to match)
+# and Open MPI keeps its plugins loaded at exit so that their frames can be named. Any other
+# report fails.
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export OMPI_MCA_mca_base_component_disable_dlclose=1
+export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0"
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0:fast_unwind_on_malloc=0"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
