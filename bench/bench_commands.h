@@ -15,6 +15,10 @@ namespace so::bench {
 bool parse_command_line(const boost::program_options::options_description& desc, int argc, char** argv,
                         boost::program_options::variables_map& vm);
 
+// "8", "64K", "64M", "1G": powers of 1024, as nccl-tests reads -b/-e; otherwise throws so::Error
+// naming the option `what`.
+int64_t parse_bytes(const std::string& s, const char* what);
+
 // "fp32" or "bf16"; otherwise throws so::Error naming the option `what`.
 DType parse_dtype(const std::string& s, const char* what);
 
@@ -22,6 +26,7 @@ int adam_bench(int argc, char** argv, Communicator& comm);
 int step_bench(int argc, char** argv, Communicator& comm);
 int ckpt_bench(int argc, char** argv, Communicator& comm);
 int comm_bench(int argc, char** argv, Communicator& comm);
+int link_bench(int argc, char** argv, Communicator& comm);
 int gpu_peaks_bench(int argc, char** argv, Communicator& comm);  // gpu_bench.cpp
 int ops_bench(int argc, char** argv, Communicator& comm);        // gpu_bench.cpp
 

@@ -25,21 +25,6 @@ namespace po = boost::program_options;
 
 namespace {
 
-// "8", "64K", "64M", "1G": powers of 1024, as nccl-tests reads -b/-e.
-int64_t parse_bytes(const std::string& s, const char* what) {
-  size_t used = 0;
-  int64_t v = 0;
-  try {
-    v = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string suffix = used ? s.substr(used) : "";
-  const int shift = suffix.empty() ? 0 : suffix == "K" ? 10 : suffix == "M" ? 20 : suffix == "G" ? 30 : -1;
-  SO_CHECK(used && v > 0 && shift >= 0, what, ": '", s, "' is not a positive byte count (optional suffix K, M, G)");
-  return v << shift;
-}
-
 std::vector<Collective> parse_collectives(const std::string& list) {
   std::vector<Collective> out;
   std::stringstream ss(list);

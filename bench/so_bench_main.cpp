@@ -24,6 +24,21 @@ bool parse_command_line(const po::options_description& desc, int argc, char** ar
   return false;
 }
 
+int64_t parse_bytes(const std::string& s, const char* what) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string suffix = used ? s.substr(used) : "";
+  const int shift = suffix.empty() ? 0 : suffix == "K" ? 10 : suffix == "M" ? 20 : suffix == "G" ? 30 : -1;
+  SO_CHECK(used && v > 0 && shift >= 0 && v <= (INT64_MAX >> shift), what, ": '", s,
+           "' is not a positive byte count below 2^63 (optional suffix K, M, G)");
+  return v << shift;
+}
+
 DType parse_dtype(const std::string& s, const char* what) {
   if (s == "fp32") return DType::F32;
   if (s == "bf16") return DType::BF16;
@@ -40,12 +55,14 @@ struct Subcommand {
 
 // One row per subcommand.
 constexpr Subcommand kSubcommands[] = {
-    {"adam", "GraceAdam (CPU AdamW) throughput vs a STREAM triad on the same pinned threads, and vs torch",
+    {"adam", "GraceAdam (CPU AdamW) per size vs its roofline (same-stream probe, arithmetic ceiling) and vs torch "
+             "and DeepSpeed CPU AdamW",
      adam_bench},
     {"step", "exposed optimizer time per step: ZeRO-Offload vs SuperOffload on the same model and data",
      step_bench},
     {"ckpt", "HDF5 checkpoint save and load time, file size and bytes/s for a model from random weights",
      ckpt_bench},
+    {"link", "host <-> device copy GB/s per direction and chunk size, pinned and pageable host memory", link_bench},
     {"comm", "collectives' time, algorithm and bus bandwidth per size (nccl-tests' table), results checked",
      comm_bench},
     {"gpu-peaks", "GPU ceilings: bf16 GEMM TFLOP/s (vs the nominal peak) and device copy GB/s, CUDA-event timed",

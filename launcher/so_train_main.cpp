@@ -1,8 +1,10 @@
 // so_train: the training binary. Launch directly, or under mpirun / srun (docs/launching.md).
-//   so_train --config FILE [--steps N] [--set key.path=value ...] [--metrics FILE] [--trace FILE]
+//   so_train --config FILE [--model DIR|config.json] [--data FILE --seq-len N] [--steps N]
+//            [--set key.path=value ...] [--metrics FILE] [--trace FILE]
 //            [--bind auto|none] [--bind-core-list LIST] [--print-binding]
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "launcher/node_ranks.h"
@@ -18,14 +20,23 @@ namespace {
 
 int run(int argc, char** argv, so::MpiSession& mpi) {
   po::options_description desc("so_train options");
-  std::string config, metrics, trace, bind_mode, bind_core_list;
+  std::string config, metrics, trace, bind_mode, bind_core_list, model, data;
   std::vector<std::string> sets;
-  int64_t steps = 0;
-  std::string save_dir, resume;
+  int64_t steps = 0, seq_len = 0;
+  std::string save_dir, resume, async_save;
   int64_t save_every = 0;
   int keep = 3;
   desc.add_options()("help,h", "show this help")(
-      "config,c", po::value<std::string>(&config), "run config (JSON, DeepSpeed vocabulary + model/data/train)")(
+      "config,c", po::value<std::string>(&config),
+      "run config (JSON): a DeepSpeed config as it is, plus so_train's model/data/train/backend sections")(
+      "deepspeed_config", po::value<std::string>(&config), "the same as --config (DeepSpeed's flag)")(
+      "model", po::value<std::string>(&model),
+      "the model: a Hugging Face model directory (weights and config.json) or a config.json (random weights); "
+      "replaces the config's model section")(
+      "data", po::value<std::string>(&data),
+      "training data: a .txt file (bytes as tokens), .h5/.hdf5 (dataset 'tokens') or a token file (docs/configs.md); "
+      "replaces data.type and data.path")(
+      "seq-len", po::value<int64_t>(&seq_len), "tokens per sequence (data.seq_len)")(
       "steps", po::value<int64_t>(&steps), "number of optimizer steps (overrides train.steps)")(
       "set", po::value<std::vector<std::string>>(&sets)->composing(),
       "override a config value: --set optimizer.params.lr=3e-4 (repeatable)")(
@@ -42,10 +53,15 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       "write HDF5 checkpoints here (atomically, with a `latest` pointer); also on SIGTERM/SIGUSR1")(
       "save-every", po::value<int64_t>(&save_every), "checkpoint every N steps (needs --save-dir)")(
       "keep", po::value<int>(&keep)->default_value(3), "checkpoints to keep in --save-dir")(
+      "async-save", po::value<std::string>(&async_save)->default_value("on"),
+      "on: training goes on while a checkpoint is written (committed when every rank is done); off: wait for it")(
       "resume", po::value<std::string>(&resume), "resume from a checkpoint file, or the `latest` one of a directory");
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    const po::parsed_options parsed = po::command_line_parser(argc, argv).options(desc).run();
+    const std::vector<std::string> stray = po::collect_unrecognized(parsed.options, po::include_positional);
+    if (!stray.empty()) throw so::Error("command line: '" + stray.front() + "' is not an option (see --help)");
+    po::store(parsed, vm);
     po::notify(vm);
   } catch (const po::error& e) {
     throw so::Error(std::string("command line: ") + e.what() + " (see --help)");
@@ -62,6 +78,17 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   so::RunConfig cfg;
   if (!config.empty()) {
     nlohmann::json doc = so::load_json_file(config);
+    // A DeepSpeed config names neither model nor data: these flags supply them.
+    if (!model.empty() && doc.is_object())
+      doc["model"] = std::filesystem::is_directory(model) ? nlohmann::json{{"hf_dir", model}}
+                                                          : nlohmann::json{{"config", model}};
+    if (!data.empty() && doc.is_object()) {
+      const std::string ext = std::filesystem::path(data).extension().string();
+      if (!doc.contains("data") || !doc["data"].is_object()) doc["data"] = nlohmann::json::object();
+      doc["data"]["type"] = ext == ".txt" ? "text" : ext == ".h5" || ext == ".hdf5" ? "hdf5" : "tokens";
+      doc["data"]["path"] = data;
+    }
+    if (vm.count("seq-len")) so::apply_override(doc, "data.seq_len=" + std::to_string(seq_len));
     for (const std::string& s : sets) so::apply_override(doc, s);
     if (vm.count("steps")) so::apply_override(doc, "train.steps=" + std::to_string(steps));
     cfg = so::parse_run_config(doc, config);
@@ -88,6 +115,9 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   if (keep < 1) throw so::Error("command line: --keep must be at least 1");
   opts.save_dir = save_dir;
   opts.save_every = save_every;
+  if (async_save != "on" && async_save != "off")
+    throw so::Error("command line: --async-save is '" + async_save + "'; choose on or off");
+  opts.async_save = async_save == "on";
   opts.keep = keep;
   opts.resume = resume;
   const so::TrainSummary s = so::train(cfg, *comm, opts);

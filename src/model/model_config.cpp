@@ -9,12 +9,28 @@
 namespace so {
 
 namespace {
-// Keys an HF config carries that do not change the math so_train runs (token ids, dtype hints,
-// bookkeeping). They are accepted and ignored; anything else unknown is an error.
-const char* kIgnoredHfKeys[] = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype",
-                                "dtype", "transformers_version", "use_cache", "pretraining_tp", "_name_or_path",
-                                "attention_dropout", "output_attentions", "output_hidden_states", "return_dict",
-                                "max_window_layers", "layer_types", "model_name", "is_decoder"};
+// Keys an HF config carries that do not change the math so_train runs (token ids, inference and
+// bookkeeping settings), whatever their value. Keys whose values can change the math are read
+// and refused unless neutral; anything else unknown is an error.
+const char* kIgnoredHfKeys[] = {"bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "use_cache",
+                                "_name_or_path", "output_attentions", "output_hidden_states", "return_dict",
+                                "max_window_layers", "model_name", "is_decoder", "sliding_window"};
+
+// Sizes far beyond any model so_train can hold, and small enough that no buffer size computed
+// from them (tokens x intermediate x bytes, vocab x hidden x bytes) can overflow 64 bits.
+struct SizeBound {
+  const char* key;
+  int64_t max;
+};
+constexpr SizeBound kSizeBounds[] = {{"vocab_size", int64_t{1} << 26},         {"hidden_size", int64_t{1} << 18},
+                                     {"intermediate_size", int64_t{1} << 20},  {"num_hidden_layers", 4096},
+                                     {"num_attention_heads", 4096},            {"num_key_value_heads", 4096},
+                                     {"max_position_embeddings", INT32_MAX},   {"head_dim", 4096}};
+int64_t size_bound(const char* key) {
+  for (const SizeBound& b : kSizeBounds)
+    if (std::string(key) == b.key) return b.max;
+  return INT64_MAX;
+}
 
 // The shortest decimal that reads back as the same float, as a JSON number: 1e-05 rather than
 // the float's exact double value 9.999999747378752e-06.
@@ -39,53 +55,85 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   c.model_type = r.require<std::string>("model_type");
   if (c.model_type != "llama" && c.model_type != "qwen3")
     r.fail("model_type", str_cat("is '", c.model_type, "'; supported: llama, qwen3"));
-  c.vocab_size = r.require<int64_t>("vocab_size");
-  c.hidden_size = r.require<int64_t>("hidden_size");
-  c.intermediate_size = r.require<int64_t>("intermediate_size");
-  c.num_layers = r.require<int64_t>("num_hidden_layers");
-  c.num_heads = r.require<int64_t>("num_attention_heads");
-  c.num_kv_heads = r.get<int64_t>("num_key_value_heads", c.num_heads);
-  c.max_position_embeddings = r.get<int64_t>("max_position_embeddings", 4096);
+  auto size = [&](const char* key, int64_t fallback) {
+    if (fallback < 0 && !r.has(key)) r.fail(key, "is required");
+    return r.get_in(key, fallback, 1, size_bound(key));
+  };
+  c.vocab_size = size("vocab_size", -1);
+  c.hidden_size = size("hidden_size", -1);
+  c.intermediate_size = size("intermediate_size", -1);
+  c.num_layers = size("num_hidden_layers", -1);
+  c.num_heads = size("num_attention_heads", -1);
+  c.num_kv_heads = size("num_key_value_heads", c.num_heads);
+  c.max_position_embeddings = size("max_position_embeddings", 4096);
   c.rms_norm_eps = r.get<float>("rms_norm_eps", 1e-6f);
+  if (!(c.rms_norm_eps > 0.0f)) r.fail("rms_norm_eps", str_cat("is ", c.rms_norm_eps, "; it must be positive"));
   c.tie_word_embeddings = r.get<bool>("tie_word_embeddings", false);
   c.initializer_range = r.get<float>("initializer_range", 0.02f);
+  if (!(c.initializer_range >= 0.0f)) r.fail("initializer_range", "must not be negative");
   c.qk_norm = c.model_type == "qwen3";
 
-  for (const std::string key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                                "num_attention_heads", "num_key_value_heads", "max_position_embeddings"}) {
-    if (r.has(key) && r.raw().at(key).get<int64_t>() <= 0) r.fail(key, "must be positive");
-  }
-  if (c.num_heads % c.num_kv_heads != 0)
+  if (c.num_kv_heads > c.num_heads || c.num_heads % c.num_kv_heads != 0)
     r.fail("num_attention_heads", str_cat("(", c.num_heads, ") is not divisible by num_key_value_heads (",
                                           c.num_kv_heads, ")"));
+  r.accept("head_dim");  // null: derived, as transformers derives it
   if (r.has("head_dim")) {
-    c.head_dim = r.require<int64_t>("head_dim");
+    c.head_dim = size("head_dim", -1);
   } else {
     if (c.hidden_size % c.num_heads != 0)
       r.fail("hidden_size", str_cat("(", c.hidden_size, ") is not divisible by num_attention_heads (", c.num_heads,
                                     ") and no head_dim is given"));
     c.head_dim = c.hidden_size / c.num_heads;
   }
-  if (c.head_dim <= 0 || c.head_dim % 2 != 0) r.fail("head_dim", str_cat("must be positive and even, is ", c.head_dim));
+  if (c.head_dim % 2 != 0) r.fail("head_dim", str_cat("must be even (rotary pairs), is ", c.head_dim));
 
-  // RoPE: transformers <= 4 writes rope_theta/rope_scaling; transformers 5 nests them in
-  // rope_parameters. Only the default (unscaled) rotary embedding is implemented.
+  // RoPE: transformers 4 writes rope_theta and rope_scaling (null unless scaled); transformers 5
+  // nests them in rope_parameters. Only the default (unscaled) rotary embedding is implemented:
+  // rope_type "default" (or the legacy "type") is accepted in either place, anything else refused.
   c.rope_theta = r.get<double>("rope_theta", 10000.0);
-  if (r.has("rope_scaling")) r.fail("rope_scaling", "is not supported (only default RoPE); remove it or set null");
-  if (r.has("rope_parameters")) {
-    JsonReader rp = r.child("rope_parameters");
-    c.rope_theta = rp.get<double>("rope_theta", c.rope_theta);
-    const std::string type = rp.get<std::string>("rope_type", "default");
-    if (type != "default") rp.fail("rope_type", str_cat("is '", type, "'; only 'default' is supported"));
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    r.accept(key);
+    if (!r.has(key)) continue;
+    JsonReader rp = r.child(key);
+    if (std::string(key) == "rope_parameters") c.rope_theta = rp.get<double>("rope_theta", c.rope_theta);
+    const std::string type = rp.has("rope_type") ? rp.get<std::string>("rope_type", "") : rp.get<std::string>("type", "default");
+    rp.accept("type");
+    if (type != "default")
+      r.fail(key, str_cat("is ", brief_json(rp.raw()), ": RoPE scaling '", type,
+                          "' is not supported; only the default rotary embedding (null, or rope_type \"default\")"));
     rp.finish();
   }
-  if (c.rope_theta <= 0) r.fail("rope_theta", "must be positive");
+  if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
   const std::string act = r.get<std::string>("hidden_act", "silu");
   if (act != "silu") r.fail("hidden_act", str_cat("is '", act, "'; only 'silu' (SwiGLU) is supported"));
   for (const char* bias : {"attention_bias", "mlp_bias"})
     if (r.get<bool>(bias, false)) r.fail(bias, "is true; biases are not supported");
   if (r.get<bool>("use_sliding_window", false)) r.fail("use_sliding_window", "is true; sliding windows are not supported");
-  r.accept("sliding_window");
+  if (r.get<double>("attention_dropout", 0.0) != 0.0)
+    r.fail("attention_dropout", "is not 0; so_train trains without attention dropout");
+  if (r.get_in("pretraining_tp", 1, INT64_MIN, INT64_MAX) != 1)
+    r.fail("pretraining_tp", "is not 1; only unsplit projections are supported");
+  r.accept("layer_types");
+  if (r.has("layer_types")) {
+    const nlohmann::json& lt = r.raw().at("layer_types");
+    bool full = lt.is_array() && static_cast<int64_t>(lt.size()) == c.num_layers;
+    for (size_t i = 0; full && i < lt.size(); ++i) full = lt[i] == "full_attention";
+    if (!full)
+      r.fail("layer_types", str_cat("is ", brief_json(lt), "; so_train needs one \"full_attention\" per layer (",
+                                    c.num_layers, "): sliding-window attention is not supported"));
+  }
+  const std::string arch = c.model_type == "qwen3" ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+  r.accept("architectures");
+  if (r.has("architectures")) {
+    const nlohmann::json& a = r.raw().at("architectures");
+    if (!a.is_array() || a.size() != 1 || a[0] != arch)
+      r.fail("architectures", str_cat("is ", brief_json(a), "; a ", c.model_type, " model trained here is [\"", arch, "\"]"));
+  }
+  for (const char* key : {"dtype", "torch_dtype"}) {  // where the weights were saved from: a hint only
+    r.accept(key);
+    if (r.has(key) && !r.raw().at(key).is_string())
+      r.fail(key, str_cat("must be a string such as \"bfloat16\", got ", brief_json(r.raw().at(key))));
+  }
   for (const char* k : kIgnoredHfKeys) r.accept(k);
   r.finish();
   return c;

@@ -1,5 +1,6 @@
 #include "so/train/run_config.h"
 
+#include <cmath>
 #include <filesystem>
 
 #include "so/core/error.h"
@@ -17,8 +18,8 @@ void apply_override(nlohmann::json& doc, const std::string& assignment) {
   const std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
   nlohmann::json value;
   try {
-    value = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception&) {
+    value = parse_json_text(text, str_cat("--set '", path, "'"));
+  } catch (const Error&) {
     value = text;  // bare words are strings
   }
   nlohmann::json* node = &doc;
@@ -41,6 +42,10 @@ void apply_override(nlohmann::json& doc, const std::string& assignment) {
 
 namespace {
 
+constexpr int64_t kMaxSteps = int64_t{1} << 40;
+constexpr int64_t kMaxElements = int64_t{1} << 40;
+constexpr int64_t kMaxBatch = int64_t{1} << 30;  // sequences; a product of two stays below 2^60
+
 void parse_optimizer(JsonReader r, RunConfig& c) {
   const std::string type = r.get<std::string>("type", "AdamW");
   // DeepSpeed's "Adam" defaults to adam_w_mode (decoupled decay): both mean AdamW here.
@@ -51,15 +56,21 @@ void parse_optimizer(JsonReader r, RunConfig& c) {
   if (betas.size() != 2) p.fail("betas", "must have two elements");
   for (double b : betas)
     if (b < 0.0 || b >= 1.0) p.fail("betas", "must lie in [0, 1)");
-  c.adam.beta1 = static_cast<float>(betas[0]);
-  c.adam.beta2 = static_cast<float>(betas[1]);
-  c.adam.eps = p.get<float>("eps", 1e-8f);
-  c.adam.weight_decay = p.get<float>("weight_decay", 0.0f);
+  c.adam.beta1 = betas[0];
+  c.adam.beta2 = betas[1];
+  c.adam.eps = p.get<double>("eps", 1e-8);
+  c.adam.weight_decay = p.get<double>("weight_decay", 0.0);
+  // The kernels compute in float: eps must survive the rounding (below 1.4e-45 it is 0, and a zero
+  // second moment would then divide by zero; above 3.4e38 it is infinite), and so must lr and wd.
+  const auto float_finite = [](double x) { return std::isfinite(static_cast<float>(x)); };
+  if (!(static_cast<float>(c.adam.eps) > 0.0f && float_finite(c.adam.eps)))
+    p.fail("eps", str_cat("is ", c.adam.eps, "; it must be a positive number that a 32-bit float can hold (1.4e-45 .. 3.4e38)"));
   if (!p.get<bool>("adam_w_mode", true)) p.fail("adam_w_mode", "false (L2-coupled Adam) is not supported");
   p.accept("torch_adam");
-  if (c.schedule.base_lr < 0) p.fail("lr", "must not be negative");
-  if (c.adam.eps <= 0) p.fail("eps", "must be positive");
-  if (c.adam.weight_decay < 0) p.fail("weight_decay", "must not be negative");
+  if (!(c.schedule.base_lr >= 0 && float_finite(c.schedule.base_lr)))
+    p.fail("lr", str_cat("is ", c.schedule.base_lr, "; it must be >= 0 and finite as a 32-bit float (<= 3.4e38)"));
+  if (!(c.adam.weight_decay >= 0 && float_finite(c.adam.weight_decay)))
+    p.fail("weight_decay", str_cat("is ", c.adam.weight_decay, "; it must be >= 0 and finite as a 32-bit float"));
   p.finish();
   r.finish();
 }
@@ -70,18 +81,21 @@ void parse_scheduler(JsonReader r, RunConfig& c) {
   if (s.type != "WarmupLR" && s.type != "WarmupCosineLR" && s.type != "WarmupDecayLR")
     r.fail("type", "is '" + s.type + "'; supported: WarmupLR, WarmupCosineLR, WarmupDecayLR");
   JsonReader p = r.child("params");
-  s.warmup_steps = p.get<int64_t>("warmup_num_steps", 1000);
+  s.warmup_steps = p.get_in("warmup_num_steps", 1000, 0, kMaxSteps);
   s.warmup_type = p.get<std::string>("warmup_type", "log");
   if (s.warmup_type != "log" && s.warmup_type != "linear") p.fail("warmup_type", "must be 'log' or 'linear'");
-  if (s.warmup_steps < 0) p.fail("warmup_num_steps", "must not be negative");
   if (s.type == "WarmupCosineLR") {
-    s.total_steps = p.require<int64_t>("total_num_steps");
+    s.total_steps = p.get_in("total_num_steps", -1, 1, kMaxSteps);
+    if (s.total_steps < 0) p.fail("total_num_steps", "is required");
     s.warmup_min_ratio = p.get<double>("warmup_min_ratio", 0.0);
     s.cos_min_ratio = p.get<double>("cos_min_ratio", 0.0001);
   } else {
     s.warmup_min_lr = p.get<double>("warmup_min_lr", 0.0);
     s.warmup_max_lr = p.get<double>("warmup_max_lr", 0.001);
-    if (s.type == "WarmupDecayLR") s.total_steps = p.require<int64_t>("total_num_steps");
+    if (s.type == "WarmupDecayLR") {
+      s.total_steps = p.get_in("total_num_steps", -1, 1, kMaxSteps);
+      if (s.total_steps < 0) p.fail("total_num_steps", "is required");
+    }
   }
   if (s.type != "WarmupLR" && s.total_steps < s.warmup_steps)
     p.fail("total_num_steps", "is smaller than warmup_num_steps");
@@ -111,10 +125,9 @@ void parse_offload(JsonReader o, OffloadConfig& off) {
   if (device == "none" && super) o.fail("super_offload", "needs offload_optimizer.device \"cpu\"");
   off.ratio = o.get<double>("ratio", off.ratio);
   if (!(off.ratio >= 0.0 && off.ratio <= 1.0)) o.fail("ratio", str_cat("is ", off.ratio, "; must be in [0, 1]"));
-  off.device_tail_buckets = o.get<int64_t>("device_tail_buckets", -1);
+  off.device_tail_buckets = o.has("device_tail_buckets") ? o.get_in("device_tail_buckets", 0, 0, INT32_MAX) : -1;
   if (o.has("device_tail_buckets") && o.has("ratio"))
     o.fail("device_tail_buckets", "and 'ratio' both choose which buckets stay on the device; give one");
-  if (o.has("device_tail_buckets") && off.device_tail_buckets < 0) o.fail("device_tail_buckets", "must not be negative");
   off.cpu_cores_fraction = o.get<double>("cpuadam_cores_perc", off.cpu_cores_fraction);
   if (!(off.cpu_cores_fraction > 0.0 && off.cpu_cores_fraction <= 1.0))
     o.fail("cpuadam_cores_perc", str_cat("is ", off.cpu_cores_fraction, "; must be a fraction in (0, 1]"));
@@ -143,10 +156,8 @@ void parse_offload(JsonReader o, OffloadConfig& off) {
 }
 
 void parse_zero(JsonReader r, RunConfig& c) {
-  c.zero_stage = static_cast<int>(r.get<int64_t>("stage", 0));
-  if (c.zero_stage < 0 || c.zero_stage > 3) r.fail("stage", "must be 0, 1, 2 or 3");
-  c.bucket_size = r.get<int64_t>("sub_group_size", c.bucket_size);
-  if (c.bucket_size <= 0) r.fail("sub_group_size", "must be positive");
+  c.zero_stage = static_cast<int>(r.get_in("stage", c.zero_stage, 0, 3));
+  c.bucket_size = r.get_in("sub_group_size", c.bucket_size, 1, kMaxElements);
   if (r.has("offload_optimizer")) parse_offload(r.child("offload_optimizer"), c.offload);
   // Communication-tuning knobs of DeepSpeed that do not change results; accepted as no-ops.
   for (const char* k : {"overlap_comm", "contiguous_gradients", "reduce_bucket_size", "reduce_scatter",
@@ -183,11 +194,12 @@ void parse_data(JsonReader r, RunConfig& c) {
   d.type = r.get<std::string>("type", "text");
   if (d.type != "text" && d.type != "tokens" && d.type != "hdf5" && d.type != "synthetic")
     r.fail("type", "is '" + d.type + "'; supported: text, tokens, hdf5, synthetic");
-  d.seq_len = r.require<int64_t>("seq_len");
-  if (d.seq_len <= 0) r.fail("seq_len", "must be positive");
+  if (!r.has("seq_len")) r.fail("seq_len", "is required (tokens per sequence; so_train --seq-len N sets it)");
+  // RoPE positions and token indices are 32-bit on the device.
+  d.seq_len = r.get_in("seq_len", 0, 1, INT32_MAX);
   d.seed = static_cast<uint64_t>(r.get<int64_t>("seed", static_cast<int64_t>(c.seed)));
   if (d.type == "synthetic") {
-    d.synthetic_tokens = r.get<int64_t>("size", d.synthetic_tokens);
+    d.synthetic_tokens = r.get_in("size", d.synthetic_tokens, 2, kMaxElements);
   } else {
     d.path = r.require<std::string>("path");
     if (!std::filesystem::exists(d.path)) r.fail("path", "names '" + d.path + "', which does not exist");
@@ -198,15 +210,16 @@ void parse_data(JsonReader r, RunConfig& c) {
 }
 
 void parse_train(JsonReader r, RunConfig& c) {
-  c.steps = r.get<int64_t>("steps", c.steps);
-  c.log_every = r.get<int64_t>("log_every", c.log_every);
+  if (!r.has("steps") && c.steps <= 0) r.fail("steps", "is required (so_train --steps N sets it)");
+  c.steps = r.get_in("steps", c.steps, 1, kMaxSteps);
+  c.log_every = r.get_in("log_every", c.log_every, 1, kMaxSteps);
   c.peak_tflops = r.get<double>("peak_tflops", 0.0);
   c.activation_checkpointing = r.get<bool>("activation_checkpointing", false);
-  c.loss_chunk_tokens = r.get<int64_t>("loss_chunk_tokens", 0);
-  if (c.steps <= 0) r.fail("steps", "must be positive");
-  if (c.log_every <= 0) r.fail("log_every", "must be positive");
+  c.loss_chunk_tokens = r.get_in("loss_chunk_tokens", 0, 0, INT32_MAX);
   if (c.peak_tflops < 0) r.fail("peak_tflops", "must not be negative");
-  if (c.loss_chunk_tokens < 0) r.fail("loss_chunk_tokens", "must not be negative");
+  c.collective_timeout_s = r.get<double>("collective_timeout_s", c.collective_timeout_s);
+  if (!(c.collective_timeout_s >= 0 && c.collective_timeout_s <= 1e7))
+    r.fail("collective_timeout_s", str_cat("is ", c.collective_timeout_s, "; must be seconds in [0, 1e7] (0: no limit)"));
   r.finish();
 }
 
@@ -214,15 +227,51 @@ void parse_backend(JsonReader r, RunConfig& c) {
   c.backend.type = r.get<std::string>("type", "auto");
   if (c.backend.type != "auto" && c.backend.type != "cpu" && c.backend.type != "cuda")
     r.fail("type", "is '" + c.backend.type + "'; supported: auto, cpu, cuda");
-  const int64_t mb = r.get<int64_t>("device_memory_limit_mb", 0);
-  if (mb < 0) r.fail("device_memory_limit_mb", "must not be negative");
+  const int64_t mb = r.get_in("device_memory_limit_mb", 0, 0, int64_t{1} << 40);
   c.backend.device_memory_limit = static_cast<size_t>(mb) << 20;
-  c.backend.compute_threads = static_cast<int>(r.get<int64_t>("threads", 0));
-  if (c.backend.compute_threads < 0) r.fail("threads", "must not be negative");
+  c.backend.compute_threads = static_cast<int>(r.get_in("threads", 0, 0, 65536));
   r.finish();
 }
 
 }  // namespace
+
+BatchSizes resolve_batch_sizes(const RunConfig& cfg, int64_t dp) {
+  SO_CHECK(dp >= 1, "data-parallel size ", dp);
+  int64_t tb = cfg.train_batch_size, mb = cfg.micro_batch, ga = cfg.grad_accum;
+  const auto describe = [&] {
+    return str_cat("train_batch_size ", tb ? std::to_string(tb) : "(absent)", ", train_micro_batch_size_per_gpu ",
+                   mb ? std::to_string(mb) : "(absent)", ", gradient_accumulation_steps ",
+                   ga ? std::to_string(ga) : "(absent)", ", data-parallel size ", dp, " (ranks / sequence_parallel_size)");
+  };
+  // tb must split into dp x `by` x something whole; returns the something.
+  const auto split = [&](int64_t by, const char* derived) {
+    int64_t unit = 0;
+    SO_CHECK(!__builtin_mul_overflow(by, dp, &unit) && tb % unit == 0, cfg.source, ": ", describe(), ": ",
+             derived, " cannot be derived: train_batch_size is not a multiple of ", by, " x ", dp);
+    return tb / unit;
+  };
+  BatchSizes b;
+  if (tb && mb && ga) {
+  } else if (tb && mb) {
+    ga = split(mb, "gradient_accumulation_steps"), b.derived = "gradient_accumulation_steps";
+  } else if (tb && ga) {
+    mb = split(ga, "train_micro_batch_size_per_gpu"), b.derived = "train_micro_batch_size_per_gpu";
+  } else if (tb) {
+    ga = 1, mb = split(1, "train_micro_batch_size_per_gpu"), b.derived = "train_micro_batch_size_per_gpu";
+  } else {
+    if (!mb) mb = 1, b.derived = "train_micro_batch_size_per_gpu (default 1)";
+    if (!ga) ga = 1;
+    SO_CHECK(!__builtin_mul_overflow(mb * ga, dp, &tb) && tb <= kMaxBatch, cfg.source, ": ", describe(),
+             ": the global batch is over ", kMaxBatch, " sequences");
+    b.derived += b.derived.empty() ? "train_batch_size" : " and train_batch_size";
+  }
+  int64_t product = 0;
+  SO_CHECK(!__builtin_mul_overflow(mb * ga, dp, &product) && product == tb, cfg.source, ": ", describe(),
+           ": they disagree: train_batch_size must equal micro x accumulation x data-parallel size = ", mb, " x ", ga,
+           " x ", dp, " = ", product);
+  b.micro = mb, b.accumulation = ga, b.global = tb;
+  return b;
+}
 
 RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source) {
   RunConfig c;
@@ -230,21 +279,13 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
   c.resolved = doc;
   JsonReader r(doc, source);
   c.seed = static_cast<uint64_t>(r.get<int64_t>("seed", 1234));
-  c.micro_batch = r.get<int64_t>("train_micro_batch_size_per_gpu", 1);
-  c.grad_accum = r.get<int64_t>("gradient_accumulation_steps", 1);
-  if (c.micro_batch <= 0) r.fail("train_micro_batch_size_per_gpu", "must be positive");
-  if (c.grad_accum <= 0) r.fail("gradient_accumulation_steps", "must be positive");
-  // Must be micro x accumulation x the data-parallel size: the multiple is checked here, the
-  // size itself once the job's world is known (trainer).
-  c.train_batch_size = r.get<int64_t>("train_batch_size", 0);
-  if (r.has("train_batch_size") && (c.train_batch_size <= 0 || c.train_batch_size % (c.micro_batch * c.grad_accum)))
-    r.fail("train_batch_size", str_cat("is ", c.train_batch_size, "; it must be a positive multiple of ",
-                                       "train_micro_batch_size_per_gpu x gradient_accumulation_steps = ",
-                                       c.micro_batch * c.grad_accum, " (times the data-parallel size)"));
-  c.sequence_parallel_size = static_cast<int>(r.get<int64_t>("sequence_parallel_size", 1));
-  if (c.sequence_parallel_size < 1) r.fail("sequence_parallel_size", "must be at least 1");
+  // Batch sizes as given (0 = absent); resolve_batch_sizes completes them once dp is known.
+  c.micro_batch = r.get_in("train_micro_batch_size_per_gpu", 0, 1, kMaxBatch);
+  c.grad_accum = r.get_in("gradient_accumulation_steps", 0, 1, kMaxBatch);
+  c.train_batch_size = r.get_in("train_batch_size", 0, 1, kMaxBatch);
+  c.sequence_parallel_size = static_cast<int>(r.get_in("sequence_parallel_size", 1, 1, 1 << 20));
   c.grad_clip = r.get<float>("gradient_clipping", 0.0f);
-  if (c.grad_clip < 0) r.fail("gradient_clipping", "must not be negative");
+  if (c.grad_clip < 0) r.fail("gradient_clipping", "must not be negative");  // (get<float> refused a non-float)
   c.log_every = r.get<int64_t>("steps_per_print", c.log_every);
   {
     JsonReader bf = r.child("bf16");
@@ -260,9 +301,13 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
   parse_optimizer(r.child("optimizer"), c);
   if (r.has("scheduler")) parse_scheduler(r.child("scheduler"), c);
   parse_zero(r.child("zero_optimization"), c);
-  if (!r.has("model")) r.fail("model", "is required (model.config: path to an HF config.json, model.inline or model.hf_dir)");
+  if (!r.has("model"))
+    r.fail("model", "is missing (DeepSpeed configs have none): give so_train --model HF_DIR|config.json, or "
+                    "model.config (an HF config.json), model.hf_dir or model.inline in the config");
   parse_model(r.child("model"), c);
-  if (!r.has("data")) r.fail("data", "is required");
+  if (!r.has("data"))
+    r.fail("data", "is missing (DeepSpeed configs have none): give so_train --data FILE --seq-len N, or a data "
+                   "section in the config");
   parse_data(r.child("data"), c);
   parse_train(r.child("train"), c);
   parse_backend(r.child("backend"), c);

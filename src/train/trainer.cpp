@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "parallel/collective_watchdog.h"
 #include "so/core/cpu_affinity.h"
 #include "so/core/error.h"
 #include "so/core/log.h"
@@ -13,6 +14,7 @@
 #include "so/model/llama_model.h"
 #include "so/train/checkpoint.h"
 #include "so/train/metrics.h"
+#include "so/train/rank_agreement.h"
 
 namespace so {
 
@@ -45,6 +47,15 @@ class CommSequenceParallel final : public SequenceParallel {
   Communicator& c_;
 };
 
+const char* zero_stage_summary(int stage) {
+  switch (stage) {
+    case 0: return "nothing sharded";
+    case 1: return "optimizer state sharded";
+    case 2: return "optimizer state and gradients sharded";
+    default: return "optimizer state, gradients and weights sharded";
+  }
+}
+
 std::string layout_total_note(int64_t full, int64_t shard) {
   return str_cat(100.0 * static_cast<double>(shard) / static_cast<double>(full), "% of ", full);
 }
@@ -52,6 +63,14 @@ std::string layout_total_note(int64_t full, int64_t shard) {
 }  // namespace
 
 TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& opts) {
+  // Before anything is sized from the config: ranks that disagree would issue collectives of
+  // different sizes. The model by its content (a config file may differ between nodes).
+  nlohmann::json agreed = cfg.resolved.is_object() ? cfg.resolved : nlohmann::json::object();
+  agreed["model"] = cfg.model.to_hf_json();
+  agreed["command line"] = {{"save_dir", opts.save_dir}, {"save_every", opts.save_every},
+                            {"async_save", opts.async_save}, {"resume", opts.resume}};
+  CollectiveWatchdog::set_timeout(cfg.collective_timeout_s);
+  check_ranks_agree(agreed, job);
   // With offload, the optimizer pool and the compute stream get disjoint cores.
   const bool offload = cfg.offload.mode != OffloadMode::None;
   CoreSplit cores;
@@ -67,13 +86,11 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   Communicator& comm = *groups.world;
   SO_CHECK(cfg.data.seq_len % groups.sp_size == 0, "data.seq_len (", cfg.data.seq_len,
            ") is not divisible by sequence_parallel_size (", groups.sp_size, ")");
-  const int64_t global_batch = cfg.micro_batch * cfg.grad_accum * groups.dp_size;
-  SO_CHECK(cfg.train_batch_size == 0 || cfg.train_batch_size == global_batch, "'train_batch_size' is ",
-           cfg.train_batch_size, " but train_micro_batch_size_per_gpu x gradient_accumulation_steps x data-parallel size = ",
-           cfg.micro_batch, " x ", cfg.grad_accum, " x ", groups.dp_size, " = ", global_batch);
+  const BatchSizes batch = resolve_batch_sizes(cfg, groups.dp_size);
+  const int64_t global_batch = batch.global;
   ModelOptions mo;
   mo.dtype = cfg.dtype;
-  mo.micro_batch = cfg.micro_batch;
+  mo.micro_batch = batch.micro;
   mo.seq_len = cfg.data.seq_len / groups.sp_size;
   CommSequenceParallel ulysses(*groups.sp);
   if (groups.sp_size > 1) {
@@ -90,6 +107,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   eo.grad_clip = cfg.grad_clip;
   eo.adam = cfg.adam;
   eo.offload = cfg.offload;
+  eo.zero_stage = cfg.zero_stage;
   eo.optimizer_cores = cores.optimizer;
   // One trace per rank: rank r of a multi-rank job writes FILE.rank<r>.
   eo.trace_path = opts.trace_path.empty() || comm.size() == 1 ? opts.trace_path : str_cat(opts.trace_path, ".rank", comm.rank());
@@ -97,9 +115,10 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   Engine engine(*backend, model.layout(), eo, comm);
   if (groups.world->size() > 1)
     log_info(str_cat("rank ", comm.rank(), " of ", comm.size(), ": data-parallel ", groups.dp_rank, "/",
-                     groups.dp_size, ", sequence-parallel ", groups.sp_rank, "/", groups.sp_size, "; ZeRO-3 shard of ",
+                     groups.dp_size, ", sequence-parallel ", groups.sp_rank, "/", groups.sp_size, "; ZeRO stage ",
+                     engine.zero_stage(), " (", zero_stage_summary(engine.zero_stage()), "): optimizer shard of ",
                      engine.shards().total, " elements (", layout_total_note(model.layout().total, engine.shards().total),
-                     "): parameters + gradients + optimizer state ", mib(engine.state_bytes()), " MiB on the device, ",
+                     "); weights + gradients + optimizer state ", mib(engine.state_bytes()), " MiB on the device, ",
                      mib(engine.host_state_bytes()), " MiB on the host"));
   engine.init_weights(cfg.seed, cfg.model.initializer_range);
   if (!cfg.init_hf_dir.empty()) {
@@ -120,7 +139,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   }
 
   std::unique_ptr<TokenSource> source = open_data(cfg.data, cfg.model.vocab_size);
-  BatchSampler sampler(*source, cfg.data.seq_len, cfg.micro_batch, cfg.model.vocab_size, cfg.data.seed);
+  BatchSampler sampler(*source, cfg.data.seq_len, batch.micro, cfg.model.vocab_size, cfg.data.seed);
 
   // Every rank's loss is scaled by the global token count and gradients are summed over ranks,
   // so the step sees the mean over the global batch.
@@ -129,6 +148,9 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   const double peak = cfg.peak_tflops > 0 ? cfg.peak_tflops : backend->peak_tflops(cfg.dtype);
   const bool lead = comm.rank() == 0;
   if (lead) {
+    log_info(str_cat("batch: ", batch.global, " sequences of ", cfg.data.seq_len, " tokens per step = micro-batch ",
+                     batch.micro, " x gradient accumulation ", batch.accumulation, " x data-parallel size ",
+                     groups.dp_size, batch.derived.empty() ? "" : str_cat(" (derived: ", batch.derived, ")")));
     log_info(str_cat("model ", cfg.model_source, ": ", cfg.model.model_type, ", ", cfg.model.num_parameters() / 1e6,
                      "M parameters, ", cfg.model.num_layers, " layers, ", engine.buckets().size(), " buckets, ",
                      dtype_name(cfg.dtype)));
@@ -167,25 +189,34 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
 
   const float loss_scale = 1.0f / static_cast<float>(tokens_per_step);
   int64_t sample = state.data_position;  // index of the next global sample
-  auto save = [&] {
+  // At most one save in flight: its writers run while training goes on; it is committed at the
+  // first step boundary where every rank's writer has finished (or before the next save).
+  std::unique_ptr<CheckpointSave> in_flight;
+  auto commit = [&] {
+    const std::string path = in_flight->commit();
+    in_flight.reset();
+    if (lead) log_info(str_cat("checkpoint saved: ", path));
+  };
+  auto save = [&](bool async) {
+    if (in_flight) commit();
     state.data_position = sample;
     state.steps_taken = engine.steps_taken();
     state.last_step_redone = engine.last_step_redone();
-    const std::string path = save_checkpoint(engine, comm, cfg, state, opts.save_dir, opts.keep);
-    if (lead) log_info(str_cat("checkpoint saved: ", path));
+    in_flight = std::make_unique<CheckpointSave>(engine, comm, cfg, state, opts.save_dir, opts.keep);
+    if (!async) commit();
   };
   for (int64_t step = state.iteration + 1; step <= cfg.steps; ++step) {
     const double lr = cfg.schedule.lr_at(engine.steps_taken());
-    engine.begin_step(static_cast<float>(lr), static_cast<int>(cfg.grad_accum));
+    engine.begin_step(lr, static_cast<int>(batch.accumulation));
     model.zero_loss();
     // Data-parallel ranks read disjoint samples: each global micro-batch is dp_size x micro_batch
     // consecutive samples, this rank taking its share; sequence-parallel ranks take their slice
     // of every sequence of that share.
-    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
-      const TokenBatch mine = slice_sequences(sampler.batch_at(sample + groups.dp_rank * cfg.micro_batch),
+    for (int64_t micro = 0; micro < batch.accumulation; ++micro) {
+      const TokenBatch mine = slice_sequences(sampler.batch_at(sample + groups.dp_rank * batch.micro),
                                               cfg.data.seq_len, groups.sp_size, groups.sp_rank);
       model.forward_backward(mine, engine, engine, loss_scale, true);
-      sample += groups.dp_size * cfg.micro_batch;
+      sample += groups.dp_size * batch.micro;
     }
     double loss_sum = model.read_loss();
     comm.all_reduce_sum(&loss_sum, 1);
@@ -213,16 +244,21 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     summary.steps = step;
 
     if (opts.save_dir.empty()) continue;
-    // Every rank learns of a signal at the same step boundary, so all save and stop together.
-    double stop = g_stop_signal != 0 ? 1.0 : 0.0;
-    comm.all_reduce_sum(&stop, 1);
-    if ((opts.save_every > 0 && step % opts.save_every == 0) || stop > 0) save();
-    if (stop > 0) {
+    // Every rank learns of a signal, and of every writer being done, at the same step boundary,
+    // so all commit, save and stop together.
+    double flags[2] = {g_stop_signal != 0 ? 1.0 : 0.0, in_flight && in_flight->written() ? 1.0 : 0.0};
+    comm.all_reduce_sum(flags, 2);
+    const bool stop = flags[0] > 0;
+    if (in_flight && flags[1] == comm.size()) commit();
+    // On a signal: the save in flight first, then the final one, synchronously.
+    if ((opts.save_every > 0 && step % opts.save_every == 0) || stop) save(opts.async_save && !stop);
+    if (stop) {
       if (lead) log_info(str_cat("stopping after step ", step, " on a termination signal; resume with --resume ", opts.save_dir));
       summary.stopped_by_signal = true;
       break;
     }
   }
+  if (in_flight) commit();
   engine.finish();
   if (opts.at_end) opts.at_end(engine);
   if (pending) emit(*pending);

@@ -396,30 +396,44 @@ OpCase replicate_heads_case(int64_t rows, int64_t heads, int64_t copies, int64_t
           }};
 }
 
-// Bitwise against the CPU's AdamW, which equals the scalar reference (adamw.h) bit for bit; the
-// offload modes' equivalence on the GPU rests on this. Clipping scale and weight decay active.
-OpCase adamw_case(int64_t n, DType grad_dt, DType out_dt) {
-  return {case_name("adamw", "grad", dn(grad_dt), "out", dn(out_dt), "n", n), [=](OpRun& r) {
+// Bitwise against the CPU's AdamW calls, which equal the scalar reference (adamw.h) and the host
+// kernels bit for bit; the offload modes' equivalence and the device buckets' speculation on the
+// GPU rest on this. Clipping scale and weight decay active; with a snapshot (the exact rollback),
+// and with a non-finite guard (the call must leave everything untouched).
+OpCase adam_case(AdamCall call, bool snapshot, bool finite_guard, int64_t n, DType grad_dt, DType out_dt) {
+  const char* names[] = {"step", "rollback", "redo"};
+  return {case_name(str_cat("adam_", names[static_cast<int>(call)], snapshot ? "_snapshot" : "",
+                            finite_guard ? "" : "_nonfinite_guard"),
+                    "grad", dn(grad_dt), "out", dn(out_dt), "n", n),
+          [=](OpRun& r) {
             std::vector<float> v = normal(n, 31, 0.01f);
             for (float& x : v) x *= x;
-            auto* p = static_cast<float*>(r.in(normal(n, 29, 0.1f), DType::F32));
-            auto* m = static_cast<float*>(r.in(normal(n, 30, 0.01f), DType::F32));
-            auto* vv = static_cast<float*>(r.in(v, DType::F32));
-            void* grad = r.in(normal(n, 32, 0.05f), grad_dt);
-            void* out = r.out(n, out_dt);
+            AdamArrays a;
+            a.p = static_cast<float*>(r.in(normal(n, 29, 0.1f), DType::F32));
+            a.m = static_cast<float*>(r.in(normal(n, 30, 0.01f), DType::F32));
+            a.v = static_cast<float*>(r.in(v, DType::F32));
+            a.grad = r.in(normal(n, 32, 0.05f), grad_dt), a.grad_dt = grad_dt;
+            a.out = r.out(n, out_dt), a.out_dt = out_dt;
+            if (snapshot) {
+              a.snapshot_p = static_cast<float*>(r.in(normal(n, 33, 0.1f), DType::F32));
+              a.snapshot_m = static_cast<float*>(r.in(normal(n, 34, 0.01f), DType::F32));
+              a.snapshot_v = static_cast<float*>(r.in(v, DType::F32));
+            }
+            const auto* guard = static_cast<const float*>(r.in(std::vector<float>{finite_guard ? 3.5f : NAN}, DType::F32));
             AdamWParams hp;
-            hp.lr = 3e-3f;
-            hp.beta1 = 0.9f;
-            hp.beta2 = 0.95f;
-            hp.eps = 1e-8f;
-            hp.weight_decay = 0.1f;
+            hp.lr = 3e-3;
+            hp.beta1 = 0.9;
+            hp.beta2 = 0.95;
+            hp.eps = 1e-8;
+            hp.weight_decay = 0.1;
             hp.step = 7;
             hp.grad_scale = 0.37f;
-            r.ops().adamw(r.s(), p, m, vv, grad, grad_dt, out, out_dt, n, hp);
-            r.expect("p", p, n, DType::F32, OpClass::Exact);
-            r.expect("m", m, n, DType::F32, OpClass::Exact);
-            r.expect("v", vv, n, DType::F32, OpClass::Exact);
-            r.expect("out", out, n, out_dt, OpClass::Exact);
+            r.ops().adam(r.s(), call, a, n, hp, 0.61f, guard);
+            r.expect("p", a.p, n, DType::F32, OpClass::Exact);
+            r.expect("m", a.m, n, DType::F32, OpClass::Exact);
+            r.expect("v", a.v, n, DType::F32, OpClass::Exact);
+            if (finite_guard) r.expect("out", a.out, n, out_dt, OpClass::Exact);
+            if (snapshot) r.expect("snapshot p", a.snapshot_p, n, DType::F32, OpClass::Exact);
           }};
 }
 
@@ -459,7 +473,11 @@ std::vector<OpCase> small_cases() {
     for (DType to : kDTypes) c.push_back(cast_case(1000, dt, to));
     c.push_back(transpose_blocks_case(3, 5, 7, dt));
     for (bool rev : {false, true}) c.push_back(replicate_heads_case(5, 2, 4, 80, rev, dt));
-    for (DType out : kDTypes) c.push_back(adamw_case(1001, dt, out));
+    for (DType out : kDTypes)
+      for (AdamCall call : {AdamCall::Step, AdamCall::Rollback, AdamCall::Redo})
+        for (bool snapshot : {false, true}) c.push_back(adam_case(call, snapshot, true, 1001, dt, out));
+    c.push_back(adam_case(AdamCall::Step, false, false, 1001, dt, dt));
+    c.push_back(adam_case(AdamCall::Redo, true, false, 1001, dt, dt));
   }
   c.push_back(gemm_case({33, 65, 100, false, true}, DType::BF16, DType::F32));  // bf16 inputs, fp32 C
   return c;
@@ -494,7 +512,8 @@ std::vector<OpCase> large_cases() {
     for (DType to : kDTypes) c.push_back(cast_case((1 << 22) + 5, dt, to));
     c.push_back(transpose_blocks_case(8, 4, 4104, dt));
     for (bool rev : {false, true}) c.push_back(replicate_heads_case(4099, 8, 2, 128, rev, dt));
-    for (DType out : kDTypes) c.push_back(adamw_case((1 << 22) + 3, dt, out));
+    for (DType out : kDTypes) c.push_back(adam_case(AdamCall::Step, false, true, (1 << 22) + 3, dt, out));
+    c.push_back(adam_case(AdamCall::Redo, false, true, (1 << 22) + 3, dt, dt));
   }
   return c;
 }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "parallel/communicator.h"
@@ -32,13 +33,13 @@ struct Mode {
   bool checkpointing;   // recompute in backward: gathers from before_unit during backward
 };
 
-Result run(Communicator& comm, int sp, const Mode& mode) {
+Result run(Communicator& comm, int sp, const Mode& mode, int stage = 3, int steps = 12) {
   nlohmann::json doc = load_json_file("configs/runs/tiny-demo.json");
   const int dp = comm.size() / sp;
   for (const std::string& s :
-       {std::string("train.steps=12"), std::string("data.seq_len=32"), std::string("steps_per_print=100"),
+       {"train.steps=" + std::to_string(steps), std::string("data.seq_len=32"), std::string("steps_per_print=100"),
         "train_micro_batch_size_per_gpu=" + std::to_string(kGlobalBatch / dp), "sequence_parallel_size=" + std::to_string(sp),
-        std::string("zero_optimization.stage=3"), std::string("zero_optimization.sub_group_size=60000"),
+        "zero_optimization.stage=" + std::to_string(stage), std::string("zero_optimization.sub_group_size=60000"),
         std::string("gradient_clipping=0.5"), std::string("zero_optimization.offload_optimizer=") + mode.offload,
         std::string("train.activation_checkpointing=") + (mode.checkpointing ? "true" : "false")})
     apply_override(doc, s);
@@ -84,6 +85,37 @@ TEST_P(Distributed, Zero3AndUlyssesMatchOneRank) {
     const double share = static_cast<double>(got.state_bytes) / static_cast<double>(ref.state_bytes);
     if (world_->rank() == 0) std::printf("  state per rank: %zu of %zu bytes (%.4f)\n", got.state_bytes, ref.state_bytes, share);
     EXPECT_LE(share, 1.0 / world_->size() + 0.01);
+  }
+}
+
+// ZeRO stages 0-3 over every rank (data parallel), with the optimizer on the device and with
+// SuperOffload: the same losses and weights as one rank, and less state per rank at every stage.
+TEST(DistributedStages, EveryStageMatchesOneRankAndKeepsLessAsTheStageRises) {
+  std::unique_ptr<Communicator> world = make_mpi_world_communicator();
+  ASSERT_EQ(kGlobalBatch % world->size(), 0) << "run with 1, 2 or 4 ranks";
+  std::unique_ptr<Communicator> alone = world->split(world->rank(), 0, "alone");
+  for (const Mode& mode : {Mode{"device", R"({"device": "none"})", false},
+                           Mode{"superoffload", R"({"device": "cpu", "super_offload": true, "ratio": 0.5})", false}}) {
+    const Result ref = run(*alone, 1, mode, 3, 8);
+    size_t previous = SIZE_MAX;
+    for (int stage = 0; stage <= 3; ++stage) {
+      const Result got = run(*world, 1, mode, stage, 8);
+      ASSERT_EQ(got.losses.size(), ref.losses.size());
+      double worst_loss = 0;
+      for (size_t s = 0; s < ref.losses.size(); ++s)
+        worst_loss = std::max(worst_loss, std::abs(got.losses[s] - ref.losses[s]) / ref.losses[s]);
+      const double worst_w = test::worst_rel_error(got.weights, ref.weights);
+      if (world->rank() == 0)
+        std::printf("[%s, stage %d, %d ranks] worst loss rel diff %.3e, worst weight rel diff %.3e, state per rank %zu "
+                    "bytes (one rank alone: %zu)\n",
+                    mode.name, stage, world->size(), worst_loss, worst_w, got.state_bytes, ref.state_bytes);
+      EXPECT_LE(worst_loss, 1e-6) << mode.name << " stage " << stage;
+      EXPECT_LE(worst_w, 1e-5) << mode.name << " stage " << stage;
+      if (world->size() > 1) {
+        EXPECT_LT(got.state_bytes, previous) << mode.name << " stage " << stage;
+      }
+      previous = got.state_bytes;
+    }
   }
 }
 

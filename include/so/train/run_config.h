@@ -31,9 +31,11 @@ struct RunConfig {
   std::string model_source;  // where the model config came from
   std::string init_hf_dir;   // model.hf_dir: start from these Hugging Face weights; empty = random init
   DType dtype = DType::F32;
-  int64_t micro_batch = 1;
-  int64_t grad_accum = 1;
-  int64_t train_batch_size = 0;  // 0 = not given; else micro x accumulation x data-parallel size
+  // As the config gives them; 0 = absent. resolve_batch_sizes derives the missing ones once the
+  // data-parallel size is known, as DeepSpeed does.
+  int64_t micro_batch = 0;       // train_micro_batch_size_per_gpu
+  int64_t grad_accum = 0;        // gradient_accumulation_steps
+  int64_t train_batch_size = 0;  // train_batch_size (global: micro x accumulation x data-parallel size)
   int sequence_parallel_size = 1;
   float grad_clip = 0.0f;
   AdamWParams adam;
@@ -46,10 +48,23 @@ struct RunConfig {
   uint64_t seed = 1234;
   int64_t log_every = 1;
   double peak_tflops = 0.0;  // 0 = ask the backend
+  double collective_timeout_s = 1800.0;  // a collective waiting longer ends the job; 0 = never
   bool activation_checkpointing = false;
   int64_t loss_chunk_tokens = 0;
   BackendOptions backend;
 };
+
+// The three batch sizes of a step, complete and consistent.
+struct BatchSizes {
+  int64_t micro = 1, accumulation = 1, global = 1;
+  std::string derived;  // which were derived, for the start-up line ("" = all three given)
+};
+// DeepSpeed's rules (deepspeed/runtime/config.py): global = micro x accumulation x dp; any two
+// give the third, the global batch alone gives micro = global / dp with accumulation 1, the micro
+// batch alone gives accumulation 1; so_train adds micro = 1 when neither the micro nor the global
+// batch is given. A derivation that does not divide evenly, or three values that disagree, is an
+// error naming all three and dp.
+BatchSizes resolve_batch_sizes(const RunConfig& cfg, int64_t data_parallel_size);
 
 nlohmann::json load_json_file(const std::string& path);
 // Applies "a.b.c=value" to the document; value is parsed as JSON, else taken as a string.

@@ -17,6 +17,7 @@ struct TrainOptions {
   std::string save_dir;      // checkpoints go here (docs/checkpoints.md); empty = never saved
   int64_t save_every = 0;    // steps between checkpoints; 0 = only on SIGTERM/SIGUSR1
   int keep = 3;              // checkpoints kept in save_dir
+  bool async_save = true;    // training goes on while a checkpoint is written (docs/checkpoints.md)
   std::string resume;        // checkpoint file, or a directory with a `latest` pointer
   // Called with the engine after the last step (collectively on every rank): tests, exports.
   std::function<void(Engine&)> at_end;
