@@ -1,8 +1,8 @@
 // so_bench ckpt: save and load time of an HDF5 checkpoint for a model built from random weights,
 // through the same CheckpointSave / load_checkpoint the trainer uses (all ranks of the job writing
 // their ZeRO-3 shards), with file size and bytes per second against the disk's own bounds
-// (sequential write + fsync, and sequential read, of the same bytes in the same directory, page
-// cache evicted before every read), and the stall an asynchronous save costs the training step
+// (sequential write made durable, and sequential read from the disk, of the same bytes in the same
+// directory, each the faster of through and around the page cache), and the stall an asynchronous save costs the training step
 // that follows it: the save call itself, plus what the next optimizer step (which changes every
 // bucket while the writer runs) takes beyond the same step without a save in flight.
 #include <fcntl.h>
@@ -17,6 +17,7 @@
 #include "so/core/error.h"
 #include "so/engine/engine.h"
 #include "so/io/atomic_file.h"
+#include "so/io/direct_io_file.h"
 #include "so/model/param_layout.h"
 #include "so/train/checkpoint.h"
 
@@ -64,28 +65,53 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     ::close(fd);
   };
   // The bounds: the checkpoint's bytes written sequentially into a new file in the same directory
-  // and fsynced (measured just before each save, while the previous checkpoint is still there:
-  // both land on blocks the file system picks for a new file; on thin-provisioned disks writing
-  // never-used blocks can be several times slower than rewriting freed ones, docs/perf.md), then
-  // read back sequentially from the disk.
+  // and made durable, then read back from the disk — each both ways, through the page cache
+  // (write + fsync; read after eviction) and around it (DirectIoFile, as the checkpoint does),
+  // the faster way counting. Measured just before each save, while the previous checkpoint is
+  // still there: both land on blocks the file system picks for a new file (on thin-provisioned
+  // disks never-used blocks can be several times slower than freed ones, docs/perf.md).
   auto disk_probe = [&](double bytes) {
     const std::string probe = dir + "/.disk-bound-probe";
+    const size_t total = static_cast<size_t>(bytes);
     std::vector<char> block(size_t{64} << 20, 1);
     auto t0 = clock();
-    AtomicFileWriter out(probe);
-    for (double left = bytes; left > 0; left -= static_cast<double>(block.size()))
-      out.write(block.data(), static_cast<size_t>(std::min(left, static_cast<double>(block.size()))));
-    out.commit();
-    const double write_s = secs(t0, clock());
+    {
+      AtomicFileWriter out(probe);
+      for (size_t at = 0; at < total; at += block.size()) out.write(block.data(), std::min(block.size(), total - at));
+      out.commit();
+    }
+    const double buffered_write = secs(t0, clock());
     evict(probe);
     t0 = clock();
-    const int fd = ::open(probe.c_str(), O_RDONLY);
-    while (::read(fd, block.data(), block.size()) > 0) {
+    {
+      const int fd = ::open(probe.c_str(), O_RDONLY);
+      while (::read(fd, block.data(), block.size()) > 0) {
+      }
+      ::close(fd);
     }
-    ::close(fd);
-    const double read_s = secs(t0, clock());
+    const double buffered_read = secs(t0, clock());
     std::filesystem::remove(probe);
-    return std::pair{write_s, read_s};
+    t0 = clock();
+    {
+      const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      SO_CHECK(fd >= 0 && ::ftruncate(fd, static_cast<off_t>(total)) == 0, "cannot create ", probe);
+      ::close(fd);
+      DirectIoFile out(probe, DirectIoFile::Mode::Write);
+      for (size_t at = 0; at < total; at += block.size())
+        out.write_at(block.data(), std::min(block.size(), total - at), at, "disk-bound probe");
+      out.sync("disk-bound probe");
+    }
+    const double direct_write = secs(t0, clock());
+    evict(probe);
+    t0 = clock();
+    {
+      DirectIoFile in(probe, DirectIoFile::Mode::Read);
+      for (size_t at = 0; at < total; at += block.size())
+        in.read_at(block.data(), std::min(block.size(), total - at), at, "disk-bound probe");
+    }
+    const double direct_read = secs(t0, clock());
+    std::filesystem::remove(probe);
+    return std::pair{std::min(buffered_write, direct_write), std::min(buffered_read, direct_read)};
   };
   // One optimizer step that changes every bucket (zero gradients: AdamW still decays and moves
   // the moments), on the engine's own path; its time is what a save in flight may lengthen.
@@ -109,7 +135,7 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     }
     comm.barrier();
     auto t0 = clock();
-    state.steps_taken = 2 * r + 1;
+    state.iteration = state.steps_taken = 2 * r + 1;
     path = save_checkpoint(engine, comm, cfg, state, dir, 1);
     best_save = std::min(best_save, secs(t0, clock()));
     bytes = static_cast<double>(std::filesystem::file_size(path));
@@ -123,7 +149,7 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     best_step = std::min(best_step, optimizer_step());
     comm.barrier();
     t0 = clock();
-    state.steps_taken = 2 * r + 2;
+    state.iteration = state.steps_taken = 2 * r + 2;
     CheckpointSave save(engine, comm, cfg, state, dir, 1);
     const double call = secs(t0, clock());
     const double step = optimizer_step();

@@ -299,21 +299,20 @@ void Engine::write_owned(int id, OptimState which, const std::vector<float>& val
     std::memcpy(state_ptr(part->dst, which), values.data(), n * sizeof(float));
   else
     backend_.copy_h2d(state_ptr(part->dst, which), values.data(), n * sizeof(float), s);
-  std::vector<char> dev;
   if (which == OptimState::Master) {
-    // The device copy in model dtype, rounded on the host the way every cast rounds.
-    dev.resize(n * dtype_size(opts_.dtype));
-    if (opts_.dtype == DType::F32) {
-      std::memcpy(dev.data(), values.data(), dev.size());
-    } else {
-      bf16* out = reinterpret_cast<bf16*>(dev.data());
-      for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(values[i]);
+    // The device copy in model dtype, rounded on the host the way every cast rounds (fp32: the
+    // values themselves; bf16 through a buffer kept between calls, so a load touches no new pages).
+    const void* src = values.data();
+    if (opts_.dtype != DType::F32) {
+      write_staging_.resize(n);
+      for (size_t i = 0; i < n; ++i) write_staging_[i] = f32_to_bf16(values[i]);
+      src = write_staging_.data();
     }
-    backend_.copy_h2d(static_cast<char*>(weights_.data()) + part->dst * dtype_size(opts_.dtype), dev.data(),
-                      dev.size(), s);
+    backend_.copy_h2d(static_cast<char*>(weights_.data()) + part->dst * dtype_size(opts_.dtype), src,
+                      n * dtype_size(opts_.dtype), s);
     invalidate_gathered();
   }
-  backend_.synchronize(s);  // `values` and `dev` go away after return
+  backend_.synchronize(s);  // `values` and the staging buffer are reused after return
 }
 
 std::vector<float> Engine::read_owned(int id, OptimState which) {
@@ -361,13 +360,13 @@ std::vector<float> Engine::read_grad(int id) {
 
 // ---- checkpoint snapshots --------------------------------------------------------------------
 
-std::vector<float> Engine::copy_bucket_state(size_t b) {
+void Engine::copy_bucket_state(size_t b, std::vector<float>& out) {
   const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
-  std::vector<float> out(static_cast<size_t>(3 * n));
+  out.resize(static_cast<size_t>(3 * n));
   const OptimState parts[] = {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq};
   if (on_host(begin)) {
     for (int k = 0; k < 3; ++k) std::memcpy(out.data() + k * n, state_ptr(begin, parts[k]), n * sizeof(float));
-    return out;
+    return;
   }
   // Device state: nothing changes it until before_state_change returns, so any stream may read it.
   Stream& d2h = backend_.stream(StreamKind::D2H);
@@ -375,7 +374,6 @@ std::vector<float> Engine::copy_bucket_state(size_t b) {
   std::unique_ptr<Event> copied = backend_.create_event();
   backend_.record(*copied, d2h);
   backend_.synchronize(*copied);
-  return out;
 }
 
 void Engine::freeze_state() {
@@ -396,19 +394,32 @@ void Engine::before_state_change(size_t b) {
   if (frozen_wanted_.load() == 0) return;
   Frozen& f = *frozen_[b];
   std::lock_guard<std::mutex> lock(f.mu);  // a take_frozen copying this bucket finishes first
-  if (f.wanted && f.copy.empty()) f.copy = copy_bucket_state(b);
+  if (f.wanted && f.copy.empty()) copy_bucket_state(b, f.copy);
 }
 
-std::vector<float> Engine::take_frozen(size_t b) {
-  SO_CHECK(b < frozen_.size(), "engine: take_frozen(", b, ") without freeze_state");
+void Engine::with_frozen(size_t b, const FrozenReader& read) {
+  SO_CHECK(b < frozen_.size(), "engine: with_frozen(", b, ") without freeze_state");
   Frozen& f = *frozen_[b];
   std::lock_guard<std::mutex> lock(f.mu);
   SO_CHECK(f.wanted, "engine: bucket ", b, "'s frozen state was taken already");
-  std::vector<float> out = f.copy.empty() ? copy_bucket_state(b) : std::move(f.copy);
-  f.copy.clear();
-  f.wanted = false;
-  --frozen_wanted_;
-  return out;
+  struct Release {  // whatever `read` does, the bucket is released and its copy freed
+    Frozen& f;
+    std::atomic<int64_t>& left;
+    ~Release() {
+      f.copy = {};
+      f.wanted = false;
+      --left;
+    }
+  } release{f, frozen_wanted_};
+  const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
+  if (n == 0) return;
+  if (f.copy.empty() && on_host(begin)) {
+    read(state_ptr(begin, OptimState::Master), state_ptr(begin, OptimState::ExpAvg),
+         state_ptr(begin, OptimState::ExpAvgSq));
+    return;
+  }
+  if (f.copy.empty()) copy_bucket_state(b, f.copy);
+  read(f.copy.data(), f.copy.data() + n, f.copy.data() + 2 * n);
 }
 
 // ---- the step ---------------------------------------------------------------------------------

@@ -42,6 +42,34 @@ uint32_t crc_table(const unsigned char* p, size_t n, uint32_t c) {
   return c;
 }
 
+// Three independent crc32 chains over neighbouring lanes, joined by shifting a register over a
+// lane of zeros (linear over GF(2): processing B from register r equals r shifted over |B| zero
+// bytes XOR B processed from 0). The instruction's latency is 3 cycles and its throughput 1, so
+// three chains run ~3x faster than one (Intel's "crc_pcl" and Mark Adler's crc32c.c do the same).
+constexpr size_t kLane = 8192;
+
+struct LaneShift {  // t[k][b]: the register b << 8k shifted over kLane zero bytes
+  std::array<std::array<uint32_t, 256>, 4> t{};
+  LaneShift() {
+    std::array<uint32_t, 32> basis{};
+    for (int i = 0; i < 32; ++i) {
+      uint32_t c = uint32_t{1} << i;
+      for (size_t n = 0; n < kLane; ++n) c = (c >> 8) ^ kTables.t[0][c & 0xff];
+      basis[static_cast<size_t>(i)] = c;
+    }
+    for (int k = 0; k < 4; ++k)
+      for (uint32_t b = 0; b < 256; ++b) {
+        uint32_t v = 0;
+        for (int i = 0; i < 8; ++i)
+          if (b >> i & 1) v ^= basis[static_cast<size_t>(8 * k + i)];
+        t[static_cast<size_t>(k)][b] = v;
+      }
+  }
+  uint32_t operator()(uint32_t c) const {
+    return t[0][c & 0xff] ^ t[1][(c >> 8) & 0xff] ^ t[2][(c >> 16) & 0xff] ^ t[3][c >> 24];
+  }
+};
+
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) uint32_t crc_hw(const unsigned char* p, size_t n, uint32_t c) {
   uint64_t c64 = c;
@@ -54,6 +82,23 @@ __attribute__((target("sse4.2"))) uint32_t crc_hw(const unsigned char* p, size_t
   for (; n > 0; --n, ++p) c = __builtin_ia32_crc32qi(c, *p);
   return c;
 }
+__attribute__((target("sse4.2"))) uint32_t crc_hw_lanes(const unsigned char* p, size_t n, uint32_t c) {
+  static const LaneShift shift;
+  for (; n >= 3 * kLane; n -= 3 * kLane, p += 3 * kLane) {
+    uint64_t c0 = c, c1 = 0, c2 = 0;
+    for (size_t i = 0; i < kLane; i += 8) {
+      uint64_t w0, w1, w2;
+      std::memcpy(&w0, p + i, 8);
+      std::memcpy(&w1, p + kLane + i, 8);
+      std::memcpy(&w2, p + 2 * kLane + i, 8);
+      c0 = __builtin_ia32_crc32di(c0, w0);
+      c1 = __builtin_ia32_crc32di(c1, w1);
+      c2 = __builtin_ia32_crc32di(c2, w2);
+    }
+    c = shift(shift(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1)) ^ static_cast<uint32_t>(c2);
+  }
+  return crc_hw(p, n, c);
+}
 bool have_hw() { return __builtin_cpu_supports("sse4.2"); }
 #elif defined(__aarch64__)
 __attribute__((target("+crc"))) uint32_t crc_hw(const unsigned char* p, size_t n, uint32_t c) {
@@ -65,9 +110,26 @@ __attribute__((target("+crc"))) uint32_t crc_hw(const unsigned char* p, size_t n
   for (; n > 0; --n, ++p) c = __crc32cb(c, *p);
   return c;
 }
+__attribute__((target("+crc"))) uint32_t crc_hw_lanes(const unsigned char* p, size_t n, uint32_t c) {
+  static const LaneShift shift;
+  for (; n >= 3 * kLane; n -= 3 * kLane, p += 3 * kLane) {
+    uint32_t c0 = c, c1 = 0, c2 = 0;
+    for (size_t i = 0; i < kLane; i += 8) {
+      uint64_t w0, w1, w2;
+      std::memcpy(&w0, p + i, 8);
+      std::memcpy(&w1, p + kLane + i, 8);
+      std::memcpy(&w2, p + 2 * kLane + i, 8);
+      c0 = __crc32cd(c0, w0);
+      c1 = __crc32cd(c1, w1);
+      c2 = __crc32cd(c2, w2);
+    }
+    c = shift(shift(c0) ^ c1) ^ c2;
+  }
+  return crc_hw(p, n, c);
+}
 bool have_hw() { return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0; }
 #else
-uint32_t crc_hw(const unsigned char* p, size_t n, uint32_t c) { return crc_table(p, n, c); }
+uint32_t crc_hw_lanes(const unsigned char* p, size_t n, uint32_t c) { return crc_table(p, n, c); }
 bool have_hw() { return false; }
 #endif
 
@@ -77,7 +139,7 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   static const bool hw = have_hw();
   const auto* p = static_cast<const unsigned char*>(data);
   const uint32_t c = ~crc;
-  return ~(hw ? crc_hw(p, n, c) : crc_table(p, n, c));
+  return ~(hw ? crc_hw_lanes(p, n, c) : crc_table(p, n, c));
 }
 
 }  // namespace so

@@ -19,6 +19,7 @@
 #include "so/core/json_reader.h"
 #include "so/io/atomic_file.h"
 #include "so/io/crc32c.h"
+#include "so/io/direct_io_file.h"
 
 namespace so {
 
@@ -32,17 +33,6 @@ std::string step_file_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "step-%08lld.h5", static_cast<long long>(step));
   return buf;
-}
-
-// The full write of `bytes` at `offset`.
-void pwrite_all(int fd, const void* data, size_t bytes, uint64_t offset, const std::string& what) {
-  const auto* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::pwrite(fd, p, bytes, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    SO_CHECK(n > 0, what, ": write failed at byte ", offset, ": ", n < 0 ? std::strerror(errno) : "no progress");
-    p += n, bytes -= static_cast<size_t>(n), offset += static_cast<uint64_t>(n);
-  }
 }
 
 // Agreement over the job: each rank passes its own failure (empty: none); every rank throws when
@@ -66,7 +56,7 @@ struct CheckpointSave::Impl {
   // Per manifest tensor: its segments (all ranks'), and where this rank writes in each group.
   std::vector<std::vector<ckpt::Segment>> segments;
   std::map<std::string, uint64_t> offsets;
-  int fd = -1;
+  std::unique_ptr<DirectIoFile> file;  // this rank's writes
   std::thread writer;
   std::atomic<bool> written{false};
   std::string error;  // of this rank's writer; read after `written`
@@ -100,8 +90,8 @@ CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const RunConf
 
   // A save that fails before its writer starts releases the snapshot and leaves no file behind.
   const auto abandon = [&] {
-    for (size_t b = 0; b < engine.buckets().size(); ++b) engine.take_frozen(b);
-    if (s.fd >= 0) ::close(s.fd);
+    for (size_t b = 0; b < engine.buckets().size(); ++b) engine.with_frozen(b, [](const float*, const float*, const float*) {});
+    s.file.reset();
     std::error_code ec;
     if (comm.rank() == 0) fs::remove(s.partial, ec);
   };
@@ -139,8 +129,7 @@ CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const RunConf
     }
   try {
     s.offsets = ckpt::dataset_offsets(s.partial.string(), names);
-    s.fd = ::open(s.partial.c_str(), O_WRONLY | O_CLOEXEC);
-    SO_CHECK(s.fd >= 0, "cannot open '", s.partial.string(), "' for writing: ", std::strerror(errno));
+    s.file = std::make_unique<DirectIoFile>(s.partial.string(), DirectIoFile::Mode::Write);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -159,49 +148,58 @@ CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const RunConf
 void CheckpointSave::Impl::write_all() {
   const ParamLayout& layout = engine.layout();
   const int rank = comm.rank();
-  for (size_t b = 0; b < engine.buckets().size(); ++b) {
-    const std::vector<float> state = engine.take_frozen(b);
-    if (!error.empty()) continue;
-    try {
-      const int64_t shard = engine.bucket_shard_size(b);
-      for (int id : engine.buckets()[b].params) {
-        const ParamSlice mine = engine.saved_slice(id, rank);
-        if (mine.count == 0) continue;
-        const ParamInfo& p = layout.params[id];
-        const std::optional<OwnedPart> part =
-            owned_part(engine.shards(), engine.buckets()[b], b, p.offset, p.numel);
-        SO_CHECK(part && part->src == mine.first && part->n == mine.count, "checkpoint: slice of ", p.name);
-        const int64_t at = part->dst - engine.bucket_shard_begin(b);  // in the bucket's shard
-        const std::vector<ckpt::Segment>& segs = segments[id];
-        for (size_t k = 0; k < 3; ++k) {
-          const ckpt::TensorGroup& g = ckpt::kGroups[k];
-          const float* values = state.data() + static_cast<int64_t>(k) * shard + at;
-          const std::string name = ckpt::data_name(g, p.name);
-          const uint64_t data_at = offsets.at(name), table_at = offsets.at(ckpt::checksum_name(g, p.name));
-          pwrite_all(fd, values, static_cast<size_t>(mine.count) * 4, data_at + static_cast<uint64_t>(mine.first) * 4,
-                     str_cat("checkpoint '", partial.string(), "': ", name));
-          for (size_t i = 0; i < segs.size(); ++i) {
-            if (segs[i].first < mine.first || segs[i].first >= mine.first + mine.count) continue;
-            const uint64_t entry[3] = {static_cast<uint64_t>(segs[i].first), static_cast<uint64_t>(segs[i].count),
-                                       crc32c(values + (segs[i].first - mine.first), static_cast<size_t>(segs[i].count) * 4)};
-            pwrite_all(fd, entry, sizeof entry, table_at + i * sizeof entry,
-                       str_cat("checkpoint '", partial.string(), "': checksums of ", name));
+  for (size_t b = 0; b < engine.buckets().size(); ++b)
+    engine.with_frozen(b, [&](const float* master, const float* exp_avg, const float* exp_avg_sq) {
+      if (!error.empty()) return;
+      const float* parts[3] = {master, exp_avg, exp_avg_sq};
+      try {
+        for (int id : engine.buckets()[b].params) {
+          const ParamSlice mine = engine.saved_slice(id, rank);
+          if (mine.count == 0) continue;
+          const ParamInfo& p = layout.params[id];
+          const std::optional<OwnedPart> part =
+              owned_part(engine.shards(), engine.buckets()[b], b, p.offset, p.numel);
+          SO_CHECK(part && part->src == mine.first && part->n == mine.count, "checkpoint: slice of ", p.name);
+          const int64_t at = part->dst - engine.bucket_shard_begin(b);  // in the bucket's shard
+          const std::vector<ckpt::Segment>& segs = segments[id];
+          for (size_t k = 0; k < 3; ++k) {
+            const ckpt::TensorGroup& g = ckpt::kGroups[k];
+            const float* values = parts[k] + at;
+            const std::string name = ckpt::data_name(g, p.name);
+            const uint64_t data_at = offsets.at(name), table_at = offsets.at(ckpt::checksum_name(g, p.name));
+            // Segment by segment, checksum first: the copy into the I/O buffer then reads the
+            // segment from the cache, not from memory a second time.
+            for (size_t i = 0; i < segs.size(); ++i) {
+              if (segs[i].first < mine.first || segs[i].first >= mine.first + mine.count) continue;
+              const float* v = values + (segs[i].first - mine.first);
+              const size_t bytes = static_cast<size_t>(segs[i].count) * 4;
+              const uint64_t entry[3] = {static_cast<uint64_t>(segs[i].first), static_cast<uint64_t>(segs[i].count),
+                                         crc32c(v, bytes)};
+              file->write_at(v, bytes, data_at + static_cast<uint64_t>(segs[i].first) * 4,
+                             str_cat("checkpoint save: ", name));
+              file->write_at(entry, sizeof entry, table_at + i * sizeof entry,
+                             str_cat("checkpoint save: checksums of ", name));
+            }
           }
         }
+      } catch (const std::exception& e) {
+        error = str_cat("checkpoint save: ", e.what());
       }
+    });
+  if (error.empty()) {
+    try {
+      file->sync("checkpoint save");
     } catch (const std::exception& e) {
-      error = str_cat("checkpoint save: ", e.what());
+      error = e.what();
     }
   }
-  if (error.empty() && ::fdatasync(fd) != 0)
-    error = str_cat("checkpoint save: fdatasync of '", partial.string(), "' failed: ", std::strerror(errno));
   written = true;
 }
 
 CheckpointSave::~CheckpointSave() {
   Impl& s = *impl_;
   if (s.writer.joinable()) s.writer.join();
-  if (s.fd >= 0) ::close(s.fd);
+  s.file.reset();
   if (!s.committed && s.comm.rank() == 0) {  // never published: only the temporary file goes
     std::error_code ec;
     fs::remove(s.partial, ec);
@@ -275,11 +273,13 @@ TrainState load_checkpoint(Engine& engine, Communicator& comm, const RunConfig& 
   const ParamLayout& layout = engine.layout();
   SO_CHECK(ckpt::manifest_of(file.layout()) == ckpt::manifest_of(layout), "checkpoint '", file.path(),
            "': its tensors differ from the model's");
+  std::vector<float> values;  // one buffer for every tensor: no fresh pages per tensor
   for (const ckpt::TensorGroup& g : ckpt::kGroups)
     for (size_t id = 0; id < layout.params.size(); ++id) {
       const ParamSlice mine = engine.owned_slice(static_cast<int>(id));
-      engine.write_owned(static_cast<int>(id), g.which,
-                         file.read(ckpt::data_name(g, layout.params[id].name), mine.first, mine.count));
+      values.resize(static_cast<size_t>(mine.count));
+      file.read_into(ckpt::data_name(g, layout.params[id].name), mine.first, mine.count, values.data());
+      engine.write_owned(static_cast<int>(id), g.which, values);
     }
   const TrainState s = file.summary().state;
   engine.restore_counters(s.iteration, s.steps_taken, s.last_step_redone);

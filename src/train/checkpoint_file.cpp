@@ -66,17 +66,6 @@ void write_int_attr(hid_t obj, const char* name, int64_t value) {
   SO_H5(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), "writing attribute ", name);
 }
 
-// The full read of `bytes` at `offset`, or an error naming what was read.
-void pread_all(int fd, void* out, size_t bytes, uint64_t offset, const std::string& what) {
-  auto* p = static_cast<char*>(out);
-  while (bytes > 0) {
-    const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    SO_CHECK(n > 0, what, ": read failed at byte ", offset, n < 0 ? str_cat(": ", std::strerror(errno)) : " (truncated file)");
-    p += n, bytes -= static_cast<size_t>(n), offset += static_cast<uint64_t>(n);
-  }
-}
-
 }  // namespace
 
 std::vector<Segment> cut_segments(std::vector<Segment> slices, int64_t numel) {
@@ -148,7 +137,11 @@ void create_file(const std::string& path, const nlohmann::json& metadata, const 
     bytes += std::size(kGroups) * (4 * static_cast<uint64_t>(layout.params[id].numel) +
                                     24 * static_cast<uint64_t>(segments_per_tensor[id]) + 2 * 4096);
   check_room(fs::path(path).parent_path().string(), bytes);
-  H5Id file = check_id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+  // Datasets of a block or more start on a block boundary, so a rank's slice of one is written
+  // and read in whole blocks around the page cache (DirectIoFile).
+  H5Id fapl = check_id(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate(file access)");
+  SO_H5(H5Pset_alignment(fapl.get(), DirectIoFile::kBlock, DirectIoFile::kBlock), "alignment");
+  H5Id file = check_id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
                        str_cat("creating checkpoint '", path, "'"));
   const hid_t f = file.get();
   write_string_attr(f, "format", kFormat);
@@ -314,12 +307,9 @@ CheckpointFile::CheckpointFile(const std::string& path) : path_(path) {
         (table ? table_offset : t.data_offset) = at;
       }
       // The table, read now (it is small) and checked to tile the tensor in chunk-bounded pieces.
-      if (fd_ < 0) {
-        fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        SO_CHECK(fd_ >= 0, "cannot open ", where, ": ", std::strerror(errno));
-      }
+      if (!file_) file_ = std::make_unique<DirectIoFile>(path, DirectIoFile::Mode::Read);
       std::vector<uint64_t> raw(static_cast<size_t>(n_segments) * 3);
-      pread_all(fd_, raw.data(), raw.size() * 8, table_offset, str_cat(where, ": checksum table ", cname));
+      file_->read_at(raw.data(), raw.size() * 8, table_offset, str_cat(where, ": checksum table ", cname));
       int64_t at = 0;
       for (int64_t i = 0; i < n_segments; ++i) {
         const uint64_t first = raw[3 * i], count = raw[3 * i + 1], crc = raw[3 * i + 2];
@@ -336,9 +326,7 @@ CheckpointFile::CheckpointFile(const std::string& path) : path_(path) {
     }
 }
 
-CheckpointFile::~CheckpointFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
+CheckpointFile::~CheckpointFile() = default;
 
 const CheckpointFile::Tensor& CheckpointFile::tensor(const std::string& dataset) const {
   const auto it = tensors_.find(dataset);
@@ -349,8 +337,8 @@ const CheckpointFile::Tensor& CheckpointFile::tensor(const std::string& dataset)
 void CheckpointFile::read_segments(const std::string& dataset, const Tensor& t, size_t a, size_t b, float* out) const {
   if (a >= b) return;
   const int64_t first = t.segments[a].first, last = t.segments[b - 1].first + t.segments[b - 1].count;
-  pread_all(fd_, out, static_cast<size_t>(last - first) * 4, t.data_offset + static_cast<uint64_t>(first) * 4,
-            str_cat("checkpoint '", path_, "': dataset ", dataset));
+  file_->read_at(out, static_cast<size_t>(last - first) * 4, t.data_offset + static_cast<uint64_t>(first) * 4,
+                 str_cat("checkpoint '", path_, "': dataset ", dataset));
   for (size_t i = a; i < b; ++i) {
     const Segment& s = t.segments[i];
     SO_CHECK(crc32c(out + (s.first - first), static_cast<size_t>(s.count) * 4) == t.crcs[i], "checkpoint '", path_,
@@ -360,24 +348,28 @@ void CheckpointFile::read_segments(const std::string& dataset, const Tensor& t, 
 }
 
 std::vector<float> CheckpointFile::read(const std::string& dataset, int64_t first, int64_t count) const {
+  std::vector<float> out(static_cast<size_t>(std::max<int64_t>(count, 0)));
+  read_into(dataset, first, count, out.data());
+  return out;
+}
+
+void CheckpointFile::read_into(const std::string& dataset, int64_t first, int64_t count, float* out) const {
   const Tensor& t = tensor(dataset);
   SO_CHECK(first >= 0 && count >= 0 && first + count <= t.numel, "checkpoint: elements [", first, ", ", first + count,
            ") of ", dataset, " (", t.numel, " elements)");
-  std::vector<float> out(static_cast<size_t>(count));
-  if (count == 0) return out;
+  if (count == 0) return;
   // Whole segments only: a checksum covers its segment, so the read starts and ends on their edges.
   const auto begin = t.segments.begin(), end = t.segments.end();
   const size_t a = std::partition_point(begin, end, [&](const Segment& s) { return s.first + s.count <= first; }) - begin;
   const size_t b = std::partition_point(begin, end, [&](const Segment& s) { return s.first < first + count; }) - begin;
   const int64_t lo = t.segments[a].first, hi = t.segments[b - 1].first + t.segments[b - 1].count;
   if (lo == first && hi == first + count) {
-    read_segments(dataset, t, a, b, out.data());
-    return out;
+    read_segments(dataset, t, a, b, out);
+    return;
   }
   std::vector<float> whole(static_cast<size_t>(hi - lo));
   read_segments(dataset, t, a, b, whole.data());
-  std::copy_n(whole.begin() + (first - lo), count, out.begin());
-  return out;
+  std::copy_n(whole.begin() + (first - lo), count, out);
 }
 
 std::vector<std::string> CheckpointFile::verify_all() const {

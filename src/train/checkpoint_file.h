@@ -4,12 +4,14 @@
 // HDF5 structure, and a reader that checks all of it before any tensor data is believed.
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "so/engine/engine.h"
+#include "so/io/direct_io_file.h"
 #include "so/model/param_layout.h"
 #include "so/train/checkpoint.h"
 
@@ -60,7 +62,8 @@ void parse_metadata(std::string_view text, const std::string& where, CheckpointS
 
 // A checkpoint file opened and checked: its metadata's checksum and fields, the manifest against
 // the model it names, every dataset's type, layout, shape and extent against the file, and every
-// checksum table's coverage. Reads are served from the file with pread, each segment verified.
+// checksum table's coverage. Reads are served from the file by DirectIoFile (around the page
+// cache), each segment verified; one reader at a time (the bounce buffer is shared).
 class CheckpointFile {
  public:
   explicit CheckpointFile(const std::string& path);
@@ -74,6 +77,8 @@ class CheckpointFile {
   int64_t numel(const std::string& dataset) const { return tensor(dataset).numel; }
   // Elements [first, first + count) of a tensor, every segment they touch read whole and verified.
   std::vector<float> read(const std::string& dataset, int64_t first, int64_t count) const;
+  // The same into `out` (count elements): loaders reuse one buffer, touching no new memory.
+  void read_into(const std::string& dataset, int64_t first, int64_t count, float* out) const;
   // Every segment of every tensor checked; one line per problem.
   std::vector<std::string> verify_all() const;
 
@@ -90,7 +95,7 @@ class CheckpointFile {
   void read_segments(const std::string& dataset, const Tensor& t, size_t a, size_t b, float* out) const;
 
   std::string path_;
-  int fd_ = -1;
+  std::unique_ptr<DirectIoFile> file_;
   CheckpointSummary summary_;
   ParamLayout layout_;
   std::map<std::string, Tensor> tensors_;

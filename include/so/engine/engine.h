@@ -25,6 +25,7 @@
 //   0: nothing sharded: gradients all-reduced in place, every rank steps every parameter.
 // The stages differ only in what is kept whole; the step's logic is the same.
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -102,11 +103,14 @@ class Engine final : public ParamStore, public ModelHooks {
 
   // A snapshot of the optimizer state for an asynchronous checkpoint, taken lazily: after
   // freeze_state() (between steps), the first change to a bucket's state (the offload pipeline's
-  // step, the device step) first copies that bucket aside, unless take_frozen(b) already took it.
-  // take_frozen(b) returns bucket b's state as of freeze_state(), once: this rank's shard of it,
-  // master weights, exp_avg, exp_avg_sq one after the other (bucket_shard_size(b) each).
+  // step, the device step) first copies that bucket aside, unless with_frozen(b) took it already.
+  // with_frozen(b, read) calls read(master, exp_avg, exp_avg_sq), bucket_shard_size(b) values
+  // each, with bucket b's state as of freeze_state(), once. The bucket stays locked while `read`
+  // runs (an optimizer step reaching it waits), so for host state the pointers are the live arrays
+  // and nothing is copied: the writer's only copy is the one into its I/O buffer.
+  using FrozenReader = std::function<void(const float* master, const float* exp_avg, const float* exp_avg_sq)>;
   void freeze_state();
-  std::vector<float> take_frozen(size_t b);
+  void with_frozen(size_t b, const FrozenReader& read);
   std::vector<float> read_owned(int param_id, OptimState which);  // slice.count values
   // Master writes also refresh the device copy in model dtype (rounded as every cast rounds).
   void write_owned(int param_id, OptimState which, const std::vector<float>& values);
@@ -160,7 +164,7 @@ class Engine final : public ParamStore, public ModelHooks {
   void wait_stepped_weights(size_t b);  // unsharded: compute waits for bucket b's new weights
   void before_state_change(size_t b);     // copies bucket b's frozen state aside if still needed
   AdamArrays device_arrays(size_t b, bool with_snapshot);  // a device bucket's state, grads and weights
-  std::vector<float> copy_bucket_state(size_t b);
+  void copy_bucket_state(size_t b, std::vector<float>& out);
 
   Backend& backend_;
   const ParamLayout& layout_;
@@ -203,6 +207,7 @@ class Engine final : public ParamStore, public ModelHooks {
     std::vector<float> copy;
   };
   std::vector<std::unique_ptr<Frozen>> frozen_;
+  std::vector<bf16> write_staging_;  // write_owned's model-dtype copy of master weights
   std::atomic<int64_t> frozen_wanted_{0};
 
   int64_t steps_ = 0;

@@ -1,0 +1,88 @@
+#pragma once
+// A file read and written at explicit offsets, with the whole 4 KiB blocks of each transfer going
+// around the page cache (O_DIRECT) and only the partial blocks at a transfer's ends through it.
+// Why: a checkpoint is written once and read once, so caching it only costs — the kernel must
+// find a page for every 4 KiB first, which on virtual machines whose free memory goes back to the
+// host is slower than the disk (docs/perf.md, "Checkpoints"), and a 100 GB save evicts the
+// training job's own pages. The partial blocks stay buffered because O_DIRECT moves whole blocks
+// and a neighbouring rank may own the rest of one. Where the file system refuses O_DIRECT
+// (tmpfs, some network file systems), every transfer is buffered.
+//
+// The direct transfers run on an I/O thread through kBuffers aligned buffers, so the caller's
+// work (copying into a buffer, checksums, the next bucket) overlaps the device's: write_at
+// returns once its bytes are copied, and a write's failure is reported by a later write_at or by
+// sync(). Reads go by 4 MiB pieces of the file, and the kBuffers - 1 pieces after the one being
+// read are read ahead, so reading a file front to back in small calls (a checkpoint's tensors in
+// their order) keeps the device busy while the caller checks and copies. One caller at a time.
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace so {
+
+class DirectIoFile {
+ public:
+  enum class Mode { Read, Write };  // Write opens an existing file (no create, no truncate)
+  static constexpr size_t kBlock = 4096;            // the alignment O_DIRECT needs on Linux
+  static constexpr size_t kPieceBytes = 4u << 20;   // one request: the best rate measured here
+  static constexpr int kBuffers = 4;                // requests in flight
+
+  // allow_direct = false: every transfer buffered (tests compare both paths).
+  DirectIoFile(const std::string& path, Mode mode, bool allow_direct = true);
+  DirectIoFile(const DirectIoFile&) = delete;
+  DirectIoFile& operator=(const DirectIoFile&) = delete;
+  ~DirectIoFile();  // waits for queued writes (their errors are lost: call sync() to see them)
+
+  // Errors name `what`, the path and the offset.
+  void write_at(const void* data, size_t bytes, uint64_t offset, const std::string& what);
+  void read_at(void* out, size_t bytes, uint64_t offset, const std::string& what);
+  void sync(const std::string& what);  // queued writes done, then fdatasync: every byte on the disk
+  bool direct() const { return direct_fd_ >= 0; }
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Request {
+    std::unique_ptr<char, void (*)(void*)> buf{nullptr, nullptr};
+    size_t bytes = 0;
+    uint64_t at = 0;
+    bool busy = false;  // queued or in transfer
+    long error = 0;     // errno of its transfer, 0: every byte moved
+    bool short_read = false;  // a read that met the end of the file
+    size_t got = 0;     // bytes a read moved
+    uint64_t piece = kNoPiece;  // reads: which piece of the file the buffer holds or will hold
+  };
+  static constexpr uint64_t kNoPiece = ~uint64_t{0};
+  // The buffer of a piece, read (or being read) into; a new read takes a buffer outside the
+  // window of pieces [window, window + kBuffers) the caller reads now and next.
+  Request& fetch(uint64_t piece, uint64_t window);
+  void read_ahead(uint64_t piece);
+  void submit(Request& r, size_t bytes, uint64_t at);
+  void wait(Request& r);       // until r is not busy
+  void drain();                // every request done
+  Request& free_write_buffer(const std::string& what);  // reports an earlier write's failure
+  void transfer(Request& r);   // on the I/O thread
+  void run();                  // the I/O thread
+
+  bool writing() const { return mode_ == Mode::Write; }
+
+  std::string path_;
+  Mode mode_;
+  int fd_ = -1, direct_fd_ = -1;
+  uint64_t size_ = 0;  // of the file when opened for reading
+  std::vector<Request> requests_;
+  int next_ = 0;  // the request the next write uses (round robin keeps them in order)
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Request*> queue_;
+  bool stop_ = false;
+  std::string write_error_;  // the first failed write's message, reported once
+  std::thread io_;
+};
+
+}  // namespace so

@@ -1,0 +1,221 @@
+#include "so/io/direct_io_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "so/core/error.h"
+
+namespace so {
+
+namespace {
+
+uint64_t align_down(uint64_t x) { return x & ~uint64_t{DirectIoFile::kBlock - 1}; }
+uint64_t align_up(uint64_t x) { return align_down(x + DirectIoFile::kBlock - 1); }
+
+// The whole transfer, EINTR retried: bytes moved (fewer only at the end of a file being read),
+// or -errno.
+template <class Op>
+long transfer_all(Op op, char* p, size_t bytes, uint64_t offset) {
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = op(p + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -errno;
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return static_cast<long>(done);
+}
+
+long pwrite_all(int fd, const char* p, size_t bytes, uint64_t offset) {
+  return transfer_all([fd](char* q, size_t n, off_t at) { return ::pwrite(fd, q, n, at); }, const_cast<char*>(p),
+                      bytes, offset);
+}
+long pread_all(int fd, char* p, size_t bytes, uint64_t offset) {
+  return transfer_all([fd](char* q, size_t n, off_t at) { return ::pread(fd, q, n, at); }, p, bytes, offset);
+}
+
+void check_write(long r, size_t bytes, uint64_t offset, const std::string& what, const std::string& path) {
+  SO_CHECK(r == static_cast<long>(bytes), what, ": writing '", path, "' failed at byte ", offset, ": ",
+           r < 0 ? std::strerror(static_cast<int>(-r)) : "no progress");
+}
+void check_read(long r, size_t bytes, uint64_t offset, const std::string& what, const std::string& path) {
+  SO_CHECK(r == static_cast<long>(bytes), what, ": reading '", path, "' failed at byte ", offset, ": ",
+           r < 0 ? std::strerror(static_cast<int>(-r)) : "the file ends there (truncated)");
+}
+
+}  // namespace
+
+DirectIoFile::DirectIoFile(const std::string& path, Mode mode, bool allow_direct) : path_(path), mode_(mode) {
+  const int flags = (mode == Mode::Write ? O_WRONLY : O_RDONLY) | O_CLOEXEC;
+  fd_ = ::open(path.c_str(), flags);
+  SO_CHECK(fd_ >= 0, "cannot open '", path, "' for ", mode == Mode::Write ? "writing" : "reading", ": ",
+           std::strerror(errno));
+  struct stat st {};
+  SO_CHECK(::fstat(fd_, &st) == 0, "cannot stat '", path, "': ", std::strerror(errno));
+  size_ = static_cast<uint64_t>(st.st_size);
+  if (!allow_direct) return;
+  direct_fd_ = ::open(path.c_str(), flags | O_DIRECT);  // EINVAL where the file system has no O_DIRECT
+  if (direct_fd_ < 0) return;
+  requests_.resize(kBuffers);
+  for (Request& r : requests_) {
+    void* p = nullptr;
+    SO_CHECK(::posix_memalign(&p, kBlock, kPieceBytes) == 0, "cannot allocate I/O buffers for '", path, "'");
+    r.buf = {static_cast<char*>(p), std::free};
+  }
+  io_ = std::thread([this] { run(); });
+}
+
+DirectIoFile::~DirectIoFile() {
+  if (io_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    io_.join();  // the queue is emptied first
+  }
+  if (direct_fd_ >= 0) ::close(direct_fd_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+// A request the file system refuses direct (EINVAL: its blocks are larger than 4 KiB) goes the
+// buffered way instead: the same bytes, only slower.
+void DirectIoFile::transfer(Request& r) {
+  char* p = r.buf.get();
+  long n = writing() ? pwrite_all(direct_fd_, p, r.bytes, r.at) : pread_all(direct_fd_, p, r.bytes, r.at);
+  if (n == -EINVAL) n = writing() ? pwrite_all(fd_, p, r.bytes, r.at) : pread_all(fd_, p, r.bytes, r.at);
+  r.error = n < 0 ? -n : (writing() && n != static_cast<long>(r.bytes) ? EIO : 0);
+  r.got = n < 0 ? 0 : static_cast<size_t>(n);
+}
+
+void DirectIoFile::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_, and nothing left to do
+    Request& r = *queue_.front();
+    lock.unlock();
+    transfer(r);
+    lock.lock();
+    queue_.pop_front();
+    if (writing() && r.error != 0 && write_error_.empty())
+      write_error_ = str_cat("writing '", path_, "' failed at byte ", r.at, ": ", std::strerror(static_cast<int>(r.error)));
+    r.busy = false;
+    cv_.notify_all();
+  }
+}
+
+void DirectIoFile::submit(Request& r, size_t bytes, uint64_t at) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    r.bytes = bytes, r.at = at, r.busy = true, r.error = 0, r.got = 0;
+    queue_.push_back(&r);
+  }
+  cv_.notify_all();
+}
+
+void DirectIoFile::wait(Request& r) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !r.busy; });
+}
+
+void DirectIoFile::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return queue_.empty(); });
+}
+
+DirectIoFile::Request& DirectIoFile::free_write_buffer(const std::string& what) {
+  Request& r = requests_[static_cast<size_t>(next_)];
+  next_ = (next_ + 1) % kBuffers;
+  wait(r);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!write_error_.empty()) {
+    std::string e;
+    std::swap(e, write_error_);
+    throw Error(str_cat(what, ": ", e));
+  }
+  return r;
+}
+
+void DirectIoFile::write_at(const void* data, size_t bytes, uint64_t offset, const std::string& what) {
+  const char* p = static_cast<const char*>(data);
+  const uint64_t end = offset + bytes, mid_begin = align_up(offset), mid_end = align_down(end);
+  if (!direct() || mid_begin >= mid_end) {
+    check_write(pwrite_all(fd_, p, bytes, offset), bytes, offset, what, path_);
+    return;
+  }
+  // The partial first and last blocks buffered, the whole ones queued.
+  check_write(pwrite_all(fd_, p, mid_begin - offset, offset), mid_begin - offset, offset, what, path_);
+  for (uint64_t at = mid_begin; at < mid_end;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, mid_end - at));
+    Request& r = free_write_buffer(what);
+    std::memcpy(r.buf.get(), p + (at - offset), n);
+    submit(r, n, at);
+    at += n;
+  }
+  check_write(pwrite_all(fd_, p + (mid_end - offset), end - mid_end, mid_end), end - mid_end, mid_end, what, path_);
+}
+
+DirectIoFile::Request& DirectIoFile::fetch(uint64_t piece, uint64_t window) {
+  for (Request& r : requests_)
+    if (r.piece == piece) return r;
+  // A buffer of no piece in the window [window, window + kBuffers) being read and read ahead.
+  for (Request& r : requests_)
+    if (r.piece == kNoPiece || r.piece < window || r.piece >= window + kBuffers) {
+      wait(r);
+      r.piece = piece;
+      const uint64_t at = piece * kPieceBytes;
+      submit(r, static_cast<size_t>(std::min<uint64_t>(kPieceBytes, align_up(size_) - at)), at);
+      return r;
+    }
+  SO_CHECK(false, "DirectIoFile: no buffer free for piece ", piece);
+  return requests_.front();
+}
+
+void DirectIoFile::read_ahead(uint64_t piece) {
+  for (uint64_t q = piece + 1; q < piece + kBuffers && q * kPieceBytes < size_; ++q) fetch(q, piece);
+}
+
+void DirectIoFile::read_at(void* out, size_t bytes, uint64_t offset, const std::string& what) {
+  char* const dst = static_cast<char*>(out);
+  const uint64_t end = offset + bytes;
+  uint64_t at = offset;  // everything before is in `out`
+  while (direct() && at < end && at < size_) {
+    const uint64_t piece = at / kPieceBytes;
+    Request& r = fetch(piece, piece);
+    read_ahead(piece);
+    wait(r);
+    if (r.error != 0) {
+      const long e = r.error;
+      r.piece = kNoPiece;  // a later call tries again
+      SO_CHECK(false, what, ": reading '", path_, "' failed at byte ", r.at, ": ", std::strerror(static_cast<int>(e)));
+    }
+    const uint64_t valid_end = std::min<uint64_t>(r.at + r.got, end);
+    if (valid_end <= at) break;  // the file is shorter than when opened: the read below says so
+    std::memcpy(dst + (at - offset), r.buf.get() + (at - r.at), valid_end - at);
+    at = valid_end;
+  }
+  check_read(pread_all(fd_, dst + (at - offset), end - at, at), end - at, at, what, path_);
+}
+
+void DirectIoFile::sync(const std::string& what) {
+  if (direct()) {
+    drain();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!write_error_.empty()) {
+      std::string e;
+      std::swap(e, write_error_);
+      throw Error(str_cat(what, ": ", e));
+    }
+  }
+  SO_CHECK(::fdatasync(fd_) == 0, what, ": fdatasync of '", path_, "' failed: ", std::strerror(errno));
+}
+
+}  // namespace so
