@@ -12,6 +12,7 @@ packages=(
   libopenblas-pthread-dev               # CPU GEMM; pthread build chosen on purpose (see cmake/SoDependencies.cmake)
   nlohmann-json3-dev libgtest-dev googletest
   python3-h5py python3-numpy            # checkpoint interop test (h5py reads so_train checkpoints)
+  python3-matplotlib                    # sweep plots (jobs/sweeps/sweep.py gather)
   g++-aarch64-linux-gnu qemu-user       # Arm NEON/SVE optimizer kernels: cross build + emulated tests (tests/cross)
   clang libclang-rt-14-dev              # the ASan+UBSan tree and the libFuzzer targets (tests/sanitize, tests/fuzz)
 )
