@@ -405,12 +405,13 @@ void Engine::with_frozen(size_t b, const FrozenReader& read) {
   struct Release {  // whatever `read` does, the bucket is released and its copy freed
     Frozen& f;
     std::atomic<int64_t>& left;
+    std::vector<float>& staging;
     ~Release() {
       f.copy = {};
       f.wanted = false;
-      --left;
+      if (--left == 0) staging = {};  // the snapshot is written: its buffer goes
     }
-  } release{f, frozen_wanted_};
+  } release{f, frozen_wanted_, frozen_staging_};
   const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
   if (n == 0) return;
   if (f.copy.empty() && on_host(begin)) {
@@ -418,8 +419,10 @@ void Engine::with_frozen(size_t b, const FrozenReader& read) {
          state_ptr(begin, OptimState::ExpAvgSq));
     return;
   }
-  if (f.copy.empty()) copy_bucket_state(b, f.copy);
-  read(f.copy.data(), f.copy.data() + n, f.copy.data() + 2 * n);
+  // Device state goes through one host buffer kept for the writer (no fresh pages per bucket).
+  std::vector<float>& from = f.copy.empty() ? frozen_staging_ : f.copy;
+  if (f.copy.empty()) copy_bucket_state(b, frozen_staging_);
+  read(from.data(), from.data() + n, from.data() + 2 * n);
 }
 
 // ---- the step ---------------------------------------------------------------------------------

@@ -207,7 +207,8 @@ class Engine final : public ParamStore, public ModelHooks {
     std::vector<float> copy;
   };
   std::vector<std::unique_ptr<Frozen>> frozen_;
-  std::vector<bf16> write_staging_;  // write_owned's model-dtype copy of master weights
+  std::vector<bf16> write_staging_;     // write_owned's model-dtype copy of master weights
+  std::vector<float> frozen_staging_;   // with_frozen's host copy of a device-resident bucket
   std::atomic<int64_t> frozen_wanted_{0};
 
   int64_t steps_ = 0;
