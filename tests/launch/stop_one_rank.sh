@@ -5,20 +5,8 @@
 set -u
 mpirun=$1 so_train=$2
 fail() { echo "FAIL: $*"; [ -s "$log" ] && tail -20 "$log"; kill -9 "${ranks[@]}" "$job" 2>/dev/null; exit 1; }
-log=$(mktemp)
-ranks=()
-trap 'rm -f "$log"' EXIT
-"$mpirun" --oversubscribe -np 2 "$so_train" --config configs/runs/tiny-demo.json --steps 100000 \
-  --set data.seq_len=32 --set steps_per_print=1 --set train.collective_timeout_s=5 >"$log" 2>&1 &
-job=$!
-for _ in $(seq 600); do  # up to 60 s for the first step
-  grep -q "^step " "$log" && break
-  kill -0 "$job" 2>/dev/null || fail "the job ended before training"
-  sleep 0.1
-done
-grep -q "^step " "$log" || fail "no training step within 60 s"
-mapfile -t ranks < <(pgrep -P "$job")
-[ ${#ranks[@]} -eq 2 ] || fail "expected mpirun to have 2 rank processes, found: ${ranks[*]}"
+source "$(dirname "$0")/two_rank_job.sh"
+start_two_rank_job "$mpirun" "$so_train" --set train.collective_timeout_s=5
 start=$(date +%s)
 kill -STOP "${ranks[1]}"
 for _ in $(seq 600); do  # up to 60 s for the watchdog (5 s) and mpirun to end the job

@@ -53,7 +53,6 @@ class DirectIoFile {
     uint64_t at = 0;
     bool busy = false;  // queued or in transfer
     long error = 0;     // errno of its transfer, 0: every byte moved
-    bool short_read = false;  // a read that met the end of the file
     size_t got = 0;     // bytes a read moved
     uint64_t piece = kNoPiece;  // reads: which piece of the file the buffer holds or will hold
   };
