@@ -12,6 +12,7 @@
 #include "parallel/communicator.h"
 #include "so/core/error.h"
 #include "so/core/log.h"
+#include "so/train/memory_plan.h"
 #include "so/train/trainer.h"
 
 namespace po = boost::program_options;
@@ -26,6 +27,9 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   std::string save_dir, resume, async_save;
   int64_t save_every = 0;
   int keep = 3;
+  std::string plan_machine;
+  int plan_ranks = 0;
+  double plan_host_gib = 0;
   desc.add_options()("help,h", "show this help")(
       "config,c", po::value<std::string>(&config),
       "run config (JSON): a DeepSpeed config as it is, plus so_train's model/data/train/backend sections")(
@@ -55,7 +59,13 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       "keep", po::value<int>(&keep)->default_value(3), "checkpoints to keep in --save-dir")(
       "async-save", po::value<std::string>(&async_save)->default_value("on"),
       "on: training goes on while a checkpoint is written (committed when every rank is done); off: wait for it")(
-      "resume", po::value<std::string>(&resume), "resume from a checkpoint file, or the `latest` one of a directory");
+      "resume", po::value<std::string>(&resume), "resume from a checkpoint file, or the `latest` one of a directory")(
+      "plan", "print the memory plan of this run (device and host bytes per rank, term by term, whether they fit, the "
+              "largest sequence length that would) and exit without training")(
+      "plan-machine", po::value<std::string>(&plan_machine)->default_value("this"),
+      "with --plan: this (the backend the config selects, with its capacity), gh200-96, gh200-144 or h100-80")(
+      "plan-ranks", po::value<int>(&plan_ranks), "with --plan: plan for this many ranks (default: the ranks launched)")(
+      "plan-host-gib", po::value<double>(&plan_host_gib), "with --plan: host memory per rank in GiB (default: the profile's)");
   po::variables_map vm;
   try {
     const po::parsed_options parsed = po::command_line_parser(argc, argv).options(desc).run();
@@ -92,6 +102,28 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
     for (const std::string& s : sets) so::apply_override(doc, s);
     if (vm.count("steps")) so::apply_override(doc, "train.steps=" + std::to_string(steps));
     cfg = so::parse_run_config(doc, config);
+  }
+
+  if (vm.count("plan")) {
+    if (config.empty()) throw so::Error("command line: --plan needs --config FILE");
+    const int ranks = vm.count("plan-ranks") ? plan_ranks : mpi.world_size();
+    if (ranks < 1) throw so::Error("command line: --plan-ranks must be at least 1");
+    if (plan_host_gib < 0) throw so::Error("command line: --plan-host-gib must not be negative");
+    const size_t host_bytes = static_cast<size_t>(plan_host_gib * (1 << 30));
+    std::unique_ptr<so::Backend> backend;
+    so::MachineProfile machine;
+    if (plan_machine == "this") {
+      backend = so::create_backend(cfg.backend);
+      machine = so::machine_profile_of(*backend);
+      machine.host_bytes = host_bytes;
+    } else {
+      machine = so::machine_profile(plan_machine, host_bytes);
+    }
+    const std::string chosen = so::resolve_auto_memory(cfg, ranks, machine);
+    const so::MemoryPlan plan = so::plan_memory_worst_rank(cfg, ranks, machine);
+    if (mpi.world_rank() == 0)
+      std::printf("%s%s", chosen.empty() ? "" : (chosen + "\n").c_str(), so::format_plan(cfg, ranks, plan, machine).c_str());
+    return 0;
   }
 
   // Before train(): it splits the cores this binding leaves the process (process_cores()).

@@ -171,6 +171,7 @@ void* Engine::grad(int id) {
   const size_t bytes = static_cast<size_t>(shards_.padded_size(b)) * esz;
   Stream& compute = backend_.stream(StreamKind::Compute);
   if (!full_grads_[b]) {
+    settle_releases();
     full_grads_[b] = backend_.alloc(bytes, "gradient bucket (full, until reduce-scatter)");
     backend_.memset_zero(full_grads_[b].data(), bytes, compute);
   } else if (keep_full_grads_ && !full_grads_zeroed_[b]) {
@@ -476,8 +477,10 @@ void Engine::gather(size_t b) {
   if (gathered_fresh_[b]) return;
   const size_t esz = dtype_size(opts_.dtype);
   const BucketShard& sh = shards_.buckets[b];
-  if (!gathered_[b])
+  if (!gathered_[b]) {
+    settle_releases();
     gathered_[b] = backend_.alloc(static_cast<size_t>(shards_.padded_size(b)) * esz, "gathered weight bucket");
+  }
   gather_used_[b] = 0;
   Stream& comm = backend_.stream(StreamKind::Comm);
   // The shard must hold the last step's weights: from the CPU (offloaded) or the device step. (That
@@ -504,8 +507,22 @@ void Engine::use_gathered(size_t b) {
 
 void Engine::release_gathered(size_t b) {
   if (keep_gathered_ || !gathered_[b]) return;
-  backend_.release_after(std::move(gathered_[b]), backend_.stream(StreamKind::Compute));
+  release_stream_ordered(std::move(gathered_[b]), backend_.stream(StreamKind::Compute));
   gathered_fresh_[b] = 0;
+}
+
+void Engine::release_stream_ordered(DeviceBuffer buf, Stream& s) {
+  backend_.release_after(std::move(buf), s);
+  std::unique_ptr<Event> freed = backend_.create_event();
+  backend_.record(*freed, s);
+  releases_.emplace_back(hook_calls_, std::move(freed));
+}
+
+void Engine::settle_releases() {
+  while (!releases_.empty() && releases_.front().first < hook_calls_) {
+    backend_.synchronize(*releases_.front().second);
+    releases_.pop_front();
+  }
 }
 
 void Engine::invalidate_gathered() { std::fill(gathered_fresh_.begin(), gathered_fresh_.end(), 0); }
@@ -528,6 +545,7 @@ void Engine::enter_unit(int unit, bool backward) {
 }
 
 void Engine::before_unit(int unit) {
+  ++hook_calls_;
   const int units = static_cast<int>(unit_buckets_.size());
   if (timeline_.tracing())  // labels cost a string per unit per step: only when someone reads them
     timeline_.mark_compute(str_cat(in_backward_ ? "recompute " : "forward ", unit_name(unit, units)));
@@ -535,10 +553,12 @@ void Engine::before_unit(int unit) {
 }
 
 void Engine::before_backward(int unit) {
+  ++hook_calls_;
   if (shards_.sharded()) enter_unit(unit, true);
 }
 
 void Engine::after_backward(int unit) {
+  ++hook_calls_;
   const int units = static_cast<int>(unit_buckets_.size());
   in_backward_ = unit > 0;
   if (timeline_.tracing()) timeline_.mark_compute(unit > 0 ? str_cat("backward ", unit_name(unit - 1, units)) : "");
@@ -578,7 +598,7 @@ void Engine::after_backward(int unit) {
           comm_.reduce_scatter(comm, shard, full_grads_[b].data(), sh.shard_size, opts_.dtype, ReduceOp::Sum);
         }
       });
-      if (shards_.sharded() && !keep_full_grads_) backend_.release_after(std::move(full_grads_[b]), comm);
+      if (shards_.sharded() && !keep_full_grads_) release_stream_ordered(std::move(full_grads_[b]), comm);
       producer = &comm;
     }
     if (offload_ && b < first_device_bucket_) offload_->grads_ready(b, *producer);

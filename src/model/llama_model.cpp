@@ -13,24 +13,157 @@ void* at(void* p, int64_t elems, DType dt) { return static_cast<char*>(p) + elem
 // Everything one layer's backward needs from its forward. With activation checkpointing a
 // single set is reused: backward recomputes the layer's forward into it first.
 struct LlamaModel::LayerActs {
-  DeviceBuffer h1, rstd1, q_raw, q_rstd, k_raw, k_rstd, q, k, v, attn, lse, x_mid, h2, rstd2, gate, up;
+  DeviceBuffer h1, rstd1, q_raw, q_rstd, k_raw, k_rstd, q, k, v, attn, lse, x_mid, h2, rstd2;
+  DeviceBuffer gate, up;               // untiled MLP only: kept for backward
   DeviceBuffer q_f, k_f, v_f, attn_f;  // Ulysses: whole sequence, this rank's heads (lse is lse_f then)
 };
 
 struct LlamaModel::Activations {
   DeviceBuffer tokens, targets, positions;  // int32 [T]
-  std::vector<DeviceBuffer> x;              // residual stream: x[l] is layer l's input, x[L] the last output
+  // Residual stream: x[l] is layer l's input, x[L] the last output. Offloaded checkpoints: two
+  // slots (layer l's input in x[l % 2]) and x[2], where a recompute writes its unused output.
+  std::vector<DeviceBuffer> x;
   std::vector<LayerActs> layer;             // per layer, or one set when checkpointing
   DeviceBuffer hn, rstd_final, dhn;         // final norm output and its gradient
   DeviceBuffer logits, dlogits;             // one chunk: fp32 [C, V] and its gradient in dtype
-  DeviceBuffer act, dact, dgate, dup;       // MLP scratch [T, I]
+  DeviceBuffer gate_t, up_t;                // tiled MLP: one tile's gate and up, recomputed in backward
+  DeviceBuffer act, dact, dgate, dup;       // MLP scratch [tile, I]
   DeviceBuffer dx, dh, dq, dk, dv, dattn, dq_raw, dk_raw;
   DeviceBuffer dq_f, dk_f, dv_f, dattn_f, kv_rep, a2a_send, a2a_recv;  // Ulysses scratch
   DeviceBuffer loss;                        // fp32 accumulator
   TokenBatch staged;                        // host copy being uploaded
   std::unique_ptr<Event> uploaded;
   int64_t chunk = 0;
+  // Offloaded checkpoints: layer l's input at host[l * T * H]; per device slot, the event of its
+  // last D2H (stash) and of its last H2D (fetch).
+  HostBuffer host;
+  std::unique_ptr<Event> stashed[2], fetched[2];
 };
+
+const char* activation_term_name(ActivationTerm t) {
+  switch (t) {
+    case ActivationTerm::Inputs: return "token ids, targets, positions";
+    case ActivationTerm::Checkpoints: return "residual stream (layer inputs)";
+    case ActivationTerm::LayerWorkingSet: return "layer tensors kept for backward";
+    case ActivationTerm::Mlp: return "MLP [tokens x intermediate]";
+    case ActivationTerm::Ulysses: return "Ulysses head slices + all-to-all buffers";
+    case ActivationTerm::LossChunk: return "final norm + logits chunk";
+    case ActivationTerm::BackwardScratch: return "backward gradients of one layer";
+  }
+  return "?";
+}
+
+namespace {
+// Ulysses with more ranks than KV heads: copies of each KV head sent.
+int64_t kv_copies_for(const ModelConfig& cfg, int64_t P) { return P > cfg.num_kv_heads ? P / cfg.num_kv_heads : 1; }
+}  // namespace
+
+int64_t LlamaModel::mlp_tile(const ModelOptions& opts) {
+  const int64_t T = opts.micro_batch * opts.seq_len;
+  return opts.mlp_tile_tokens > 0 ? std::min(opts.mlp_tile_tokens, T) : T;
+}
+
+size_t LlamaModel::host_checkpoint_bytes(const ModelConfig& cfg, const ModelOptions& opts) {
+  if (!opts.offload_checkpoints) return 0;
+  return static_cast<size_t>(cfg.num_layers * opts.micro_batch * opts.seq_len * cfg.hidden_size) *
+         dtype_size(opts.dtype);
+}
+
+template <class Visit>
+void LlamaModel::layout_buffers(Activations& a, const ModelConfig& cfg, const ModelOptions& opts, int64_t P,
+                                Visit&& visit) {
+  const size_t e = dtype_size(opts.dtype), f32 = sizeof(float), i32 = sizeof(int32_t);
+  const auto bytes = [](int64_t n, size_t elem) { return static_cast<size_t>(n) * elem; };
+  const int64_t T = opts.micro_batch * opts.seq_len, H = cfg.hidden_size, I = cfg.intermediate_size;
+  const int64_t qd = cfg.q_dim(), kvd = cfg.kv_dim(), V = cfg.vocab_size, M = mlp_tile(opts);
+  const bool tiled = M < T;
+  // Ulysses: P ranks hold 1/P of every sequence; attention runs on all tokens for Hq/P heads, and
+  // on max(1, Hkv/P) KV heads (replicated when P exceeds the KV-head count).
+  const int64_t kv_sent = T * cfg.num_kv_heads * kv_copies_for(cfg, P) * cfg.head_dim;
+  using Term = ActivationTerm;
+  visit(a.tokens, bytes(T, i32), "tokens", Term::Inputs);
+  visit(a.targets, bytes(T, i32), "targets", Term::Inputs);
+  visit(a.positions, bytes(T, i32), "positions", Term::Inputs);
+  a.x.resize(opts.offload_checkpoints ? 3 : static_cast<size_t>(cfg.num_layers + 1));
+  for (DeviceBuffer& x : a.x) visit(x, bytes(T * H, e), "residual stream", Term::Checkpoints);
+  a.layer.resize(opts.activation_checkpointing ? 1 : static_cast<size_t>(cfg.num_layers));
+  for (LayerActs& s : a.layer) {
+    const Term keep = Term::LayerWorkingSet;
+    visit(s.h1, bytes(T * H, e), "attn norm out", keep);
+    visit(s.rstd1, bytes(T, f32), "attn norm rstd", keep);
+    if (cfg.qk_norm) {
+      visit(s.q_raw, bytes(T * qd, e), "q before norm", keep);
+      visit(s.q_rstd, bytes(T * cfg.num_heads, f32), "q norm rstd", keep);
+      visit(s.k_raw, bytes(T * kvd, e), "k before norm", keep);
+      visit(s.k_rstd, bytes(T * cfg.num_kv_heads, f32), "k norm rstd", keep);
+    }
+    visit(s.q, bytes(T * qd, e), "q", keep);
+    visit(s.k, bytes(T * kvd, e), "k", keep);
+    visit(s.v, bytes(T * kvd, e), "v", keep);
+    visit(s.attn, bytes(T * qd, e), "attention out", keep);
+    visit(s.lse, bytes(T * cfg.num_heads, f32), "attention lse", keep);
+    if (P > 1) {
+      visit(s.q_f, bytes(T * qd, e), "q (all tokens, local heads)", Term::Ulysses);
+      visit(s.k_f, bytes(kv_sent, e), "k (all tokens, local heads)", Term::Ulysses);
+      visit(s.v_f, bytes(kv_sent, e), "v (all tokens, local heads)", Term::Ulysses);
+      visit(s.attn_f, bytes(T * qd, e), "attention out (all tokens, local heads)", Term::Ulysses);
+    }
+    visit(s.x_mid, bytes(T * H, e), "residual after attention", keep);
+    visit(s.h2, bytes(T * H, e), "mlp norm out", keep);
+    visit(s.rstd2, bytes(T, f32), "mlp norm rstd", keep);
+    if (!tiled) {
+      visit(s.gate, bytes(T * I, e), "mlp gate", Term::Mlp);
+      visit(s.up, bytes(T * I, e), "mlp up", Term::Mlp);
+    }
+  }
+  visit(a.hn, bytes(T * H, e), "final norm out", Term::LossChunk);
+  visit(a.rstd_final, bytes(T, f32), "final norm rstd", Term::LossChunk);
+  visit(a.dhn, bytes(T * H, e), "final norm grad", Term::LossChunk);
+  // Chunk so one chunk's fp32 logits stay near 64 MiB whatever the vocabulary.
+  a.chunk = opts.loss_chunk_tokens > 0 ? opts.loss_chunk_tokens : std::max<int64_t>(1, (int64_t{16} << 20) / V);
+  a.chunk = std::min(a.chunk, T);
+  visit(a.logits, bytes(a.chunk * V, f32), "logits chunk", Term::LossChunk);
+  visit(a.dlogits, bytes(a.chunk * V, e), "logits grad chunk", Term::LossChunk);
+  if (tiled) {
+    visit(a.gate_t, bytes(M * I, e), "mlp gate tile", Term::Mlp);
+    visit(a.up_t, bytes(M * I, e), "mlp up tile", Term::Mlp);
+  }
+  visit(a.act, bytes(M * I, e), "mlp activation", Term::Mlp);
+  visit(a.dact, bytes(M * I, e), "mlp activation grad", Term::Mlp);
+  visit(a.dgate, bytes(M * I, e), "mlp gate grad", Term::Mlp);
+  visit(a.dup, bytes(M * I, e), "mlp up grad", Term::Mlp);
+  const Term scratch = Term::BackwardScratch;
+  visit(a.dx, bytes(T * H, e), "residual grad", scratch);
+  visit(a.dh, bytes(T * H, e), "norm out grad", scratch);
+  visit(a.dq, bytes(T * qd, e), "q grad", scratch);
+  visit(a.dk, bytes(T * kvd, e), "k grad", scratch);
+  visit(a.dv, bytes(T * kvd, e), "v grad", scratch);
+  visit(a.dattn, bytes(T * qd, e), "attention out grad", scratch);
+  if (cfg.qk_norm) {
+    visit(a.dq_raw, bytes(T * qd, e), "q before norm grad", scratch);
+    visit(a.dk_raw, bytes(T * kvd, e), "k before norm grad", scratch);
+  }
+  if (P > 1) {
+    visit(a.dq_f, bytes(T * qd, e), "q grad (all tokens, local heads)", Term::Ulysses);
+    visit(a.dattn_f, bytes(T * qd, e), "attention out grad (all tokens, local heads)", Term::Ulysses);
+    visit(a.dk_f, bytes(kv_sent, e), "k grad (all tokens, local heads)", Term::Ulysses);
+    visit(a.dv_f, bytes(kv_sent, e), "v grad (all tokens, local heads)", Term::Ulysses);
+    if (kv_copies_for(cfg, P) > 1) visit(a.kv_rep, bytes(kv_sent, e), "replicated kv heads", Term::Ulysses);
+    visit(a.a2a_send, bytes(std::max(T * qd, kv_sent), e), "all-to-all send", Term::Ulysses);
+    visit(a.a2a_recv, bytes(std::max(T * qd, kv_sent), e), "all-to-all receive", Term::Ulysses);
+  }
+  visit(a.loss, bytes(1, f32), "loss", Term::Inputs);
+}
+
+std::vector<ActivationBuffer> LlamaModel::activation_buffers(const ModelConfig& cfg, const ModelOptions& opts,
+                                                            int64_t sp_size) {
+  std::vector<ActivationBuffer> out;
+  Activations a;
+  layout_buffers(a, cfg, opts, sp_size, [&](DeviceBuffer&, size_t bytes, const char* tag, ActivationTerm term) {
+    out.push_back({tag, term, bytes});
+  });
+  return out;
+}
 
 LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOptions& opts)
     : backend_(backend),
@@ -42,88 +175,29 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
       acts_(std::make_unique<Activations>()) {
   SO_CHECK(opts.micro_batch > 0 && opts.seq_len > 0, "model: micro_batch (", opts.micro_batch, ") and seq_len (",
            opts.seq_len, ") must be positive");
-  const DType dt = opts.dtype;
-  const int64_t T = opts.micro_batch * opts.seq_len, H = cfg.hidden_size, I = cfg.intermediate_size;
-  const int64_t qd = cfg.q_dim(), kvd = cfg.kv_dim(), V = cfg.vocab_size;
-  auto buf = [&](int64_t n, DType t, const char* tag) { return backend.alloc(n * dtype_size(t), tag); };
-  auto ids = [&](const char* tag) { return backend.alloc(T * sizeof(int32_t), tag); };
-  // Ulysses: P ranks hold 1/P of every sequence; attention runs on all tokens for Hq/P heads, and
-  // on max(1, Hkv/P) KV heads (replicated when P exceeds the KV-head count).
-  const int64_t P = sp_size(), Hq = cfg.num_heads, Hkv = cfg.num_kv_heads, D = cfg.head_dim;
+  SO_CHECK(opts.mlp_tile_tokens >= 0, "model: mlp_tile_tokens (", opts.mlp_tile_tokens, ") must not be negative");
+  SO_CHECK(!opts.offload_checkpoints || opts.activation_checkpointing,
+           "model: offloading activation checkpoints needs activation checkpointing");
+  const int64_t P = sp_size(), Hq = cfg.num_heads, Hkv = cfg.num_kv_heads;
   SO_CHECK(P == 1 || Hq % P == 0, "num_attention_heads (", Hq, ") is not divisible by sequence_parallel_size (", P,
            ")");
   SO_CHECK(P == 1 || Hkv % P == 0 || P % Hkv == 0, "num_key_value_heads (", Hkv, ") and sequence_parallel_size (", P,
            "): one must divide the other (KV heads are split over the ranks, or replicated)");
-  kv_copies_ = P > Hkv ? P / Hkv : 1;
+  kv_copies_ = kv_copies_for(cfg, P);
   Activations& a = *acts_;
-  a.tokens = ids("tokens");
-  a.targets = ids("targets");
-  a.positions = ids("positions");
-  for (int64_t l = 0; l <= cfg.num_layers; ++l) a.x.push_back(buf(T * H, dt, "residual stream"));
-  const int64_t sets = opts.activation_checkpointing ? 1 : cfg.num_layers;
-  for (int64_t l = 0; l < sets; ++l) {
-    LayerActs s;
-    s.h1 = buf(T * H, dt, "attn norm out");
-    s.rstd1 = buf(T, DType::F32, "attn norm rstd");
-    if (cfg.qk_norm) {
-      s.q_raw = buf(T * qd, dt, "q before norm");
-      s.q_rstd = buf(T * cfg.num_heads, DType::F32, "q norm rstd");
-      s.k_raw = buf(T * kvd, dt, "k before norm");
-      s.k_rstd = buf(T * cfg.num_kv_heads, DType::F32, "k norm rstd");
-    }
-    s.q = buf(T * qd, dt, "q");
-    s.k = buf(T * kvd, dt, "k");
-    s.v = buf(T * kvd, dt, "v");
-    s.attn = buf(T * qd, dt, "attention out");
-    s.lse = buf(T * cfg.num_heads, DType::F32, "attention lse");
-    if (P > 1) {
-      s.q_f = buf(T * qd, dt, "q (all tokens, local heads)");
-      s.k_f = buf(T * Hkv * kv_copies_ * D, dt, "k (all tokens, local heads)");
-      s.v_f = buf(T * Hkv * kv_copies_ * D, dt, "v (all tokens, local heads)");
-      s.attn_f = buf(T * qd, dt, "attention out (all tokens, local heads)");
-    }
-    s.x_mid = buf(T * H, dt, "residual after attention");
-    s.h2 = buf(T * H, dt, "mlp norm out");
-    s.rstd2 = buf(T, DType::F32, "mlp norm rstd");
-    s.gate = buf(T * I, dt, "mlp gate");
-    s.up = buf(T * I, dt, "mlp up");
-    a.layer.push_back(std::move(s));
-  }
-  a.hn = buf(T * H, dt, "final norm out");
-  a.rstd_final = buf(T, DType::F32, "final norm rstd");
-  a.dhn = buf(T * H, dt, "final norm grad");
-  // Chunk so one chunk's fp32 logits stay near 64 MiB whatever the vocabulary.
-  a.chunk = opts.loss_chunk_tokens > 0 ? opts.loss_chunk_tokens : std::max<int64_t>(1, (int64_t{16} << 20) / V);
-  a.chunk = std::min(a.chunk, T);
-  a.logits = buf(a.chunk * V, DType::F32, "logits chunk");
-  a.dlogits = buf(a.chunk * V, dt, "logits grad chunk");
-  a.act = buf(T * I, dt, "mlp activation");
-  a.dact = buf(T * I, dt, "mlp activation grad");
-  a.dgate = buf(T * I, dt, "mlp gate grad");
-  a.dup = buf(T * I, dt, "mlp up grad");
-  a.dx = buf(T * H, dt, "residual grad");
-  a.dh = buf(T * H, dt, "norm out grad");
-  a.dq = buf(T * qd, dt, "q grad");
-  a.dk = buf(T * kvd, dt, "k grad");
-  a.dv = buf(T * kvd, dt, "v grad");
-  a.dattn = buf(T * qd, dt, "attention out grad");
-  if (cfg.qk_norm) {
-    a.dq_raw = buf(T * qd, dt, "q before norm grad");
-    a.dk_raw = buf(T * kvd, dt, "k before norm grad");
-  }
-  if (P > 1) {
-    const int64_t kv_sent = T * Hkv * kv_copies_ * D;
-    a.dq_f = buf(T * qd, dt, "q grad (all tokens, local heads)");
-    a.dattn_f = buf(T * qd, dt, "attention out grad (all tokens, local heads)");
-    a.dk_f = buf(kv_sent, dt, "k grad (all tokens, local heads)");
-    a.dv_f = buf(kv_sent, dt, "v grad (all tokens, local heads)");
-    if (kv_copies_ > 1) a.kv_rep = buf(kv_sent, dt, "replicated kv heads");
-    a.a2a_send = buf(std::max(T * qd, kv_sent), dt, "all-to-all send");
-    a.a2a_recv = buf(std::max(T * qd, kv_sent), dt, "all-to-all receive");
-  }
-  a.loss = buf(1, DType::F32, "loss");
+  layout_buffers(a, cfg, opts, P, [&](DeviceBuffer& b, size_t bytes, const char* tag, ActivationTerm) {
+    b = backend.alloc(bytes, tag);
+  });
   a.uploaded = backend.create_event();
   backend.record(*a.uploaded, stream_);
+  if (opts.offload_checkpoints) {
+    a.host = HostBuffer(host_checkpoint_bytes(cfg, opts), opts.numa_node, &backend, "activation checkpoints");
+    for (auto* evs : {&a.stashed, &a.fetched})
+      for (auto& e : *evs) {
+        e = backend.create_event();
+        backend.record(*e, stream_);
+      }
+  }
 }
 
 LlamaModel::~LlamaModel() {
@@ -175,31 +249,42 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
   backend_.copy_h2d(a.positions.data(), a.staged.positions.data(), id_bytes, stream_);
   backend_.record(*a.uploaded, stream_);
 
+  const bool offload = opts_.offload_checkpoints;
   hooks.before_unit(0);
-  ops_.embedding_forward(stream_, a.x[0].data(), p.weight(layout_.embedding), a.tokens.as<int32_t>(), T,
+  // A slot is written only after its last copy to the host (of this or the last micro-batch).
+  if (offload) backend_.wait(stream_, *a.stashed[0]);
+  ops_.embedding_forward(stream_, residual(0), p.weight(layout_.embedding), a.tokens.as<int32_t>(), T,
                          cfg_.vocab_size, cfg_.hidden_size, opts_.dtype);
+  if (offload) stash_checkpoint(0);
   for (int64_t l = 0; l < L; ++l) {
     hooks.before_unit(static_cast<int>(l) + 1);
-    layer_forward(static_cast<int>(l), p, a.layer[opts_.activation_checkpointing ? 0 : l], a.x[l].data(),
-                  a.x[l + 1].data());
+    if (offload) backend_.wait(stream_, *a.stashed[(l + 1) % 2]);
+    layer_forward(static_cast<int>(l), p, a.layer[opts_.activation_checkpointing ? 0 : l], residual(l),
+                  residual(l + 1));
+    if (offload && l + 1 < L) stash_checkpoint(l + 1);
   }
   hooks.before_unit(static_cast<int>(L) + 1);
   head_forward_backward(p, loss_scale, backward);
   if (!backward) return;
 
   const int head_unit = static_cast<int>(L) + 1;
-  ops_.rmsnorm_backward(stream_, a.dx.data(), p.grad(layout_.final_norm), a.dhn.data(), a.x[L].data(),
+  ops_.rmsnorm_backward(stream_, a.dx.data(), p.grad(layout_.final_norm), a.dhn.data(), residual(L),
                         p.weight(layout_.final_norm), a.rstd_final.as<float>(), T, cfg_.hidden_size, false,
                         opts_.dtype);
   hooks.after_backward(head_unit);
   for (int64_t l = L - 1; l >= 0; --l) {
     LayerActs& acts = a.layer[opts_.activation_checkpointing ? 0 : l];
     if (opts_.activation_checkpointing) {
+      // Offloaded: the next layer down's input comes back while this one recomputes and runs
+      // backward (its slot's last reader, the layer above, is done). Layer L-1's input is still
+      // in its slot from forward; every other one was fetched.
+      if (offload && l >= 1) fetch_checkpoint(l - 1);
+      if (offload && l + 1 < L) backend_.wait(stream_, *a.fetched[l % 2]);
       hooks.before_unit(static_cast<int>(l) + 1);
-      layer_forward(static_cast<int>(l), p, acts, a.x[l].data(), a.x[l + 1].data());
+      layer_forward(static_cast<int>(l), p, acts, residual(l), offload ? a.x[2].data() : residual(l + 1));
     }
     hooks.before_backward(static_cast<int>(l) + 1);
-    layer_backward(static_cast<int>(l), p, acts, a.x[l].data());
+    layer_backward(static_cast<int>(l), p, acts, residual(l));
     hooks.after_backward(static_cast<int>(l) + 1);
   }
   hooks.before_backward(0);
@@ -208,10 +293,38 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
   hooks.after_backward(0);
 }
 
+void* LlamaModel::residual(int64_t l) {
+  return acts_->x[static_cast<size_t>(opts_.offload_checkpoints ? l % 2 : l)].data();
+}
+
+void LlamaModel::stash_checkpoint(int64_t l) {
+  Activations& a = *acts_;
+  const size_t bytes = host_checkpoint_bytes(cfg_, opts_) / static_cast<size_t>(cfg_.num_layers);
+  Stream& d2h = backend_.stream(StreamKind::D2H);
+  std::unique_ptr<Event> written = backend_.create_event();
+  backend_.record(*written, stream_);
+  backend_.wait(d2h, *written);
+  backend_.copy_d2h(a.host.as<char>() + l * bytes, residual(l), bytes, d2h);
+  backend_.record(*a.stashed[l % 2], d2h);
+}
+
+void LlamaModel::fetch_checkpoint(int64_t l) {
+  Activations& a = *acts_;
+  const size_t bytes = host_checkpoint_bytes(cfg_, opts_) / static_cast<size_t>(cfg_.num_layers);
+  Stream& h2d = backend_.stream(StreamKind::H2D);
+  std::unique_ptr<Event> free_slot = backend_.create_event();
+  backend_.record(*free_slot, stream_);
+  backend_.wait(h2d, *free_slot);
+  // The D2H stream is in order: its last copy out of this slot also means host slot l is written.
+  backend_.wait(h2d, *a.stashed[l % 2]);
+  backend_.copy_h2d(residual(l), a.host.as<char>() + l * bytes, bytes, h2d);
+  backend_.record(*a.fetched[l % 2], h2d);
+}
+
 void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x_in, void* x_out) {
   const LayerParamIds& w = layout_.layers[l];
   const DType dt = opts_.dtype;
-  const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size;
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), D = cfg_.head_dim;
   const float theta = static_cast<float>(cfg_.rope_theta);
   const int32_t* pos = acts_->positions.as<int32_t>();
@@ -256,11 +369,55 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
 
   ops_.rmsnorm_forward(stream_, s.h2.data(), s.rstd2.as<float>(), s.x_mid.data(), p.weight(w.mlp_norm), T, H,
                        cfg_.rms_norm_eps, dt);
-  linear(s.h2.data(), p.weight(w.gate), s.gate.data(), T, I, H, 0.0f);
-  linear(s.h2.data(), p.weight(w.up), s.up.data(), T, I, H, 0.0f);
-  ops_.swiglu_forward(stream_, acts_->act.data(), s.gate.data(), s.up.data(), T * I, dt);
   backend_.copy_d2d(x_out, s.x_mid.data(), T * H * dtype_size(dt), stream_);
-  linear(acts_->act.data(), p.weight(w.down), x_out, T, H, I, 1.0f);
+  mlp_forward(l, p, s, x_out);
+}
+
+// x_out += down(silu(gate(h2)) * up(h2)), tile by tile. Untiled (one tile), gate and up stay in
+// the layer's set for backward; tiled, they live only as long as their tile.
+void LlamaModel::mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out) {
+  Activations& a = *acts_;
+  const LayerParamIds& w = layout_.layers[l];
+  const DType dt = opts_.dtype;
+  const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int64_t M = mlp_tile(opts_);
+  for (int64_t r = 0; r < T; r += M) {
+    const int64_t n = std::min(M, T - r);
+    void* gate = M < T ? a.gate_t.data() : s.gate.data();
+    void* up = M < T ? a.up_t.data() : s.up.data();
+    linear(at(s.h2.data(), r * H, dt), p.weight(w.gate), gate, n, I, H, 0.0f);
+    linear(at(s.h2.data(), r * H, dt), p.weight(w.up), up, n, I, H, 0.0f);
+    ops_.swiglu_forward(stream_, a.act.data(), gate, up, n * I, dt);
+    linear(a.act.data(), p.weight(w.down), at(x_out, r * H, dt), n, H, I, 1.0f);
+  }
+}
+
+// On entry a.dx holds dL/d(x_out) of the MLP's rows; leaves dL/d(h2) in a.dh. Tiled, each tile's
+// gate and up are recomputed from h2 first; the activation always is.
+void LlamaModel::mlp_backward(int l, ParamStore& p, LayerActs& s) {
+  Activations& a = *acts_;
+  const LayerParamIds& w = layout_.layers[l];
+  const DType dt = opts_.dtype;
+  const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int64_t M = mlp_tile(opts_);
+  for (int64_t r = 0; r < T; r += M) {
+    const int64_t n = std::min(M, T - r);
+    const void* h2 = at(s.h2.data(), r * H, dt);
+    void* gate = s.gate.data();
+    void* up = s.up.data();
+    if (M < T) {
+      gate = a.gate_t.data(), up = a.up_t.data();
+      linear(h2, p.weight(w.gate), gate, n, I, H, 0.0f);
+      linear(h2, p.weight(w.up), up, n, I, H, 0.0f);
+    }
+    void* dh = at(a.dh.data(), r * H, dt);
+    ops_.swiglu_forward(stream_, a.act.data(), gate, up, n * I, dt);
+    linear_backward(at(a.dx.data(), r * H, dt), a.act.data(), p.weight(w.down), a.dact.data(), p.grad(w.down), n, H,
+                    I, 0.0f);
+    ops_.swiglu_backward(stream_, a.dgate.data(), a.dup.data(), a.dact.data(), gate, up, n * I, dt);
+    linear_backward(a.dgate.data(), h2, p.weight(w.gate), dh, p.grad(w.gate), n, I, H, 0.0f);
+    linear_backward(a.dup.data(), h2, p.weight(w.up), dh, p.grad(w.up), n, I, H, 1.0f);
+  }
 }
 
 // On entry acts_->dx holds dL/d(layer output); on exit dL/d(layer input).
@@ -268,17 +425,13 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
   Activations& a = *acts_;
   const LayerParamIds& w = layout_.layers[l];
   const DType dt = opts_.dtype;
-  const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size;
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), D = cfg_.head_dim;
   const float theta = static_cast<float>(cfg_.rope_theta);
   const int32_t* pos = a.positions.as<int32_t>();
 
-  // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2)); the activation is recomputed, not kept.
-  ops_.swiglu_forward(stream_, a.act.data(), s.gate.data(), s.up.data(), T * I, dt);
-  linear_backward(a.dx.data(), a.act.data(), p.weight(w.down), a.dact.data(), p.grad(w.down), T, H, I, 0.0f);
-  ops_.swiglu_backward(stream_, a.dgate.data(), a.dup.data(), a.dact.data(), s.gate.data(), s.up.data(), T * I, dt);
-  linear_backward(a.dgate.data(), s.h2.data(), p.weight(w.gate), a.dh.data(), p.grad(w.gate), T, I, H, 0.0f);
-  linear_backward(a.dup.data(), s.h2.data(), p.weight(w.up), a.dh.data(), p.grad(w.up), T, I, H, 1.0f);
+  // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2)).
+  mlp_backward(l, p, s);
   ops_.rmsnorm_backward(stream_, a.dx.data(), p.grad(w.mlp_norm), a.dh.data(), s.x_mid.data(), p.weight(w.mlp_norm),
                         s.rstd2.as<float>(), T, H, true, dt);
 
@@ -333,7 +486,7 @@ void LlamaModel::head_forward_backward(ParamStore& p, float loss_scale, bool bac
   const DType dt = opts_.dtype;
   const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size, V = cfg_.vocab_size;
   const int64_t L = cfg_.num_layers;
-  ops_.rmsnorm_forward(stream_, a.hn.data(), a.rstd_final.as<float>(), a.x[L].data(), p.weight(layout_.final_norm),
+  ops_.rmsnorm_forward(stream_, a.hn.data(), a.rstd_final.as<float>(), residual(L), p.weight(layout_.final_norm),
                        T, H, cfg_.rms_norm_eps, dt);
   const void* w_out = p.weight(layout_.lm_head);
   void* dw_out = backward ? p.grad(layout_.lm_head) : nullptr;

@@ -216,6 +216,21 @@ void parse_train(JsonReader r, RunConfig& c) {
   c.peak_tflops = r.get<double>("peak_tflops", 0.0);
   c.activation_checkpointing = r.get<bool>("activation_checkpointing", false);
   c.loss_chunk_tokens = r.get_in("loss_chunk_tokens", 0, 0, INT32_MAX);
+  const auto is_auto = [&](const char* key) { return r.has(key) && r.raw()[key] == "auto"; };
+  if (is_auto("activation_offload")) {
+    c.offload_checkpoints_auto = true;
+    r.accept("activation_offload");
+  } else {
+    c.offload_checkpoints = r.get<bool>("activation_offload", false);
+  }
+  if (is_auto("mlp_tile_tokens")) {
+    c.mlp_tile_auto = true;
+    r.accept("mlp_tile_tokens");
+  } else {
+    c.mlp_tile_tokens = r.get_in("mlp_tile_tokens", 0, 0, INT32_MAX);
+  }
+  if (c.offload_checkpoints && !c.activation_checkpointing)
+    r.fail("activation_offload", "is true but train.activation_checkpointing is false: only checkpoints are offloaded");
   if (c.peak_tflops < 0) r.fail("peak_tflops", "must not be negative");
   c.collective_timeout_s = r.get<double>("collective_timeout_s", c.collective_timeout_s);
   if (!(c.collective_timeout_s >= 0 && c.collective_timeout_s <= 1e7))

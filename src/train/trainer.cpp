@@ -13,6 +13,7 @@
 #include "so/model/hf_model.h"
 #include "so/model/llama_model.h"
 #include "so/train/checkpoint.h"
+#include "so/train/memory_plan.h"
 #include "so/train/metrics.h"
 #include "so/train/rank_agreement.h"
 
@@ -88,17 +89,22 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
            ") is not divisible by sequence_parallel_size (", groups.sp_size, ")");
   const BatchSizes batch = resolve_batch_sizes(cfg, groups.dp_size);
   const int64_t global_batch = batch.global;
-  ModelOptions mo;
-  mo.dtype = cfg.dtype;
-  mo.micro_batch = batch.micro;
-  mo.seq_len = cfg.data.seq_len / groups.sp_size;
+  // The memory plan, before anything is allocated: "auto" settings resolved from it, and a run that
+  // cannot fit refused with the table rather than failing at some allocation later.
+  RunConfig run = cfg;
+  const MachineProfile machine = machine_profile_of(*backend);
+  const std::string auto_choice = resolve_auto_memory(run, comm.size(), machine);
+  const MemoryPlan plan = plan_memory(run, comm.size(), comm.rank(), machine);
+  if (const std::optional<std::string> over = first_term_over(plan, machine))
+    throw Error(str_cat("the run does not fit: ", *over, "\n", format_plan(run, comm.size(), plan, machine),
+                        "(train.activation_offload and train.mlp_tile_tokens \"auto\" offload and tile as needed; "
+                        "so_train --plan shows this table without starting)"));
+  ModelOptions mo = model_options(run, batch.micro, groups.sp_size);
   CommSequenceParallel ulysses(*groups.sp);
   if (groups.sp_size > 1) {
     groups.sp->attach(*backend);
     mo.sequence_parallel = &ulysses;
   }
-  mo.activation_checkpointing = cfg.activation_checkpointing;
-  mo.loss_chunk_tokens = cfg.loss_chunk_tokens;
   LlamaModel model(*backend, cfg.model, mo);
 
   EngineOptions eo;
@@ -154,8 +160,10 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     log_info(str_cat("model ", cfg.model_source, ": ", cfg.model.model_type, ", ", cfg.model.num_parameters() / 1e6,
                      "M parameters, ", cfg.model.num_layers, " layers, ", engine.buckets().size(), " buckets, ",
                      dtype_name(cfg.dtype)));
+    if (!auto_choice.empty()) log_info(auto_choice);
     log_info(str_cat("backend ", backend->name(), ": ", mib(backend->memory_stats().in_use), " MiB allocated (",
-                     mib(engine.state_bytes()), " MiB parameter/optimizer state), peak ", peak,
+                     mib(engine.state_bytes()), " MiB parameter/optimizer state; planned device peak ",
+                     mib(plan.device_peak), " MiB on rank 0), peak ", peak,
                      " TFLOP/s for MFU; data ", source->describe(), " (", source->size(), " tokens); ",
                      tokens_per_step, " tokens/step, ", flops_per_token / 1e6, " MFLOP/token"));
     if (offload)

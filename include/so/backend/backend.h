@@ -46,6 +46,8 @@ class Backend {
   // Device memory. Fails with an error naming `tag` and the sizes when over capacity.
   virtual DeviceBuffer alloc(size_t bytes, const char* tag) = 0;
   virtual MemoryStats memory_stats() const = 0;
+  // Every allocation is rounded up to a multiple of this many bytes (the memory planner's unit).
+  virtual size_t allocation_granularity() const = 0;
 
   virtual Stream& stream(StreamKind kind) = 0;
   virtual std::unique_ptr<Event> create_event() = 0;

@@ -25,6 +25,7 @@
 //   0: nothing sharded: gradients all-reduced in place, every rank steps every parameter.
 // The stages differ only in what is kept whole; the step's logic is the same.
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -159,6 +160,12 @@ class Engine final : public ParamStore, public ModelHooks {
   void use_gathered(size_t b);
   void release_gathered(size_t b);
   void invalidate_gathered();
+  // Stage 2-3 buffers go back stream-ordered (release_after). Each release is remembered with the
+  // hook call it happened in, and an allocation first waits until those of earlier hook calls are
+  // done: the host runs at most one hook ahead of the streams' frees, so the device pool never
+  // holds more than the memory planner's schedule of them (plan_memory), whatever the timing.
+  void release_stream_ordered(DeviceBuffer buf, Stream& s);
+  void settle_releases();
   // Units u of the current pass: gather what u reads, prefetch the next unit's, drop the rest.
   void enter_unit(int unit, bool backward);
   void wait_stepped_weights(size_t b);  // unsharded: compute waits for bucket b's new weights
@@ -223,6 +230,8 @@ class Engine final : public ParamStore, public ModelHooks {
   bool speculates_on_device(size_t b) const { return speculating_ && buckets_[b].ready_unit > 1; }
   int micro_batches_ = 1, micro_done_ = 0;
   bool in_backward_ = false;
+  int64_t hook_calls_ = 0;  // before_unit / before_backward / after_backward calls so far
+  std::deque<std::pair<int64_t, std::unique_ptr<Event>>> releases_;  // (hook call, freed when done)
   std::vector<char> weights_waited_;  // per bucket: compute waits for its new weights already (unsharded)
 };
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "so/backend/backend.h"
+#include "so/backend/host_buffer.h"
 #include "so/model/model_config.h"
 #include "so/model/model_interfaces.h"
 #include "so/model/param_layout.h"
@@ -16,6 +17,14 @@ struct ModelOptions {
   int64_t micro_batch = 1;           // sequences per micro-batch
   int64_t seq_len = 0;               // tokens per sequence held by this rank (1/P of it under Ulysses)
   bool activation_checkpointing = false;  // keep only each layer's input; recompute in backward
+  // With checkpointing: each layer's input (its checkpoint) is copied to pinned host memory on the
+  // D2H stream during forward and brought back on the H2D stream one layer ahead of its recompute;
+  // the device holds two of them (double buffering) instead of one per layer.
+  bool offload_checkpoints = false;
+  int numa_node = -1;                // host checkpoints' NUMA node; -1 = local
+  // The MLP runs in tiles of this many tokens, forward and backward (recomputed per tile), so its
+  // [tokens x intermediate] tensors never exist whole; 0 or >= tokens = one tile, nothing recomputed.
+  int64_t mlp_tile_tokens = 0;
   int64_t loss_chunk_tokens = 0;     // tokens per output-projection + cross-entropy chunk; 0 = auto
   SequenceParallel* sequence_parallel = nullptr;  // Ulysses group; null = the whole sequence is here
 };
@@ -25,10 +34,37 @@ struct TokenBatch {
   std::vector<int32_t> inputs, targets, positions;
 };
 
+// What a device buffer of the model holds, for the memory planner's table.
+enum class ActivationTerm {
+  Inputs,            // token ids, targets, positions
+  Checkpoints,       // the residual stream: every layer's input, or two slots when offloaded
+  LayerWorkingSet,   // one layer's saved tensors (one set with checkpointing, else one per layer)
+  Mlp,               // [tokens x intermediate] tensors (MLP tiles when tiled)
+  Ulysses,           // whole-sequence head slices and all-to-all buffers
+  LossChunk,         // the final norm and one chunk of logits
+  BackwardScratch,   // gradients of one layer's tensors
+};
+const char* activation_term_name(ActivationTerm t);
+
+struct ActivationBuffer {
+  const char* tag;
+  ActivationTerm term;
+  size_t bytes;
+};
+
 class LlamaModel {
  public:
   LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOptions& opts);
   ~LlamaModel();
+
+  // Every device buffer the constructor allocates, in order (the same code decides both), with
+  // sp_size ranks in the Ulysses group (opts.sequence_parallel is not read).
+  static std::vector<ActivationBuffer> activation_buffers(const ModelConfig& cfg, const ModelOptions& opts,
+                                                          int64_t sp_size);
+  // Pinned host bytes for offloaded checkpoints (0 when not offloaded).
+  static size_t host_checkpoint_bytes(const ModelConfig& cfg, const ModelOptions& opts);
+  // Tokens per MLP tile for this model's T tokens (T when untiled).
+  static int64_t mlp_tile(const ModelOptions& opts);
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
@@ -50,7 +86,18 @@ class LlamaModel {
  private:
   struct Activations;
   struct LayerActs;
+  // Calls visit(buffer, elements, dtype, tag, term) for every device buffer, sizing the vectors.
+  template <class Visit>
+  static void layout_buffers(Activations& a, const ModelConfig& cfg, const ModelOptions& opts, int64_t sp_size,
+                             Visit&& visit);
   void layer_forward(int l, ParamStore& p, LayerActs& a, const void* x_in, void* x_out);
+  void mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out);
+  void mlp_backward(int l, ParamStore& p, LayerActs& s);
+  // The residual stream: layer l reads residual(l) and writes residual(l + 1).
+  void* residual(int64_t l);
+  // Offloaded checkpoints: residual(l) to host slot l (D2H stream), and back (H2D stream).
+  void stash_checkpoint(int64_t l);
+  void fetch_checkpoint(int64_t l);
   void layer_backward(int l, ParamStore& p, LayerActs& a, const void* x_in);
   void head_forward_backward(ParamStore& p, float loss_scale, bool backward);
   // Ulysses: [B, S/P, heads, D] (local tokens, all heads) <-> [B, S, heads/P, D] (all tokens,

@@ -50,6 +50,11 @@ struct RunConfig {
   double peak_tflops = 0.0;  // 0 = ask the backend
   double collective_timeout_s = 1800.0;  // a collective waiting longer ends the job; 0 = never
   bool activation_checkpointing = false;
+  // train.activation_offload (false | true | "auto") and train.mlp_tile_tokens (N | 0 = untiled |
+  // "auto"); "auto" is resolved by the memory planner (resolve_auto_memory) once the ranks are known.
+  bool offload_checkpoints = false, offload_checkpoints_auto = false;
+  int64_t mlp_tile_tokens = 0;
+  bool mlp_tile_auto = false;
   int64_t loss_chunk_tokens = 0;
   BackendOptions backend;
 };

@@ -68,6 +68,8 @@ void CpuBackend::free(void* ptr, size_t bytes) {
   in_use_ -= bytes;
 }
 
+size_t CpuBackend::allocation_granularity() const { return kAlign; }
+
 MemoryStats CpuBackend::memory_stats() const {
   std::lock_guard<std::mutex> lock(mem_mu_);
   return MemoryStats{in_use_, peak_, capacity_};

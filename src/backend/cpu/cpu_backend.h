@@ -24,6 +24,7 @@ class CpuBackend final : public Backend {
 
   DeviceBuffer alloc(size_t bytes, const char* tag) override;
   MemoryStats memory_stats() const override;
+  size_t allocation_granularity() const override;
 
   Stream& stream(StreamKind kind) override { return *streams_[static_cast<int>(kind)]; }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }

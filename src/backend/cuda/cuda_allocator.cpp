@@ -11,7 +11,6 @@ namespace so::cuda {
 
 namespace {
 
-constexpr size_t kBlockAlign = 512;
 // Segments of 64 MiB (or the request rounded to the driver's 2 MiB page when larger) keep the
 // number of cudaMalloc calls small while wasting little on small models.
 constexpr size_t kSegmentBytes = size_t{64} << 20;

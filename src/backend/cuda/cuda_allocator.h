@@ -23,6 +23,7 @@ namespace so::cuda {
 
 class CudaAllocator {
  public:
+  static constexpr size_t kBlockAlign = 512;
   // capacity: most bytes in use at once (the sum of live blocks, like the CPU backend's budget);
   // 0 = the device's total memory.
   CudaAllocator(int device, size_t capacity);

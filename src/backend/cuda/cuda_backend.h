@@ -40,6 +40,7 @@ class CudaBackend final : public Backend {
   // Zero-filled, like the CPU backend's: callers rely on it (e.g. Adam moments start at zero).
   DeviceBuffer alloc(size_t bytes, const char* tag) override;
   MemoryStats memory_stats() const override { return allocator_->stats(); }
+  size_t allocation_granularity() const override { return CudaAllocator::kBlockAlign; }
 
   Stream& stream(StreamKind kind) override { return *streams_[static_cast<int>(kind)]; }
   std::unique_ptr<Event> create_event() override;

@@ -1,0 +1,71 @@
+#pragma once
+// The memory planner: every byte a run holds on the device and on the host, per rank, from the
+// config alone, before anything is allocated. `so_train --plan` prints it; train() refuses a run
+// whose plan does not fit (naming the first term that does not) and resolves the "auto" values of
+// train.activation_offload and train.mlp_tile_tokens from it.
+//
+// The device terms come from the code that allocates: the model's buffer list
+// (LlamaModel::activation_buffers), the engine's bucket and shard layouts, and a replay of the
+// engine's ZeRO-3 gather / reduce-scatter schedule under its release rule (Engine::settle_releases),
+// so the predicted peak is the pool's measured peak, not an estimate (tests/plan/).
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "so/model/llama_model.h"
+#include "so/train/run_config.h"
+
+namespace so {
+
+struct MachineProfile {
+  std::string name;
+  size_t device_bytes = 0;  // 0 = unlimited
+  size_t host_bytes = 0;    // per rank; 0 = not known
+  size_t alignment = 64;    // the device allocator's rounding (CPU backend 64, CUDA 512)
+  bool cuda = false;        // CUDA kernels draw workspaces from the pool too
+};
+
+// gh200-96, gh200-144, h100-80; host_bytes_per_rank 0 = the node's host memory shared by its GPUs
+// (unknown for h100-80). Unknown names are an error listing these.
+MachineProfile machine_profile(const std::string& name, size_t host_bytes_per_rank);
+std::vector<std::string> machine_profile_names();
+// The backend the run has: its capacity (device_memory_limit_mb on the CPU backend) and rounding.
+MachineProfile machine_profile_of(const Backend& backend);
+
+struct PlanTerm {
+  std::string name;
+  size_t bytes = 0;
+  std::string note;
+};
+
+struct MemoryPlan {
+  int rank = 0, world = 1, dp = 1, sp = 1;
+  int64_t seq_len = 0, micro_batch = 1, mlp_tile = 0;
+  bool offload_checkpoints = false;
+  // Device terms in the order the pool fills: model buffers, engine state, then what comes and
+  // goes (the largest of them at once is counted); device_peak is their sum.
+  std::vector<PlanTerm> device;
+  std::vector<PlanTerm> host;
+  size_t device_peak = 0, host_total = 0;
+};
+
+// The model options a run uses (the trainer builds its model from these too).
+ModelOptions model_options(const RunConfig& cfg, int64_t micro_batch, int sp_size);
+
+// Rank `rank` of `world` (dp x sp from cfg.sequence_parallel_size). Auto values must be resolved.
+MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineProfile& m);
+// The rank with the largest device peak (ranks differ only by ZeRO padding).
+MemoryPlan plan_memory_worst_rank(const RunConfig& cfg, int world, const MachineProfile& m);
+// The device term at which the running sum first passes the profile's capacity; none if it fits.
+std::optional<std::string> first_term_over(const MemoryPlan& plan, const MachineProfile& m);
+// The table: terms, totals, whether each memory holds them, the largest sequence length and layer
+// count that would fit, and as its last line "device peak X MiB".
+std::string format_plan(const RunConfig& cfg, int world, const MemoryPlan& plan, const MachineProfile& m);
+
+// Turns train.activation_offload / train.mlp_tile_tokens "auto" into values: checkpoints are
+// offloaded (with checkpointing) and then the MLP tiled (largest power-of-two tile) only as far as
+// needed to fit the profile. Returns what it chose, for the start-up line ("" if nothing was auto).
+std::string resolve_auto_memory(RunConfig& cfg, int world, const MachineProfile& m);
+
+}  // namespace so
