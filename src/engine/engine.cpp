@@ -705,6 +705,7 @@ void Engine::finish() {
   // What the next forward would wait for counts against the last step.
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (shards_.sharded()) {
+      ++hook_calls_;  // one bucket at a time: the last one's buffer goes before the next is taken
       use_gathered(b);
       release_gathered(b);
     } else {

@@ -22,15 +22,17 @@ double mib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
 
 struct Profile {
   const char* name;
-  double device_gib, host_gib;  // host: the node's, shared by its GPUs
+  size_t device_bytes, host_bytes;  // host: the node's, shared by its GPUs (0: not known)
   int gpus_per_node;
   const char* what;
 };
-// GH200 NVL2 / single superchip nodes: 96 GB HBM3 + 480 GB LPDDR5X, or 144 GB HBM3e; H100 SXM 80 GB.
+constexpr size_t kGB = 1000 * 1000 * 1000;
+// Datasheet capacities: GH200 with 96 GB HBM3 or 144 GB HBM3e, each with 480 GB LPDDR5X; H100 SXM
+// 80 GB (80 GiB usable as cudaMemGetInfo reports it).
 constexpr Profile kProfiles[] = {
-    {"gh200-96", 96.0 * 1e9 / kGiB, 480.0 * 1e9 / kGiB, 1, "GH200 superchip, 96 GB HBM3 + 480 GB LPDDR5X"},
-    {"gh200-144", 144.0 * 1e9 / kGiB, 480.0 * 1e9 / kGiB, 1, "GH200 superchip, 144 GB HBM3e + 480 GB LPDDR5X"},
-    {"h100-80", 80.0, 0.0, 8, "H100 SXM 80 GB (host memory: give --plan-host-gib)"},
+    {"gh200-96", 96 * kGB, 480 * kGB, 1, "GH200 superchip, 96 GB HBM3 + 480 GB LPDDR5X"},
+    {"gh200-144", 144 * kGB, 480 * kGB, 1, "GH200 superchip, 144 GB HBM3e + 480 GB LPDDR5X"},
+    {"h100-80", 80 * kGiB, 0, 8, "H100 SXM 80 GB (host memory: give --plan-host-gib)"},
 };
 
 size_t round_up(size_t b, size_t a) { return (b + a - 1) / a * a; }
@@ -86,6 +88,7 @@ class ZeroReplay {
       grads_of_unit(0);
       after_backward(0, last);
     }
+    for (size_t b = 0; b < buckets_.size(); ++b) hook(), gather(b), drop(b);  // Engine::finish
     return peak_;
   }
 
@@ -178,8 +181,8 @@ MachineProfile machine_profile(const std::string& name, size_t host_bytes_per_ra
   for (const Profile& p : kProfiles) {
     if (name != p.name) continue;
     m.name = str_cat(p.name, ": ", p.what);
-    m.device_bytes = static_cast<size_t>(p.device_gib * kGiB);
-    m.host_bytes = host_bytes_per_rank ? host_bytes_per_rank : static_cast<size_t>(p.host_gib * kGiB / p.gpus_per_node);
+    m.device_bytes = p.device_bytes;
+    m.host_bytes = host_bytes_per_rank ? host_bytes_per_rank : p.host_bytes / p.gpus_per_node;
     m.alignment = 512;
     m.cuda = true;
     return m;
@@ -416,12 +419,12 @@ std::string resolve_auto_memory(RunConfig& cfg, int world, const MachineProfile&
   if (want_tile) cfg.mlp_tile_tokens = 0;
   if (want_offload && cfg.activation_checkpointing && !fits(cfg, world, m)) cfg.offload_checkpoints = true;
   if (want_tile && !fits(cfg, world, m)) {
-    // Powers of two from the largest below the rank's tokens down to 256: the first that fits.
+    // Powers of two from the largest below the rank's tokens down to 16: the first that fits.
     const int64_t tokens = resolve_batch_sizes(cfg, dp_size_of(cfg, world)).micro * cfg.data.seq_len /
                            cfg.sequence_parallel_size;
-    int64_t tile = 256;
+    int64_t tile = 16;
     while (tile * 2 < tokens) tile *= 2;
-    for (cfg.mlp_tile_tokens = tile; cfg.mlp_tile_tokens > 256 && !fits(cfg, world, m);) cfg.mlp_tile_tokens /= 2;
+    for (cfg.mlp_tile_tokens = tile; cfg.mlp_tile_tokens > 16 && !fits(cfg, world, m);) cfg.mlp_tile_tokens /= 2;
   }
   return str_cat("memory (auto): activation checkpoints ",
                  cfg.offload_checkpoints ? "offloaded to the host" : "on the device", ", MLP ",

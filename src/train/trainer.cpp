@@ -271,6 +271,14 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   if (opts.at_end) opts.at_end(engine);
   if (pending) emit(*pending);
   engine.timeline().write_trace();
+  // Every rank's measured peak against its plan (rank 0 says the largest of each).
+  std::vector<double> peaks(2 * static_cast<size_t>(comm.size()), 0.0);
+  peaks[2 * comm.rank()] = mib(backend->memory_stats().peak);
+  peaks[2 * comm.rank() + 1] = mib(plan.device_peak);
+  comm.all_reduce_sum(peaks.data(), static_cast<int>(peaks.size()));
+  double measured = 0, planned = 0;
+  for (int r = 0; r < comm.size(); ++r) measured = std::max(measured, peaks[2 * r]), planned = std::max(planned, peaks[2 * r + 1]);
+  if (lead) log_info(str_cat("device peak ", measured, " MiB measured, ", planned, " MiB planned (largest over the ranks)"));
   const int64_t ran = static_cast<int64_t>(summary.losses.size());
   summary.mean_tokens_per_s = tokens_per_s_sum / std::max<int64_t>(1, ran);
   summary.mean_step_s = step_sum / std::max<int64_t>(1, ran - 1);

@@ -76,7 +76,7 @@ run(["run", os.path.join(here, "bad_sweep.json"), "--out", bad])
 run(["gather", bad])
 st = {(r["offload"], r["backend.device_memory_limit_mb"]): r for r in rows_of(bad)}
 expect(st[("zero-offload", "256")]["status"] == "ok", f"the good point: {st[('zero-offload', '256')]}")
-expect(st[("zero-offload", "1")]["status"] == "oom" and "out of device memory" in st[("zero-offload", "1")]["reason"],
+expect(st[("zero-offload", "1")]["status"] == "oom" and "does not fit" in st[("zero-offload", "1")]["reason"],
        f"the point that cannot fit: {st[('zero-offload', '1')]}")
 for mem in ("256", "1"):
     r = st[("superoffload:2.0", mem)]

@@ -1,0 +1,198 @@
+// The memory planner and the features it plans: the model allocates exactly the buffers it lists,
+// the plan's device peak is the pool's measured peak on one rank (several ranks: tests/plan/),
+// offloaded checkpoints change nothing but where the checkpoints live, a tiled MLP changes only
+// the order of sums, and "auto" offloads and tiles only as far as needed to fit.
+#include <gtest/gtest.h>
+
+#include "parallel/communicator.h"
+#include "so/data/batch_sampler.h"
+#include "so/engine/engine.h"
+#include "so/model/llama_model.h"
+#include "so/train/memory_plan.h"
+#include "so/train/run_config.h"
+#include "tests/test_util.h"
+
+namespace so {
+namespace {
+
+// A Ulysses group of `size` for constructing the model only (its buffers; no all-to-all runs).
+class SizeOnlySequenceParallel final : public SequenceParallel {
+ public:
+  explicit SizeOnlySequenceParallel(int size) : size_(size) {}
+  int size() const override { return size_; }
+  int rank() const override { return 0; }
+  void all_to_all(Stream&, void*, const void*, int64_t, DType) override { FAIL() << "not for running"; }
+
+ private:
+  int size_;
+};
+
+// configs/models/tiny.json with qk-norm (Qwen3), so every optional buffer exists.
+ModelConfig qwen_like() {
+  ModelConfig c = ModelConfig::from_hf_file("configs/models/tiny.json");
+  c.qk_norm = true;
+  return c;
+}
+
+struct Variant {
+  const char* name;
+  bool checkpointing, offload;
+  int64_t tile;
+  int sp;
+};
+
+TEST(ActivationBuffers, AreExactlyWhatTheModelAllocates) {
+  const ModelConfig cfg = qwen_like();
+  for (const Variant& v : {Variant{"whole", false, false, 0, 1}, Variant{"checkpointed", true, false, 0, 1},
+                           Variant{"offloaded", true, true, 0, 1}, Variant{"tiled", true, true, 100, 1},
+                           Variant{"ulysses", true, false, 64, 2}, Variant{"ulysses kv copies", false, false, 0, 4}}) {
+    auto backend = create_backend(test::cpu_backend_options());
+    SizeOnlySequenceParallel sp(v.sp);
+    ModelOptions mo;
+    mo.micro_batch = 3;
+    mo.seq_len = 96;
+    mo.activation_checkpointing = v.checkpointing;
+    mo.offload_checkpoints = v.offload;
+    mo.mlp_tile_tokens = v.tile;
+    if (v.sp > 1) mo.sequence_parallel = &sp;
+    size_t listed = 0;
+    for (const ActivationBuffer& b : LlamaModel::activation_buffers(cfg, mo, v.sp))
+      listed += (b.bytes + backend->allocation_granularity() - 1) / backend->allocation_granularity() *
+                backend->allocation_granularity();
+    LlamaModel model(*backend, cfg, mo);
+    EXPECT_EQ(backend->memory_stats().in_use, listed) << v.name;
+    EXPECT_EQ(LlamaModel::host_checkpoint_bytes(cfg, mo), v.offload ? size_t{4} * cfg.num_layers * 3 * 96 * cfg.hidden_size : 0)
+        << v.name;
+  }
+}
+
+RunConfig run_config(const std::string& extra_train) {
+  const std::string doc = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    "zero_optimization": {"stage": 0, "sub_group_size": 30000},
+    "model": {"config": "configs/models/tiny.json"},
+    "data": {"type": "synthetic", "seq_len": 80}, "train": {"steps": 3)" +
+                          extra_train + "}}";
+  return parse_run_config(nlohmann::json::parse(doc), "test");
+}
+
+struct Trained {
+  std::vector<float> losses;
+  size_t peak = 0;
+};
+
+// Three steps of two micro-batches with the run's model and engine options, as train() builds them.
+Trained train_steps(const RunConfig& cfg) {
+  auto comm = make_mpi_world_communicator();
+  auto backend = create_backend(test::cpu_backend_options());
+  const ModelOptions mo = model_options(cfg, 2, 1);
+  LlamaModel model(*backend, cfg.model, mo);
+  EngineOptions eo;
+  eo.dtype = cfg.dtype;
+  eo.bucket_size = cfg.bucket_size;
+  eo.offload = cfg.offload;
+  Engine engine(*backend, model.layout(), eo, *comm);
+  engine.init_weights(5, 0.02f);
+  auto tokens = make_synthetic_tokens(cfg.model.vocab_size, 1 << 15, 9);
+  BatchSampler sampler(*tokens, cfg.data.seq_len, 2, cfg.model.vocab_size, 3);
+  Trained t;
+  for (int step = 0; step < 3; ++step) {
+    engine.begin_step(1e-3, 2);
+    model.zero_loss();
+    for (int m = 0; m < 2; ++m) model.forward_backward(sampler.next(), engine, engine, 1.0f / 320, true);
+    t.losses.push_back(model.read_loss());
+    engine.end_step();
+  }
+  engine.finish();
+  t.peak = backend->memory_stats().peak;
+  return t;
+}
+
+TEST(MemoryFeatures, OffloadedCheckpointsAreBitwiseAndTilesChangeOnlyTheOrderOfSums) {
+  const Trained whole = train_steps(run_config(""));
+  const Trained ckpt = train_steps(run_config(R"(, "activation_checkpointing": true)"));
+  const Trained offloaded =
+      train_steps(run_config(R"(, "activation_checkpointing": true, "activation_offload": true)"));
+  // 37 does not divide 160 tokens: the last tile is short.
+  const Trained tiled = train_steps(run_config(R"(, "mlp_tile_tokens": 37)"));
+  const Trained both = train_steps(
+      run_config(R"(, "activation_checkpointing": true, "activation_offload": true, "mlp_tile_tokens": 37)"));
+  EXPECT_TRUE(test::same_bits(ckpt.losses, whole.losses));
+  EXPECT_TRUE(test::same_bits(offloaded.losses, whole.losses));
+  for (const Trained* t : {&tiled, &both})
+    for (size_t i = 0; i < whole.losses.size(); ++i)
+      EXPECT_NEAR(t->losses[i], whole.losses[i], 1e-6 * std::abs(whole.losses[i])) << "step " << i + 1;
+  // Each feature lowers the device peak.
+  EXPECT_LT(ckpt.peak, whole.peak);
+  EXPECT_LT(offloaded.peak, ckpt.peak);
+  EXPECT_LT(both.peak, offloaded.peak);
+}
+
+TEST(MemoryPlan, DevicePeakIsTheMeasuredPeakOnOneRank) {
+  const MachineProfile unlimited = machine_profile_of(*create_backend(test::cpu_backend_options()));
+  for (const char* train : {"", R"(, "activation_checkpointing": true, "activation_offload": true)",
+                            R"(, "activation_checkpointing": true, "mlp_tile_tokens": 50)"})
+    for (const OffloadMode mode : {OffloadMode::None, OffloadMode::SuperOffload}) {
+      RunConfig cfg = run_config(train);
+      cfg.offload.mode = mode, cfg.offload.ratio = 0.5;
+      const MemoryPlan plan = plan_memory(cfg, 1, 0, unlimited);
+      const Trained t = train_steps(cfg);
+      EXPECT_EQ(plan.device_peak, t.peak) << "train" << train << ", optimizer " << offload_mode_name(mode) << "\n"
+                                          << format_plan(cfg, 1, plan, unlimited);
+    }
+}
+
+TEST(MemoryPlan, AutoOffloadsThenTilesOnlyAsFarAsNeeded) {
+  RunConfig cfg = run_config(R"(, "activation_checkpointing": true, "activation_offload": "auto", "mlp_tile_tokens": "auto")");
+  MachineProfile m;
+  m.name = "test";
+  auto peak_with = [&](bool offload, int64_t tile) {
+    RunConfig c = cfg;
+    c.offload_checkpoints_auto = c.mlp_tile_auto = false;
+    c.offload_checkpoints = offload, c.mlp_tile_tokens = tile;
+    return plan_memory(c, 1, 0, m).device_peak;
+  };
+  const size_t nothing = peak_with(false, 0), offloaded = peak_with(true, 0);
+  ASSERT_LT(offloaded, nothing);
+  // Room for everything: nothing changes.
+  m.device_bytes = nothing;
+  RunConfig c = cfg;
+  resolve_auto_memory(c, 1, m);
+  EXPECT_FALSE(c.offload_checkpoints);
+  EXPECT_EQ(c.mlp_tile_tokens, 0);
+  // Room only with the checkpoints offloaded: they are, and the MLP stays whole.
+  m.device_bytes = offloaded;
+  c = cfg;
+  resolve_auto_memory(c, 1, m);
+  EXPECT_TRUE(c.offload_checkpoints);
+  EXPECT_EQ(c.mlp_tile_tokens, 0);
+  // Less: tiles too, the largest that fit.
+  m.device_bytes = offloaded - 1;
+  c = cfg;
+  const std::string said = resolve_auto_memory(c, 1, m);
+  EXPECT_TRUE(c.offload_checkpoints);
+  EXPECT_GT(c.mlp_tile_tokens, 0);
+  EXPECT_LE(plan_memory(c, 1, 0, m).device_peak, m.device_bytes);
+  EXPECT_NE(said.find("tiles of"), std::string::npos) << said;
+  EXPECT_FALSE(first_term_over(plan_memory(c, 1, 0, m), m).has_value());
+}
+
+TEST(MemoryPlan, NamesTheFirstTermOverCapacity) {
+  RunConfig cfg = run_config("");
+  MachineProfile m;
+  m.name = "a small device";
+  const MemoryPlan plan = plan_memory(cfg, 1, 0, m);
+  m.device_bytes = plan.device[0].bytes + plan.device[1].bytes + 1;  // the third term does not fit
+  const std::optional<std::string> over = first_term_over(plan, m);
+  ASSERT_TRUE(over.has_value());
+  EXPECT_NE(over->find("'" + plan.device[2].name + "'"), std::string::npos) << *over;
+  const std::string table = format_plan(cfg, 1, plan, m);
+  EXPECT_NE(table.find("does NOT fit"), std::string::npos) << table;
+  const std::string last = table.substr(table.rfind('\n', table.size() - 2) + 1);
+  EXPECT_EQ(last.rfind("device peak ", 0), 0u) << last;
+  EXPECT_THROW(machine_profile("gh300", 0), Error);
+  EXPECT_EQ(machine_profile("gh200-96", 0).device_bytes, size_t{96} * 1000 * 1000 * 1000);
+}
+
+}  // namespace
+}  // namespace so
