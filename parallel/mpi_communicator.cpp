@@ -1,5 +1,6 @@
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <string>
@@ -27,6 +28,41 @@ bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 
 // Non-reducing collectives move elements as opaque 2- or 4-byte words.
 MPI_Datatype raw_type(DType dt) { return dt == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
+
+// MPI counts are ints. An all-to-all of more elements per rank (a million-token Ulysses exchange
+// reaches 2^31) moves words of `group` elements instead: the smallest divisor of the count that
+// brings it within the limit (SO_MPI_MAX_COUNT lowers the limit, to test this path). 0: none.
+int64_t mpi_count_limit() {
+  const char* env = std::getenv("SO_MPI_MAX_COUNT");
+  const long long v = env ? std::atoll(env) : 0;
+  return v > 0 && v < INT_MAX ? v : INT_MAX;
+}
+int64_t word_elements(int64_t count, int64_t limit) {
+  const int64_t least = (count + limit - 1) / limit;
+  for (int64_t g = std::max<int64_t>(1, least); g <= limit && g < least + (int64_t{1} << 20); ++g)
+    if (count % g == 0 && count / g <= limit) return g;
+  return 0;
+}
+// The MPI type of one word, freed with it.
+class MpiWord {
+ public:
+  MpiWord(int64_t elements, MPI_Datatype element) : type_(element) {
+    if (elements == 1) return;
+    SO_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(elements), element, &type_), "MPI_Type_contiguous");
+    SO_MPI_CHECK(MPI_Type_commit(&type_), "MPI_Type_commit");
+    owned_ = true;
+  }
+  ~MpiWord() {
+    if (owned_) MPI_Type_free(&type_);
+  }
+  MpiWord(const MpiWord&) = delete;
+  MpiWord& operator=(const MpiWord&) = delete;
+  MPI_Datatype type() const { return type_; }
+
+ private:
+  MPI_Datatype type_;
+  bool owned_ = false;
+};
 
 // The fp32 buffer an MPI reduction runs on: fp32 data itself, or bf16 widened into a scratch
 // buffer (MPI has no bf16 type, and bf16 must accumulate in fp32). The scratch is per thread
@@ -141,15 +177,20 @@ class MpiCommunicator final : public Communicator {
   }
 
   void all_to_all(Stream& s, void* recv, const void* send, int64_t count, DType dt) override {
-    const int n = checked("all_to_all", count, dt);
+    SO_CHECK(backend_, context("all_to_all", count, dt), ": the communicator is not attached to a backend (attach() first)");
+    const int64_t word = word_elements(count, mpi_count_limit());
+    SO_CHECK(count >= 0 && word > 0, context("all_to_all", count, dt), ": the count has no divisor that brings it within ",
+             "MPI's int counts; choose a sequence length with more factors of two");
+    const int n = static_cast<int>(count / word);
     const size_t bytes = size_ * count * dtype_size(dt);
     const bool in_place = send == recv;
     SO_CHECK(in_place || !overlap(send, bytes, recv, bytes), context("all_to_all", count, dt),
              ": send and recv overlap without being the same buffer");
     backend_->host_func(s, [=, this] {
       const CollectiveWatchdog::Watch watch(context("all_to_all", count, dt));
-      SO_MPI_CHECK(MPI_Alltoall(in_place ? MPI_IN_PLACE : send, n, raw_type(dt), recv, n, raw_type(dt), stream_comm_),
-                   context("all_to_all", count, dt));
+      const MpiWord w(word, raw_type(dt));
+      SO_MPI_CHECK(MPI_Alltoall(in_place ? MPI_IN_PLACE : send, n, w.type(), recv, n, w.type(), stream_comm_),
+                   context("all_to_all", count, dt), word > 1 ? str_cat(" (as ", n, " words of ", word, ")") : "");
     });
   }
 

@@ -500,6 +500,7 @@ std::vector<OpCase> large_cases() {
     c.push_back(rmsnorm_backward_case(4097, 2048, true, dt));
     c.push_back(rope_case(4099, 32, 64, 500000.0f, 131071, false, dt));
     c.push_back(rope_case(70001, 1, 128, 10000.0f, 131071, true, dt));
+    c.push_back(rope_case(1025, 4, 128, 500000.0f, (1 << 22) + 12345, false, dt));  // million-token positions
     for (AttnShape a : {AttnShape{2, 300, 8, 2, 64}, AttnShape{1, 1024, 8, 8, 128}, AttnShape{2, 333, 4, 1, 80}}) {
       c.push_back(attention_forward_case(a, dt));
       c.push_back(attention_backward_case(a, dt));

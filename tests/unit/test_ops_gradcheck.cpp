@@ -111,6 +111,35 @@ TEST_F(GradCheck, RopeInverseIsTheTranspose) {
   check(in, 0, f, test::download(*be, dX.data(), T * heads * D, DType::F32), R);
 }
 
+// Million-token sequences: positions past 2^20 rotate by the right angles. In fp32, pos * inv_freq
+// at pos = 2^20 is off by up to 2^20 * 2^-24 = 0.06 rad; the kernels form angles in double. Checked
+// against cos/sin in long double, for Llama-2 and Llama-3 theta.
+TEST_F(GradCheck, RopeAnglesExactPastAMillionPositions) {
+  const int64_t heads = 2, D = 128, half = D / 2;
+  const std::vector<int32_t> pos = {0, 1, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 3 * (1 << 20) - 7, (1 << 22) + 12345};
+  const int64_t T = static_cast<int64_t>(pos.size());
+  const std::vector<float> x = randn(T * heads * D, 21);
+  auto P = be->alloc(T * 4, "pos");
+  be->copy_h2d(P.data(), pos.data(), T * 4, s);
+  for (const float theta : {10000.0f, 500000.0f}) {
+    auto X = test::upload(*be, x, DType::F32);
+    ops.rope(s, X.data(), P.as<int32_t>(), T, heads, D, theta, false, DType::F32);
+    const std::vector<float> got = test::download(*be, X.data(), T * heads * D, DType::F32);
+    double worst = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < half; ++i) {
+          const long double a = pos[t] / powl(static_cast<long double>(theta), static_cast<long double>(2 * i) / D);
+          const int64_t o = (t * heads + h) * D + i;
+          const long double x1 = x[o], x2 = x[o + half];
+          worst = std::max({worst, std::fabs(static_cast<double>(got[o] - (x1 * cosl(a) - x2 * sinl(a)))),
+                            std::fabs(static_cast<double>(got[o + half] - (x2 * cosl(a) + x1 * sinl(a))))});
+        }
+    // fp32 rounding of cos, sin and the products: a few ulp of |x| ~ 1, nowhere near 0.06.
+    EXPECT_LT(worst, 2e-6) << "theta " << theta;
+  }
+}
+
 TEST_F(GradCheck, GroupedQueryCausalAttention) {
   // S = 70 crosses the kernel's 64-key block boundary.
   const int64_t B = 2, S = 70, Hq = 4, Hkv = 2, D = 8;
