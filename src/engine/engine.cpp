@@ -557,6 +557,12 @@ void Engine::before_backward(int unit) {
   if (shards_.sharded()) enter_unit(unit, true);
 }
 
+void Engine::copy_span(Stream& s, const char* what, int layer, const std::function<void()>& enqueue) {
+  const Lane lane = s.kind() == StreamKind::D2H ? Lane::D2H : s.kind() == StreamKind::H2D ? Lane::H2D : Lane::Compute;
+  if (!timeline_.tracing()) return enqueue();
+  timeline_.stream_span(s, lane, str_cat(what, " ", layer), iteration_, enqueue);
+}
+
 void Engine::after_backward(int unit) {
   ++hook_calls_;
   const int units = static_cast<int>(unit_buckets_.size());

@@ -255,13 +255,13 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
   if (offload) backend_.wait(stream_, *a.stashed[0]);
   ops_.embedding_forward(stream_, residual(0), p.weight(layout_.embedding), a.tokens.as<int32_t>(), T,
                          cfg_.vocab_size, cfg_.hidden_size, opts_.dtype);
-  if (offload) stash_checkpoint(0);
+  if (offload) stash_checkpoint(0, hooks);
   for (int64_t l = 0; l < L; ++l) {
     hooks.before_unit(static_cast<int>(l) + 1);
     if (offload) backend_.wait(stream_, *a.stashed[(l + 1) % 2]);
     layer_forward(static_cast<int>(l), p, a.layer[opts_.activation_checkpointing ? 0 : l], residual(l),
                   residual(l + 1));
-    if (offload && l + 1 < L) stash_checkpoint(l + 1);
+    if (offload && l + 1 < L) stash_checkpoint(l + 1, hooks);
   }
   hooks.before_unit(static_cast<int>(L) + 1);
   head_forward_backward(p, loss_scale, backward);
@@ -278,7 +278,7 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
       // Offloaded: the next layer down's input comes back while this one recomputes and runs
       // backward (its slot's last reader, the layer above, is done). Layer L-1's input is still
       // in its slot from forward; every other one was fetched.
-      if (offload && l >= 1) fetch_checkpoint(l - 1);
+      if (offload && l >= 1) fetch_checkpoint(l - 1, hooks);
       if (offload && l + 1 < L) backend_.wait(stream_, *a.fetched[l % 2]);
       hooks.before_unit(static_cast<int>(l) + 1);
       layer_forward(static_cast<int>(l), p, acts, residual(l), offload ? a.x[2].data() : residual(l + 1));
@@ -297,18 +297,19 @@ void* LlamaModel::residual(int64_t l) {
   return acts_->x[static_cast<size_t>(opts_.offload_checkpoints ? l % 2 : l)].data();
 }
 
-void LlamaModel::stash_checkpoint(int64_t l) {
+void LlamaModel::stash_checkpoint(int64_t l, ModelHooks& hooks) {
   Activations& a = *acts_;
   const size_t bytes = host_checkpoint_bytes(cfg_, opts_) / static_cast<size_t>(cfg_.num_layers);
   Stream& d2h = backend_.stream(StreamKind::D2H);
   std::unique_ptr<Event> written = backend_.create_event();
   backend_.record(*written, stream_);
   backend_.wait(d2h, *written);
-  backend_.copy_d2h(a.host.as<char>() + l * bytes, residual(l), bytes, d2h);
+  hooks.copy_span(d2h, "checkpoint to host", static_cast<int>(l),
+                  [&] { backend_.copy_d2h(a.host.as<char>() + l * bytes, residual(l), bytes, d2h); });
   backend_.record(*a.stashed[l % 2], d2h);
 }
 
-void LlamaModel::fetch_checkpoint(int64_t l) {
+void LlamaModel::fetch_checkpoint(int64_t l, ModelHooks& hooks) {
   Activations& a = *acts_;
   const size_t bytes = host_checkpoint_bytes(cfg_, opts_) / static_cast<size_t>(cfg_.num_layers);
   Stream& h2d = backend_.stream(StreamKind::H2D);
@@ -317,7 +318,8 @@ void LlamaModel::fetch_checkpoint(int64_t l) {
   backend_.wait(h2d, *free_slot);
   // The D2H stream is in order: its last copy out of this slot also means host slot l is written.
   backend_.wait(h2d, *a.stashed[l % 2]);
-  backend_.copy_h2d(residual(l), a.host.as<char>() + l * bytes, bytes, h2d);
+  hooks.copy_span(h2d, "checkpoint from host", static_cast<int>(l),
+                  [&] { backend_.copy_h2d(residual(l), a.host.as<char>() + l * bytes, bytes, h2d); });
   backend_.record(*a.fetched[l % 2], h2d);
 }
 

@@ -216,19 +216,18 @@ void parse_train(JsonReader r, RunConfig& c) {
   c.peak_tflops = r.get<double>("peak_tflops", 0.0);
   c.activation_checkpointing = r.get<bool>("activation_checkpointing", false);
   c.loss_chunk_tokens = r.get_in("loss_chunk_tokens", 0, 0, INT32_MAX);
-  const auto is_auto = [&](const char* key) { return r.has(key) && r.raw()[key] == "auto"; };
-  if (is_auto("activation_offload")) {
-    c.offload_checkpoints_auto = true;
-    r.accept("activation_offload");
-  } else {
-    c.offload_checkpoints = r.get<bool>("activation_offload", false);
-  }
-  if (is_auto("mlp_tile_tokens")) {
-    c.mlp_tile_auto = true;
-    r.accept("mlp_tile_tokens");
-  } else {
-    c.mlp_tile_tokens = r.get_in("mlp_tile_tokens", 0, 0, INT32_MAX);
-  }
+  // Either a value or "auto" (the memory planner decides); any other string is named.
+  const auto is_auto = [&](const char* key, const char* choices) {
+    if (!r.has(key) || !r.raw()[key].is_string()) return false;
+    const std::string v = r.raw()[key].get<std::string>();
+    if (v != "auto") r.fail(key, str_cat("is '", v, "'; choose ", choices, " or \"auto\" (the memory planner decides)"));
+    r.accept(key);
+    return true;
+  };
+  c.offload_checkpoints_auto = is_auto("activation_offload", "true, false");
+  if (!c.offload_checkpoints_auto) c.offload_checkpoints = r.get<bool>("activation_offload", false);
+  c.mlp_tile_auto = is_auto("mlp_tile_tokens", "a token count (0: untiled)");
+  if (!c.mlp_tile_auto) c.mlp_tile_tokens = r.get_in("mlp_tile_tokens", 0, 0, INT32_MAX);
   if (c.offload_checkpoints && !c.activation_checkpointing)
     r.fail("activation_offload", "is true but train.activation_checkpointing is false: only checkpoints are offloaded");
   if (c.peak_tflops < 0) r.fail("peak_tflops", "must not be negative");

@@ -3,7 +3,7 @@
 and reports how much CPU-optimizer work overlapped backward compute (printed, not asserted:
 overlap depends on scheduling, the structure does not).
 
-usage: check_trace.py TRACE.json [--expect-speculation]"""
+usage: check_trace.py TRACE.json [--expect-speculation] [--expect-checkpoint-offload]"""
 import json
 import sys
 
@@ -11,6 +11,7 @@ import sys
 def main():
     path = sys.argv[1]
     expect_spec = "--expect-speculation" in sys.argv
+    expect_ckpt = "--expect-checkpoint-offload" in sys.argv
     with open(path) as f:
         trace = json.load(f)
     spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
@@ -27,6 +28,9 @@ def main():
     spec = [s for s in opt if "speculative" in s["name"]]
     if expect_spec:
         assert spec, "SuperOffload trace without speculative steps"
+    if expect_ckpt:  # offloaded activation checkpoints: out on the D2H lane, back on the H2D lane
+        assert any(s["name"].startswith("checkpoint to host") for s in by_lane["D2H copy"]), "no checkpoint stashes"
+        assert any(s["name"].startswith("checkpoint from host") for s in by_lane["H2D copy"]), "no checkpoint fetches"
     for s in spans:
         assert s["dur"] >= 0 and s["ts"] >= 0, f"bad span {s}"
     backward = [(s["ts"], s["ts"] + s["dur"]) for s in by_lane["compute"] if s["name"].startswith("backward ")]

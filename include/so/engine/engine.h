@@ -83,6 +83,7 @@ class Engine final : public ParamStore, public ModelHooks {
   void before_unit(int unit) override;
   void before_backward(int unit) override;
   void after_backward(int unit) override;
+  void copy_span(Stream& s, const char* what, int layer, const std::function<void()>& enqueue) override;
 
   // Hugging Face initialisation: normal(0, std) for matrices, ones for norms; counter-based, so
   // identical whatever the world size.

@@ -96,8 +96,8 @@ class LlamaModel {
   // The residual stream: layer l reads residual(l) and writes residual(l + 1).
   void* residual(int64_t l);
   // Offloaded checkpoints: residual(l) to host slot l (D2H stream), and back (H2D stream).
-  void stash_checkpoint(int64_t l);
-  void fetch_checkpoint(int64_t l);
+  void stash_checkpoint(int64_t l, ModelHooks& hooks);
+  void fetch_checkpoint(int64_t l, ModelHooks& hooks);
   void layer_backward(int l, ParamStore& p, LayerActs& a, const void* x_in);
   void head_forward_backward(ParamStore& p, float loss_scale, bool backward);
   // Ulysses: [B, S/P, heads, D] (local tokens, all heads) <-> [B, S, heads/P, D] (all tokens,

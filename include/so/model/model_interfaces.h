@@ -2,10 +2,13 @@
 // What the model needs from whoever owns its parameters (the engine), and the points at which
 // it hands control back. The model never knows about buckets, sharding, offload or MPI.
 #include <cstdint>
+#include <functional>
 
 #include "so/core/dtype.h"
 
 namespace so {
+
+class Stream;
 
 class ParamStore {
  public:
@@ -28,9 +31,13 @@ class ModelHooks {
   // Called after the unit's backward ops are enqueued: its gradients are final once the
   // compute stream reaches this point (except for parameters also read by a lower unit).
   virtual void after_backward(int unit) {}
+  // Runs `enqueue`, which puts one of the model's own copies (an offloaded activation checkpoint)
+  // on stream s, so that whoever traces the step can show it there.
+  virtual void copy_span(Stream& s, const char* what, int layer, const std::function<void()>& enqueue) {
+    (void)s, (void)what, (void)layer;
+    enqueue();
+  }
 };
-
-class Stream;
 
 // Ulysses sequence parallelism as the model sees it: the ranks that hold slices of the same
 // sequences, and the all-to-all that trades sequence slices for head slices around attention.
