@@ -52,4 +52,26 @@ size_t first_device_bucket(const std::vector<Bucket>& buckets, const OffloadConf
   return best;
 }
 
+BucketUnits bucket_units(const ParamLayout& layout, const std::vector<Bucket>& buckets) {
+  int units = 0;
+  for (const ParamInfo& p : layout.params) units = std::max(units, p.last_unit + 1);
+  BucketUnits u;
+  u.unit_buckets.resize(static_cast<size_t>(units));
+  u.lo.assign(buckets.size(), units);
+  u.hi.assign(buckets.size(), -1);
+  u.param_bucket.assign(layout.params.size(), 0);
+  for (size_t b = 0; b < buckets.size(); ++b)
+    for (int id : buckets[b].params) {
+      const ParamInfo& p = layout.params[id];
+      u.param_bucket[id] = b;
+      u.lo[b] = std::min(u.lo[b], p.first_unit);
+      u.hi[b] = std::max(u.hi[b], p.last_unit);
+      for (int unit : {p.first_unit, p.last_unit}) {
+        std::vector<size_t>& list = u.unit_buckets[unit];
+        if (std::find(list.begin(), list.end(), b) == list.end()) list.push_back(b);
+      }
+    }
+  return u;
+}
+
 }  // namespace so

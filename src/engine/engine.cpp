@@ -47,22 +47,7 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
   first_device_sum_ = first_device_bucket_;
   while (first_device_sum_ > 0 && buckets_[first_device_sum_ - 1].ready_unit <= 1) --first_device_sum_;
 
-  int units = 0;
-  for (const ParamInfo& p : layout.params) units = std::max(units, p.last_unit + 1);
-  unit_buckets_.resize(static_cast<size_t>(units));
-  bucket_lo_.assign(nb, units);
-  bucket_hi_.assign(nb, -1);
-  param_bucket_.assign(layout.params.size(), 0);
-  for (size_t b = 0; b < nb; ++b)
-    for (int id : buckets_[b].params) {
-      const ParamInfo& p = layout.params[id];
-      param_bucket_[id] = b;
-      bucket_lo_[b] = std::min(bucket_lo_[b], p.first_unit);
-      bucket_hi_[b] = std::max(bucket_hi_[b], p.last_unit);
-      for (int u : {p.first_unit, p.last_unit})
-        if (std::find(unit_buckets_[u].begin(), unit_buckets_[u].end(), b) == unit_buckets_[u].end())
-          unit_buckets_[u].push_back(b);
-    }
+  units_ = bucket_units(layout, buckets_);
 
   const size_t n = static_cast<size_t>(shards_.total), nd = static_cast<size_t>(device_end_);
   const char* suffix = shards_.sharded() ? " (shard)" : "";
@@ -81,7 +66,7 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
   // the earlier parameters of that unit in backward-order packing).
   for (size_t b = 0; b < nb; ++b) forward_order_.push_back(b);
   std::sort(forward_order_.begin(), forward_order_.end(),
-            [&](size_t a, size_t b) { return bucket_lo_[a] != bucket_lo_[b] ? bucket_lo_[a] < bucket_lo_[b] : a > b; });
+            [&](size_t a, size_t b) { return units_.lo[a] != units_.lo[b] ? units_.lo[a] < units_.lo[b] : a > b; });
   if (off.mode == OffloadMode::SuperOffload && off.rollback == RollbackMode::Exact && nd > 0)
     device_snapshot_ = backend.alloc(3 * nd * sizeof(float), "exact-rollback snapshot (device buckets)");
   for (size_t b = 0; b < nb && !shards_.sharded(); ++b)
@@ -155,7 +140,7 @@ void* Engine::weight(int id) {
   const ParamInfo& p = info(id);
   const size_t esz = dtype_size(opts_.dtype);
   if (!shards_.sharded()) return static_cast<char*>(weights_.data()) + p.offset * esz;
-  const size_t b = param_bucket_[id];
+  const size_t b = units_.param_bucket[id];
   SO_CHECK(gathered_[b], "engine: weights of '", p.name, "' (bucket ", b, ") read while not gathered");
   return static_cast<char*>(gathered_[b].data()) + (p.offset - buckets_[b].begin) * esz;
 }
@@ -167,7 +152,7 @@ void* Engine::grad(int id) {
   // The full gradient buffer of a bucket exists from its first gradient to its reduce-scatter
   // (stages 2-3), or always (stage 1: zeroed at its first gradient of each step, once the last
   // step's all-reduce and shard copy are done with it).
-  const size_t b = param_bucket_[id];
+  const size_t b = units_.param_bucket[id];
   const size_t bytes = static_cast<size_t>(shards_.padded_size(b)) * esz;
   Stream& compute = backend_.stream(StreamKind::Compute);
   if (!full_grads_[b]) {
@@ -246,7 +231,7 @@ float* Engine::state_ptr(int64_t e, OptimState which) {
 
 size_t Engine::bucket_of(int id) const {
   info(id);
-  return param_bucket_[id];
+  return units_.param_bucket[id];
 }
 
 AdamArrays Engine::device_arrays(size_t b, bool with_snapshot) {
@@ -265,14 +250,14 @@ AdamArrays Engine::device_arrays(size_t b, bool with_snapshot) {
 ParamSlice Engine::saved_slice(int id, int rank) const {
   const ParamInfo& p = info(id);
   if (!shards_.sharded()) return rank == 0 ? ParamSlice{0, p.numel} : ParamSlice{};
-  const size_t b = param_bucket_[id];
+  const size_t b = units_.param_bucket[id];
   const std::optional<OwnedPart> part = owned_part(shards_, buckets_[b], b, p.offset, p.numel, rank);
   return part ? ParamSlice{part->src, part->n} : ParamSlice{};
 }
 
 ParamSlice Engine::owned_slice(int id) const {
   const ParamInfo& p = info(id);
-  const size_t b = param_bucket_[id];
+  const size_t b = units_.param_bucket[id];
   const std::optional<OwnedPart> part = owned_part(shards_, buckets_[b], b, p.offset, p.numel);
   return part ? ParamSlice{part->src, part->n} : ParamSlice{};
 }
@@ -288,7 +273,7 @@ void Engine::load_weight(int id, const std::vector<float>& values) {
 
 void Engine::write_owned(int id, OptimState which, const std::vector<float>& values) {
   const ParamInfo& p = info(id);
-  const size_t b = param_bucket_[id];
+  const size_t b = units_.param_bucket[id];
   const std::optional<OwnedPart> part = owned_part(shards_, buckets_[b], b, p.offset, p.numel);
   SO_CHECK(static_cast<int64_t>(values.size()) == (part ? part->n : 0), "engine: writing ", values.size(),
            " values of '", p.name, "'; this rank owns ", part ? part->n : 0);
@@ -318,7 +303,7 @@ void Engine::write_owned(int id, OptimState which, const std::vector<float>& val
 
 std::vector<float> Engine::read_owned(int id, OptimState which) {
   const ParamInfo& p = info(id);
-  const size_t b = param_bucket_[id];
+  const size_t b = units_.param_bucket[id];
   const std::optional<OwnedPart> part = owned_part(shards_, buckets_[b], b, p.offset, p.numel);
   std::vector<float> out(part ? static_cast<size_t>(part->n) : 0);
   if (!part) return out;
@@ -531,22 +516,22 @@ void Engine::invalidate_gathered() { std::fill(gathered_fresh_.begin(), gathered
 // L, ..., 0. A bucket is kept from the first to the last unit of the pass that reads it.
 void Engine::enter_unit(int unit, bool backward) {
   if (!shards_.sharded()) {
-    for (size_t b : unit_buckets_[unit]) wait_stepped_weights(b);
+    for (size_t b : units_.unit_buckets[unit]) wait_stepped_weights(b);
     return;
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    const bool done = backward ? bucket_lo_[b] > unit : bucket_hi_[b] < unit;
+    const bool done = backward ? units_.lo[b] > unit : units_.hi[b] < unit;
     if (done) release_gathered(b);
   }
-  for (size_t b : unit_buckets_[unit]) use_gathered(b);
+  for (size_t b : units_.unit_buckets[unit]) use_gathered(b);
   const int next = backward ? unit - 1 : unit + 1;
-  if (next >= 0 && next < static_cast<int>(unit_buckets_.size()))
-    for (size_t b : unit_buckets_[next]) gather(b);  // prefetch: the all-gather overlaps this unit
+  if (next >= 0 && next < static_cast<int>(units_.unit_buckets.size()))
+    for (size_t b : units_.unit_buckets[next]) gather(b);  // prefetch: the all-gather overlaps this unit
 }
 
 void Engine::before_unit(int unit) {
   ++hook_calls_;
-  const int units = static_cast<int>(unit_buckets_.size());
+  const int units = static_cast<int>(units_.unit_buckets.size());
   if (timeline_.tracing())  // labels cost a string per unit per step: only when someone reads them
     timeline_.mark_compute(str_cat(in_backward_ ? "recompute " : "forward ", unit_name(unit, units)));
   enter_unit(unit, in_backward_);
@@ -565,7 +550,7 @@ void Engine::copy_span(Stream& s, const char* what, int layer, const std::functi
 
 void Engine::after_backward(int unit) {
   ++hook_calls_;
-  const int units = static_cast<int>(unit_buckets_.size());
+  const int units = static_cast<int>(units_.unit_buckets.size());
   in_backward_ = unit > 0;
   if (timeline_.tracing()) timeline_.mark_compute(unit > 0 ? str_cat("backward ", unit_name(unit - 1, units)) : "");
   const bool last_micro = micro_done_ == micro_batches_ - 1;

@@ -255,13 +255,13 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
   if (offload) backend_.wait(stream_, *a.stashed[0]);
   ops_.embedding_forward(stream_, residual(0), p.weight(layout_.embedding), a.tokens.as<int32_t>(), T,
                          cfg_.vocab_size, cfg_.hidden_size, opts_.dtype);
-  if (offload) stash_checkpoint(0, hooks);
+  if (offload) move_checkpoint(0, true, hooks);
   for (int64_t l = 0; l < L; ++l) {
     hooks.before_unit(static_cast<int>(l) + 1);
     if (offload) backend_.wait(stream_, *a.stashed[(l + 1) % 2]);
     layer_forward(static_cast<int>(l), p, a.layer[opts_.activation_checkpointing ? 0 : l], residual(l),
                   residual(l + 1));
-    if (offload && l + 1 < L) stash_checkpoint(l + 1, hooks);
+    if (offload && l + 1 < L) move_checkpoint(l + 1, true, hooks);
   }
   hooks.before_unit(static_cast<int>(L) + 1);
   head_forward_backward(p, loss_scale, backward);
@@ -278,7 +278,7 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
       // Offloaded: the next layer down's input comes back while this one recomputes and runs
       // backward (its slot's last reader, the layer above, is done). Layer L-1's input is still
       // in its slot from forward; every other one was fetched.
-      if (offload && l >= 1) fetch_checkpoint(l - 1, hooks);
+      if (offload && l >= 1) move_checkpoint(l - 1, false, hooks);
       if (offload && l + 1 < L) backend_.wait(stream_, *a.fetched[l % 2]);
       hooks.before_unit(static_cast<int>(l) + 1);
       layer_forward(static_cast<int>(l), p, acts, residual(l), offload ? a.x[2].data() : residual(l + 1));
@@ -297,30 +297,26 @@ void* LlamaModel::residual(int64_t l) {
   return acts_->x[static_cast<size_t>(opts_.offload_checkpoints ? l % 2 : l)].data();
 }
 
-void LlamaModel::stash_checkpoint(int64_t l, ModelHooks& hooks) {
+// Layer l's input between its device slot and host slot l: to the host on the D2H stream, back
+// on the H2D stream, either after the compute stream's work so far. The per-slot events order
+// the copies against the layers that write and read the slot.
+void LlamaModel::move_checkpoint(int64_t l, bool to_host, ModelHooks& hooks) {
   Activations& a = *acts_;
   const size_t bytes = host_checkpoint_bytes(cfg_, opts_) / static_cast<size_t>(cfg_.num_layers);
-  Stream& d2h = backend_.stream(StreamKind::D2H);
-  std::unique_ptr<Event> written = backend_.create_event();
-  backend_.record(*written, stream_);
-  backend_.wait(d2h, *written);
-  hooks.copy_span(d2h, "checkpoint to host", static_cast<int>(l),
-                  [&] { backend_.copy_d2h(a.host.as<char>() + l * bytes, residual(l), bytes, d2h); });
-  backend_.record(*a.stashed[l % 2], d2h);
-}
-
-void LlamaModel::fetch_checkpoint(int64_t l, ModelHooks& hooks) {
-  Activations& a = *acts_;
-  const size_t bytes = host_checkpoint_bytes(cfg_, opts_) / static_cast<size_t>(cfg_.num_layers);
-  Stream& h2d = backend_.stream(StreamKind::H2D);
-  std::unique_ptr<Event> free_slot = backend_.create_event();
-  backend_.record(*free_slot, stream_);
-  backend_.wait(h2d, *free_slot);
+  Stream& s = backend_.stream(to_host ? StreamKind::D2H : StreamKind::H2D);
+  std::unique_ptr<Event> ready = backend_.create_event();
+  backend_.record(*ready, stream_);
+  backend_.wait(s, *ready);
   // The D2H stream is in order: its last copy out of this slot also means host slot l is written.
-  backend_.wait(h2d, *a.stashed[l % 2]);
-  hooks.copy_span(h2d, "checkpoint from host", static_cast<int>(l),
-                  [&] { backend_.copy_h2d(residual(l), a.host.as<char>() + l * bytes, bytes, h2d); });
-  backend_.record(*a.fetched[l % 2], h2d);
+  if (!to_host) backend_.wait(s, *a.stashed[l % 2]);
+  char* host = a.host.as<char>() + l * bytes;
+  hooks.copy_span(s, to_host ? "checkpoint to host" : "checkpoint from host", static_cast<int>(l), [&] {
+    if (to_host)
+      backend_.copy_d2h(host, residual(l), bytes, s);
+    else
+      backend_.copy_h2d(residual(l), host, bytes, s);
+  });
+  backend_.record(to_host ? *a.stashed[l % 2] : *a.fetched[l % 2], s);
 }
 
 void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x_in, void* x_out) {
@@ -375,22 +371,35 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
   mlp_forward(l, p, s, x_out);
 }
 
+// Rows [r, r + n) of the MLP's gate and up projections: in the tile buffers when tiled, else in
+// the layer's whole-sequence ones, which backward reads as forward left them (compute = false).
+std::pair<void*, void*> LlamaModel::mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n,
+                                                 bool compute) {
+  const bool tiled = mlp_tile(opts_) < opts_.micro_batch * opts_.seq_len;
+  void* gate = tiled ? acts_->gate_t.data() : s.gate.data();
+  void* up = tiled ? acts_->up_t.data() : s.up.data();
+  if (compute || tiled) {
+    const LayerParamIds& w = layout_.layers[l];
+    const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
+    const void* h2 = at(s.h2.data(), r * H, opts_.dtype);
+    linear(h2, p.weight(w.gate), gate, n, I, H, 0.0f);
+    linear(h2, p.weight(w.up), up, n, I, H, 0.0f);
+  }
+  return {gate, up};
+}
+
 // x_out += down(silu(gate(h2)) * up(h2)), tile by tile. Untiled (one tile), gate and up stay in
 // the layer's set for backward; tiled, they live only as long as their tile.
 void LlamaModel::mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out) {
   Activations& a = *acts_;
-  const LayerParamIds& w = layout_.layers[l];
   const DType dt = opts_.dtype;
   const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const int64_t M = mlp_tile(opts_);
   for (int64_t r = 0; r < T; r += M) {
     const int64_t n = std::min(M, T - r);
-    void* gate = M < T ? a.gate_t.data() : s.gate.data();
-    void* up = M < T ? a.up_t.data() : s.up.data();
-    linear(at(s.h2.data(), r * H, dt), p.weight(w.gate), gate, n, I, H, 0.0f);
-    linear(at(s.h2.data(), r * H, dt), p.weight(w.up), up, n, I, H, 0.0f);
+    const auto [gate, up] = mlp_gate_up(l, p, s, r, n, true);
     ops_.swiglu_forward(stream_, a.act.data(), gate, up, n * I, dt);
-    linear(a.act.data(), p.weight(w.down), at(x_out, r * H, dt), n, H, I, 1.0f);
+    linear(a.act.data(), p.weight(layout_.layers[l].down), at(x_out, r * H, dt), n, H, I, 1.0f);
   }
 }
 
@@ -404,14 +413,8 @@ void LlamaModel::mlp_backward(int l, ParamStore& p, LayerActs& s) {
   const int64_t M = mlp_tile(opts_);
   for (int64_t r = 0; r < T; r += M) {
     const int64_t n = std::min(M, T - r);
+    const auto [gate, up] = mlp_gate_up(l, p, s, r, n, false);
     const void* h2 = at(s.h2.data(), r * H, dt);
-    void* gate = s.gate.data();
-    void* up = s.up.data();
-    if (M < T) {
-      gate = a.gate_t.data(), up = a.up_t.data();
-      linear(h2, p.weight(w.gate), gate, n, I, H, 0.0f);
-      linear(h2, p.weight(w.up), up, n, I, H, 0.0f);
-    }
     void* dh = at(a.dh.data(), r * H, dt);
     ops_.swiglu_forward(stream_, a.act.data(), gate, up, n * I, dt);
     linear_backward(at(a.dx.data(), r * H, dt), a.act.data(), p.weight(w.down), a.dact.data(), p.grad(w.down), n, H,

@@ -45,32 +45,15 @@ class ZeroReplay {
  public:
   ZeroReplay(const ParamLayout& layout, const std::vector<Bucket>& buckets, const ShardLayout& shards, int stage,
              size_t esz, size_t align)
-      : layout_(layout), buckets_(buckets), stage_(stage) {
-    int units = 0;
-    for (const ParamInfo& p : layout.params) units = std::max(units, p.last_unit + 1);
-    units_ = units;
-    unit_buckets_.resize(static_cast<size_t>(units));
-    lo_.assign(buckets.size(), units);
-    hi_.assign(buckets.size(), -1);
-    param_bucket_.assign(layout.params.size(), 0);
-    for (size_t b = 0; b < buckets.size(); ++b) {
+      : layout_(layout), buckets_(buckets), stage_(stage), units_(bucket_units(layout, buckets)) {
+    for (size_t b = 0; b < buckets.size(); ++b)
       bytes_.push_back(round_up(static_cast<size_t>(shards.padded_size(b)) * esz, align));
-      for (int id : buckets[b].params) {
-        const ParamInfo& p = layout.params[id];
-        param_bucket_[id] = b;
-        lo_[b] = std::min(lo_[b], p.first_unit);
-        hi_[b] = std::max(hi_[b], p.last_unit);
-        for (int u : {p.first_unit, p.last_unit})
-          if (std::find(unit_buckets_[u].begin(), unit_buckets_[u].end(), b) == unit_buckets_[u].end())
-            unit_buckets_[u].push_back(b);
-      }
-    }
     gathered_.assign(buckets.size(), 0);
     grads_.assign(buckets.size(), 0);
   }
 
   size_t peak(int micro_batches, bool checkpointing) {
-    const int L = units_ - 2;
+    const int L = units_.units() - 2;
     // One step; with accumulation, a micro-batch that keeps its gradients, then the last one.
     for (int micro = std::min(micro_batches, 2); micro >= 1; --micro) {
       const bool last = micro == 1;
@@ -124,16 +107,16 @@ class ZeroReplay {
   }
   void enter(int unit) {
     for (size_t b = 0; b < buckets_.size(); ++b)
-      if (in_backward_ ? lo_[b] > unit : hi_[b] < unit) drop(b);
-    for (size_t b : unit_buckets_[unit]) gather(b);
+      if (in_backward_ ? units_.lo[b] > unit : units_.hi[b] < unit) drop(b);
+    for (size_t b : units_.unit_buckets[unit]) gather(b);
     const int next = in_backward_ ? unit - 1 : unit + 1;
-    if (next >= 0 && next < units_)
-      for (size_t b : unit_buckets_[next]) gather(b);
+    if (next >= 0 && next < units_.units())
+      for (size_t b : units_.unit_buckets[next]) gather(b);
   }
   // A parameter's gradient is first written in the backward of the last unit that reads it.
   void grads_of_unit(int unit) {
     for (size_t id = 0; id < layout_.params.size(); ++id)
-      if (layout_.params[id].last_unit == unit) touch_grads(param_bucket_[id]);
+      if (layout_.params[id].last_unit == unit) touch_grads(units_.param_bucket[id]);
   }
   void after_backward(int unit, bool last_micro) {
     hook();
@@ -151,10 +134,9 @@ class ZeroReplay {
 
   const ParamLayout& layout_;
   const std::vector<Bucket>& buckets_;
-  int stage_, units_ = 0;
-  std::vector<std::vector<size_t>> unit_buckets_;
-  std::vector<int> lo_, hi_;
-  std::vector<size_t> param_bucket_, bytes_;
+  int stage_;
+  BucketUnits units_;
+  std::vector<size_t> bytes_;
   std::vector<char> gathered_, grads_;
   bool in_backward_ = false;
   int64_t calls_ = 0;

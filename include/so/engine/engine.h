@@ -187,10 +187,8 @@ class Engine final : public ParamStore, public ModelHooks {
   size_t first_device_bucket_ = 0;  // buckets [0, this) are offloaded (first in backward order)
   size_t first_device_sum_ = 0;     // validation sums buckets [this, n) on the device, the rest on the CPU
   int64_t device_end_ = 0;          // device-resident optimizer state covers shard elements [0, this)
-  std::vector<std::vector<size_t>> unit_buckets_;  // unit -> buckets holding its parameters
-  std::vector<int> bucket_lo_, bucket_hi_;         // first and last unit reading each bucket
+  BucketUnits units_;                              // which buckets each unit reads, and back
   std::vector<size_t> forward_order_;              // buckets in the order the forward first reads them
-  std::vector<size_t> param_bucket_;               // parameter id -> bucket
 
   DeviceBuffer weights_, grads_;                // model dtype, this rank's shards (all elements unsharded)
   DeviceBuffer master_, exp_avg_, exp_avg_sq_;  // fp32, shard elements [0, device_end_)

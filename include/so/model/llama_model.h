@@ -2,6 +2,7 @@
 // The Llama-family decoder (Llama, Qwen3) with explicit forward and backward, layer by layer,
 // enqueued on the backend's compute stream. It owns activations, never parameters.
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "so/backend/backend.h"
@@ -91,13 +92,13 @@ class LlamaModel {
   static void layout_buffers(Activations& a, const ModelConfig& cfg, const ModelOptions& opts, int64_t sp_size,
                              Visit&& visit);
   void layer_forward(int l, ParamStore& p, LayerActs& a, const void* x_in, void* x_out);
+  std::pair<void*, void*> mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n, bool compute);
   void mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out);
   void mlp_backward(int l, ParamStore& p, LayerActs& s);
   // The residual stream: layer l reads residual(l) and writes residual(l + 1).
   void* residual(int64_t l);
-  // Offloaded checkpoints: residual(l) to host slot l (D2H stream), and back (H2D stream).
-  void stash_checkpoint(int64_t l, ModelHooks& hooks);
-  void fetch_checkpoint(int64_t l, ModelHooks& hooks);
+  // Offloaded checkpoints: residual(l) to host slot l (D2H stream), or back (H2D stream).
+  void move_checkpoint(int64_t l, bool to_host, ModelHooks& hooks);
   void layer_backward(int l, ParamStore& p, LayerActs& a, const void* x_in);
   void head_forward_backward(ParamStore& p, float loss_scale, bool backward);
   // Ulysses: [B, S/P, heads, D] (local tokens, all heads) <-> [B, S, heads/P, D] (all tokens,
