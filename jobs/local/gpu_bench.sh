@@ -17,6 +17,9 @@
 #               CPUOffloadPolicy on the same shapes
 #   probe-none, probe-super   the largest model that trains: the 3B shape with more and more
 #               layers (PROBE_START, PROBE_STEP; a few steps each) until a run fails
+#   long-512k   the 1.04B config at 524,288 tokens per step (configs/runs/llama-1b-512k.json:
+#               checkpoints offloaded and the MLP tiled as the planner decides): its --plan, then
+#               one step (STEPS_LONG, 1) with the measured device peak next to the planned one
 #   trace       SuperOffload trace (so_train --trace, checked) and so_bench step's exposed
 #               optimizer time, ZeRO-Offload vs SuperOffload
 #   summary     summary.md from whatever the other stages left
@@ -89,6 +92,13 @@ stage_train() {  # stage_train 1b|3b
     run_logged "train-$size-$mode" timeout 600 "$so_train" --config "configs/runs/llama-$size-seq4096.json" \
       "${steps_args[@]}" $(offload_set "$mode") --metrics "$results/train-$size-$mode.jsonl"
   done
+}
+
+stage_long() {  # one step of 512K tokens: the plan, then the run's measured peak against it
+  run_logged long-512k-plan "$so_train" --config configs/runs/llama-1b-512k.json --plan || return 1
+  rm -f "$results/long-512k.jsonl"
+  run_logged long-512k timeout 600 "$so_train" --config configs/runs/llama-1b-512k.json --steps "${STEPS_LONG:-1}" \
+    --metrics "$results/long-512k.jsonl"
 }
 
 peak_tflops() {  # the nominal peak so_bench gpu-peaks reported, for the peers' MFU
@@ -201,6 +211,7 @@ for st in "${stages[@]}"; do
     peers-1b|peers-3b) stage_peers "${st#peers-}" || status=1 ;;
     probe-none) stage_probe none ;;
     probe-super) stage_probe superoffload ;;
+    long-512k) stage_long || status=1 ;;
     trace) stage_trace || status=1 ;;
     summary) stage_summary ;;
     *) echo "gpu_bench.sh: unknown stage '$st' (see the header of $0)" >&2; exit 2 ;;

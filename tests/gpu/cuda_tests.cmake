@@ -2,6 +2,7 @@
 #   test_cuda_ops       every Ops method against the CPU backend, fp32 and bf16 (op_tolerances.h)
 #   test_cuda_training  tiny model on the GPU vs the CPU; offload modes bitwise on the GPU
 #   gpu.test_reference  the Transformers fixtures on the GPU (cases of test_reference)
+#   gpu.test_memory_plan  offloaded checkpoints, MLP tiles and the planned peak on the GPU
 #   gpu.memcheck/racecheck  compute-sanitizer over the quick op cases
 # No MPI in this binary (plain gtest main): ~300 cases, each its own process.
 so_add_gtest(test_cuda_ops LABELS gpu SOURCES test_cuda_ops.cpp LIBS so_backend GTest::gtest_main)
@@ -20,6 +21,11 @@ so_add_gtest(test_cuda_training LABELS gpu SOURCES test_cuda_training.cpp)
 add_test(NAME gpu.test_reference COMMAND $<TARGET_FILE:test_reference> --gtest_filter=TransformersCuda/*
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(gpu.test_reference PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]" TIMEOUT 600)
+
+# The memory features and the planner's peak on the GPU (test_memory_plan's Cuda/ cases).
+add_test(NAME gpu.test_memory_plan COMMAND $<TARGET_FILE:test_memory_plan> --gtest_filter=Cuda/*
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(gpu.test_memory_plan PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]" TIMEOUT 600)
 
 # compute-sanitizer over the Small op cases (memcheck: out-of-bounds, misaligned and uninitialised
 # device accesses; racecheck: shared-memory hazards). Exit 77 (skipped) without the tool or a GPU.
