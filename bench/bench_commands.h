@@ -5,6 +5,7 @@
 // answers -h the same way and rejects bad options the same way.
 #include <boost/program_options.hpp>
 #include <string>
+#include <vector>
 
 #include "parallel/communicator.h"
 
@@ -19,6 +20,9 @@ bool parse_command_line(const boost::program_options::options_description& desc,
 // naming the option `what`.
 int64_t parse_bytes(const std::string& s, const char* what);
 
+// "1,2,8": positive integers; otherwise throws so::Error naming the option `what`.
+std::vector<int64_t> parse_list(const std::string& s, const char* what);
+
 // "fp32" or "bf16"; otherwise throws so::Error naming the option `what`.
 DType parse_dtype(const std::string& s, const char* what);
 
@@ -29,5 +33,6 @@ int comm_bench(int argc, char** argv, Communicator& comm);
 int link_bench(int argc, char** argv, Communicator& comm);
 int gpu_peaks_bench(int argc, char** argv, Communicator& comm);  // gpu_bench.cpp
 int ops_bench(int argc, char** argv, Communicator& comm);        // gpu_bench.cpp
+int calibrate_bench(int argc, char** argv, Communicator& comm);
 
 }  // namespace so::bench

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench/bench_commands.h"
+#include "bench/device_timing.h"
 #include "so/backend/backend.h"
 #include "so/core/error.h"
 #ifdef SO_HAVE_CUDA
@@ -43,75 +44,6 @@ std::unique_ptr<Backend> cuda_backend() {
   o.type = "cuda";
   return create_backend(o);
 }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
-
-// Median milliseconds of fn on the compute stream: `warmup` untimed runs, then `iters` runs each
-// between two events, all enqueued before the first is read so no host gap enters the timing.
-template <typename Fn>
-double time_ms(Backend& be, int warmup, int iters, Fn&& fn) {
-  Stream& s = be.stream(StreamKind::Compute);
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<std::unique_ptr<Event>> ev;
-  for (int i = 0; i < iters; ++i) {
-    ev.push_back(be.create_event());
-    be.record(*ev.back(), s);
-    fn();
-    ev.push_back(be.create_event());
-    be.record(*ev.back(), s);
-  }
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) ms.push_back(1e3 * (be.event_time(*ev[2 * i + 1]) - be.event_time(*ev[2 * i])));
-  be.synchronize(s);  // rethrows any op error
-  return median(ms);
-}
-
-// Device buffers filled with random values (a 16M-element random block, repeated: the patterns
-// do not matter to the timings, zeros would).
-class Tensors {
- public:
-  explicit Tensors(Backend& be) : be_(be) {}
-  void* random(int64_t n, DType dt, uint32_t seed, float scale = 1.0f) {
-    void* p = alloc(static_cast<size_t>(n) * dtype_size(dt));
-    const int64_t chunk = std::min<int64_t>(n, int64_t{1} << 24);
-    std::vector<float> host(static_cast<size_t>(chunk));
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> d(-scale, scale);
-    for (float& x : host) x = d(rng);
-    DeviceBuffer staging = be_.alloc(host.size() * 4, "bench staging");
-    Stream& s = be_.stream(StreamKind::Compute);
-    be_.copy_h2d(staging.data(), host.data(), host.size() * 4, s);
-    for (int64_t at = 0; at < n; at += chunk)
-      be_.ops().cast(s, static_cast<char*>(p) + at * dtype_size(dt), dt, staging.data(), DType::F32,
-                     std::min(chunk, n - at));
-    be_.synchronize(s);
-    return p;
-  }
-  int32_t* ints(const std::vector<int32_t>& v) {
-    void* p = alloc(v.size() * 4);
-    Stream& s = be_.stream(StreamKind::Compute);
-    be_.copy_h2d(p, v.data(), v.size() * 4, s);
-    be_.synchronize(s);
-    return static_cast<int32_t*>(p);
-  }
-  void* alloc(size_t bytes) {
-    bufs_.push_back(be_.alloc(bytes, "bench tensor"));
-    return bufs_.back().data();
-  }
-  size_t bytes() const {
-    size_t b = 0;
-    for (const DeviceBuffer& d : bufs_) b += d.bytes();
-    return b;
-  }
-
- private:
-  Backend& be_;
-  std::vector<DeviceBuffer> bufs_;
-};
 
 struct Peaks {
   std::string device;
@@ -384,20 +316,6 @@ void attention_rows(OpsTable& tab, const OpsShape& m, int64_t S, int warmup, int
             str_cat("memory peak ", static_cast<int64_t>(peak * mib), " MiB = tensors ",
                     static_cast<int64_t>(tensors * mib), " + workspace ", static_cast<int64_t>((peak - tensors) * mib),
                     " MiB (S x S fp32 scores would be ", static_cast<int64_t>(scores * mib), " MiB)"));
-}
-
-std::vector<int64_t> parse_list(const std::string& s, const char* what) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) {
-    try {
-      out.push_back(std::stoll(item));
-    } catch (const std::exception&) {
-      SO_FAIL(what, ": '", item, "' is not an integer");
-    }
-    SO_CHECK(out.back() > 0, what, ": ", out.back(), " must be positive");
-  }
-  return out;
 }
 
 }  // namespace

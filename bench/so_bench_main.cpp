@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 #include "bench/bench_commands.h"
@@ -39,6 +40,20 @@ int64_t parse_bytes(const std::string& s, const char* what) {
   return v << shift;
 }
 
+std::vector<int64_t> parse_list(const std::string& s, const char* what) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    try {
+      out.push_back(std::stoll(item));
+    } catch (const std::exception&) {
+      SO_FAIL(what, ": '", item, "' is not an integer");
+    }
+    SO_CHECK(out.back() > 0, what, ": ", out.back(), " must be positive");
+  }
+  return out;
+}
+
 DType parse_dtype(const std::string& s, const char* what) {
   if (s == "fp32") return DType::F32;
   if (s == "bf16") return DType::BF16;
@@ -67,6 +82,9 @@ constexpr Subcommand kSubcommands[] = {
      comm_bench},
     {"gpu-peaks", "GPU ceilings: bf16 GEMM TFLOP/s (vs the nominal peak) and device copy GB/s, CUDA-event timed",
      gpu_peaks_bench},
+    {"calibrate", "the performance model's machine profile: GEMM, attention and memory-bound throughputs, link, CPU "
+                  "Adam and (under mpirun) collectives, as JSON",
+     calibrate_bench},
     {"ops", "every op at Llama-1B sizes as a fraction of the measured ceilings; attention up to S = 131072",
      ops_bench},
 };

@@ -5,6 +5,7 @@
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "launcher/node_ranks.h"
@@ -27,7 +28,7 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   std::string save_dir, resume, async_save;
   int64_t save_every = 0;
   int keep = 3;
-  std::string plan_machine;
+  std::string plan_machine, plan_json;
   int plan_ranks = 0;
   double plan_host_gib = 0;
   desc.add_options()("help,h", "show this help")(
@@ -65,7 +66,9 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       "plan-machine", po::value<std::string>(&plan_machine)->default_value("this"),
       "with --plan: this (the backend the config selects, with its capacity), gh200-96, gh200-144 or h100-80")(
       "plan-ranks", po::value<int>(&plan_ranks), "with --plan: plan for this many ranks (default: the ranks launched)")(
-      "plan-host-gib", po::value<double>(&plan_host_gib), "with --plan: host memory per rank in GiB (default: the profile's)");
+      "plan-host-gib", po::value<double>(&plan_host_gib), "with --plan: host memory per rank in GiB (default: the profile's)")(
+      "plan-json", po::value<std::string>(&plan_json),
+      "with --plan: also write the run's description for the performance model (jobs/sweeps/perf_model.py) here");
   po::variables_map vm;
   try {
     const po::parsed_options parsed = po::command_line_parser(argc, argv).options(desc).run();
@@ -121,8 +124,14 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
     }
     const std::string chosen = so::resolve_auto_memory(cfg, ranks, machine);
     const so::MemoryPlan plan = so::plan_memory_worst_rank(cfg, ranks, machine);
-    if (mpi.world_rank() == 0)
+    if (mpi.world_rank() == 0) {
       std::printf("%s%s", chosen.empty() ? "" : (chosen + "\n").c_str(), so::format_plan(cfg, ranks, plan, machine).c_str());
+      if (!plan_json.empty()) {
+        std::ofstream f(plan_json);
+        f << so::plan_json(cfg, ranks, plan).dump(2) << "\n";
+        if (!f.good()) throw so::Error("cannot write --plan-json file '" + plan_json + "'");
+      }
+    }
     return 0;
   }
 

@@ -393,6 +393,41 @@ std::string format_plan(const RunConfig& cfg, int world, const MemoryPlan& plan,
   return out + peak + "\n";
 }
 
+nlohmann::json plan_json(const RunConfig& cfg, int world, const MemoryPlan& plan) {
+  const ModelConfig& m = cfg.model;
+  const ParamLayout layout = ParamLayout::for_model(m);
+  const std::vector<Bucket> buckets = make_buckets(layout, cfg.bucket_size);
+  const size_t first_dev = cfg.offload.mode == OffloadMode::None ? 0 : first_device_bucket(buckets, cfg.offload);
+  int64_t host_params = 0;
+  for (size_t b = 0; b < first_dev; ++b) host_params += buckets[b].size();
+  const BatchSizes batch = resolve_batch_sizes(cfg, plan.dp);
+  nlohmann::json j;
+  j["model"] = {{"layers", m.num_layers}, {"hidden", m.hidden_size}, {"intermediate", m.intermediate_size},
+                {"heads", m.num_heads}, {"kv_heads", m.num_kv_heads}, {"head_dim", m.head_dim},
+                {"vocab", m.vocab_size}, {"qk_norm", m.qk_norm}, {"tied", m.tie_word_embeddings},
+                {"parameters", layout.total}};
+  j["dtype"] = dtype_name(cfg.dtype);
+  j["seq_len"] = cfg.data.seq_len;
+  j["micro_batch"] = batch.micro;
+  j["accumulation"] = batch.accumulation;
+  j["world"] = world, j["dp"] = plan.dp, j["sp"] = plan.sp;
+  j["zero_stage"] = world > 1 ? cfg.zero_stage : 3;
+  j["buckets"] = buckets.size();
+  j["bucket_size"] = cfg.bucket_size;
+  j["offload"] = {{"mode", offload_mode_name(cfg.offload.mode)}, {"ratio", cfg.offload.ratio},
+                  {"host_params", host_params}, {"device_params", layout.total - host_params},
+                  {"cpu_cores_fraction", cfg.offload.cpu_cores_fraction}};
+  j["grad_clip"] = cfg.grad_clip;
+  j["activation_checkpointing"] = cfg.activation_checkpointing;
+  j["offload_checkpoints"] = plan.offload_checkpoints;
+  j["mlp_tile"] = plan.mlp_tile;
+  j["flops_per_token"] = train_flops_per_token(m, cfg.data.seq_len);
+  j["tokens_per_step"] = batch.global * cfg.data.seq_len;
+  j["device_peak_bytes"] = plan.device_peak;
+  j["host_bytes"] = plan.host_total;
+  return j;
+}
+
 std::string resolve_auto_memory(RunConfig& cfg, int world, const MachineProfile& m) {
   if (!cfg.offload_checkpoints_auto && !cfg.mlp_tile_auto) return "";
   const bool want_offload = cfg.offload_checkpoints_auto, want_tile = cfg.mlp_tile_auto;

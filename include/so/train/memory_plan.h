@@ -9,6 +9,7 @@
 // engine's ZeRO-3 gather / reduce-scatter schedule under its release rule (Engine::settle_releases),
 // so the predicted peak is the pool's measured peak, not an estimate (tests/plan/).
 #include <cstddef>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,6 +63,11 @@ std::optional<std::string> first_term_over(const MemoryPlan& plan, const Machine
 // The table: terms, totals, whether each memory holds them, the largest sequence length and layer
 // count that would fit, and as its last line "device peak X MiB".
 std::string format_plan(const RunConfig& cfg, int world, const MemoryPlan& plan, const MachineProfile& m);
+
+// The run as the performance model sees it (jobs/sweeps/perf_model.py): shape, batch, mesh,
+// ZeRO stage, optimizer placement (parameters stepped on the host and on the device), features,
+// and the plan's device and host totals.
+nlohmann::json plan_json(const RunConfig& cfg, int world, const MemoryPlan& plan);
 
 // Turns train.activation_offload / train.mlp_tile_tokens "auto" into values: checkpoints are
 // offloaded (with checkpointing) and then the MLP tiled (largest power-of-two tile) only as far as
