@@ -33,7 +33,11 @@ for np, extra in cases:
     args = base + extra
     plan = subprocess.run([so_train, "--plan", "--plan-ranks", str(np)] + args, capture_output=True, text=True, check=True)
     planned = float(re.search(r"^device peak ([0-9.]+) MiB$", plan.stdout, re.M).group(1))
-    run = subprocess.run([mpiexec, "--oversubscribe", "-np", str(np), so_train] + args, capture_output=True, text=True)
+    # One rank runs as users start it, without mpirun: in the sanitizer tree, LeakSanitizer's exit
+    # check crashed ("Tracer caught signal 11") in the 1-rank mpirun launch of the bf16 offload
+    # config, and not in the same run without mpirun.
+    launch = [mpiexec, "--oversubscribe", "-np", str(np)] if np > 1 else []
+    run = subprocess.run(launch + [so_train] + args, capture_output=True, text=True)
     found = re.search(r"device peak ([0-9.]+) MiB measured, ([0-9.]+) MiB planned", run.stdout + run.stderr)
     if run.returncode != 0 or not found:
         print(f"FAIL np {np} {' '.join(extra)}: run failed\n{run.stderr[-2000:]}")

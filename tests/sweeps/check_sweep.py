@@ -91,4 +91,14 @@ for r in rows_of(unknown):
 # 3. Slurm: the dry run prints one command per point through the GH200 templates and the array.
 dry = run(["run", os.path.join(here, "ci_sweep.json"), "--out", os.path.join(out, "slurm"), "--slurm", "--dry-run"])
 expect("#SBATCH --array=0-7" in dry and dry.count("gh200-1node.sbatch") == 8, f"slurm dry run:\n{dry}")
+# 4. The performance model predicts every measured point of the sweep (accuracy is shown on the
+# calibration machine, docs/perf-model.md; here: a prediction per point, all positive).
+model = subprocess.run([sys.executable, os.path.join(root, "jobs/sweeps/perf_model.py"), "validate", good,
+                        "--machine", os.path.join(root, "configs/machines/dev-cpu.json")],
+                       capture_output=True, text=True, cwd=root)
+expect(model.returncode == 0, f"perf_model.py validate: {model.stderr}")
+predicted = [l for l in model.stdout.splitlines() if l.split("|")[1:2] and l.split("|")[1].strip().isdigit()
+             and l.split("|")[-3].strip().endswith("%")]
+expect(len(predicted) == 8 and all(float(l.split("|")[-5]) > 0 for l in predicted),
+       f"a prediction for each of the 8 points:\n{model.stdout}")
 print("sweep ok")
