@@ -7,8 +7,11 @@
 //               cross-entropy, embedding, casts, the device AdamW
 //   link        host <-> device GB/s per direction (pinned host memory)
 //   cpu_adam    GraceAdam parameters/s per thread count (fp32 gradients, no device copy)
-//   collectives under mpirun: bus bandwidth and latency of all-gather, reduce-scatter, all-reduce
-//               and all-to-all (nccl-tests' busbw convention)
+//   collectives with --collectives under mpirun: bus bandwidth and latency of all-gather,
+//               reduce-scatter, all-reduce and all-to-all (nccl-tests' busbw convention), added to
+//               an existing profile under the rank count ("collectives": {"2": {...}, "4": {...}}) —
+//               measured apart, since ranks sharing the machine would skew the compute tables
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -252,6 +255,7 @@ int calibrate_bench(int argc, char** argv, Communicator& comm) {
   po::options_description desc("so_bench calibrate options");
   CalibrateOptions o;
   std::string dtype = "fp32", threads;
+  bool collectives_only = false;
   desc.add_options()("help,h", "show this help")(
       "out", po::value<std::string>(&o.out)->required(), "write the machine profile (JSON) here, e.g. configs/machines/NAME.json")(
       "name", po::value<std::string>(&o.name), "the profile's name (default: the file name)")(
@@ -260,7 +264,9 @@ int calibrate_bench(int argc, char** argv, Communicator& comm) {
       "threads", po::value<std::string>(&threads), "CPU backend: compute thread counts to calibrate, e.g. 1,2 "
                                                     "(default: 1 and all the process's cores)")(
       "max-gemm-flops", po::value<double>(&o.max_gemm_flops), "largest GEMM timed (default 2^34 CPU, 2^38 GPU)")(
-      "iters", po::value<int>(&o.iters)->default_value(o.iters), "timed runs per point (median)");
+      "iters", po::value<int>(&o.iters)->default_value(o.iters), "timed runs per point (median)")(
+      "collectives", po::bool_switch(&collectives_only),
+      "under mpirun: measure only the collectives over these ranks and add them to the --out profile");
   po::variables_map vm;
   if (!parse_command_line(desc, argc, argv, vm)) return 0;
   o.dtype = parse_dtype(dtype, "--dtype");
@@ -280,6 +286,31 @@ int calibrate_bench(int argc, char** argv, Communicator& comm) {
                           dot == std::string::npos ? std::string::npos : dot - (slash == std::string::npos ? 0 : slash + 1));
   }
 
+  if (collectives_only) {
+    SO_CHECK(comm.size() > 1, "--collectives needs several ranks (mpirun -np N so_bench calibrate --collectives ...)");
+    nlohmann::json prof;
+    {
+      std::ifstream in(o.out);
+      SO_CHECK(in.good(), "--collectives adds to an existing profile; cannot read '", o.out, "'");
+      try {
+        prof = nlohmann::json::parse(in);
+      } catch (const nlohmann::json::exception& e) {
+        SO_FAIL("'", o.out, "' is not a machine profile: ", e.what());
+      }
+    }
+    auto be = make_backend(o, 1);
+    const nlohmann::json table = collective_table(*be, comm, o);
+    if (comm.rank() == 0) {
+      prof["collectives"][std::to_string(comm.size())] = table;
+      std::ofstream f(o.out);
+      f << prof.dump(2) << "\n";
+      SO_CHECK(f.good(), "writing '", o.out, "' failed");
+      std::printf("added the collectives over %d ranks to %s\n", comm.size(), o.out.c_str());
+    }
+    return 0;
+  }
+  SO_CHECK(comm.size() == 1, "calibrate the compute tables on one rank (ranks sharing the machine would skew them); "
+                             "then add collectives with mpirun -np N so_bench calibrate --collectives --out FILE");
   nlohmann::json prof;
   prof["name"] = o.name;
   prof["source"] = "measured: so_bench calibrate";
@@ -301,17 +332,14 @@ int calibrate_bench(int argc, char** argv, Communicator& comm) {
       prof["device_bytes"] = be->memory_stats().capacity;
       prof["link"] = link_table(*be, o);
       prof["peak_tflops"] = be->peak_tflops(o.dtype);
-      if (comm.size() > 1) prof["collectives"] = collective_table(*be, comm, o);
     }
   }
   prof["cpu_adam"] = cpu_adam_table(o);
-  if (comm.rank() == 0) {
-    std::ofstream f(o.out);
-    SO_CHECK(f.good(), "cannot write '", o.out, "'");
-    f << prof.dump(2) << "\n";
-    SO_CHECK(f.good(), "writing '", o.out, "' failed");
-    std::printf("wrote %s\n", o.out.c_str());
-  }
+  std::ofstream f(o.out);
+  SO_CHECK(f.good(), "cannot write '", o.out, "'");
+  f << prof.dump(2) << "\n";
+  SO_CHECK(f.good(), "writing '", o.out, "' failed");
+  std::printf("wrote %s\n", o.out.c_str());
   return 0;
 }
 

@@ -107,9 +107,14 @@ class Machine:
     def collective_s(self, op, nbytes, ranks):
         if ranks <= 1 or nbytes == 0:
             return 0.0
-        c = self.p.get("collectives", {}).get(op)
+        coll = self.p.get("collectives", {})
+        if op not in coll:  # measured per rank count: the nearest one
+            counts = sorted(coll, key=lambda k: abs(int(k) - ranks)) if coll else []
+            coll = coll[counts[0]] if counts else {}
+        c = coll.get(op)
         if not c:
-            raise ModelError(f"machine profile '{self.name}' has no '{op}' collective (calibrate under mpirun)")
+            raise ModelError(f"machine profile '{self.name}' has no '{op}' collective "
+                             "(mpirun -np N so_bench calibrate --collectives --out PROFILE)")
         factor = 2.0 * (ranks - 1) / ranks if op == "all_reduce" else (ranks - 1) / ranks
         return c["latency_s"] + nbytes * factor / (1e9 * c["busbw_gbps"])
 
@@ -258,8 +263,14 @@ def predict(run, machine):
             tail = 1.0 / max(1, round(run["buckets"] * host_share))
             exposed_opt = max(tail * w["optimizer_cpu"], w["optimizer_cpu"] - compute) + w["optimizer_device"] + w["copies"]
         step = compute + exposed_comm + exposed_opt
-    return dict(step_s=step, tokens_per_s=run["tokens_per_step"] / step,
-                tflops=run["tokens_per_step"] * run["flops_per_token"] / step / 1e12 / run["world"],
+    tflops = run["tokens_per_step"] * run["flops_per_token"] / step / 1e12 / run["world"]
+    # The paper's convention for checkpointed runs also counts the recomputed forward (1/3 of 6N).
+    with_recompute = tflops * (4.0 / 3.0 if run["activation_checkpointing"] else 1.0)
+    peak = machine.p.get("peak_tflops", 0)
+    return dict(step_s=step, tokens_per_s=run["tokens_per_step"] / step, tflops=tflops,
+                tflops_counting_recompute=with_recompute, mfu=tflops / peak if peak else None,
+                device_peak_gib=run["device_peak_bytes"] / 2**30, host_gib=run["host_bytes"] / 2**30,
+                fits_device=not machine.p.get("device_bytes") or run["device_peak_bytes"] <= machine.p["device_bytes"],
                 compute_s=compute, exposed_comm_s=exposed_comm, exposed_optimizer_s=exposed_opt, work=w, cores=cores)
 
 

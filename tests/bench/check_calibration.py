@@ -35,8 +35,8 @@ for r in prof["cpu_adam"]:
     positive(r["params_per_s"], f"cpu adam {r}")
 if ranks > 1:
     for op in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
-        positive(prof["collectives"][op]["busbw_gbps"], op)
-        positive(prof["collectives"][op]["latency_s"], op)
+        positive(prof["collectives"][str(ranks)][op]["busbw_gbps"], op)
+        positive(prof["collectives"][str(ranks)][op]["latency_s"], op)
 print(f"profile '{prof['name']}' ok: {len(prof['compute'])} thread counts, "
       f"{len(prof['compute'][0]['gemm'])} GEMM sizes, {len(prof['cpu_adam'])} CPU Adam thread counts"
       + (f", collectives over {ranks} ranks" if ranks > 1 else ""))
