@@ -396,7 +396,7 @@ namespace {
 TEST(ModelConfigs, ShippedShapesParseWithExpectedSizes) {
   const std::pair<const char*, double> expected[] = {{"llama-3-8b", 8.03e9}, {"llama-3-70b", 70.55e9},
                                                      {"qwen3-14b", 14.77e9}, {"llama-13b", 13.0e9},
-                                                     {"llama-25b", 25.0e9}};
+                                                     {"llama-25b", 25.0e9}, {"llama-50b", 50.5e9}};
   for (const auto& [name, params] : expected) {
     const ModelConfig c = ModelConfig::from_hf_file(std::string("configs/models/") + name + ".json");
     EXPECT_NEAR(c.num_parameters() / params, 1.0, 0.02) << name << ": " << c.num_parameters();
