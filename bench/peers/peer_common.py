@@ -47,6 +47,8 @@ class Run:
         ckpt = cfg.get("train", {}).get("activation_checkpointing", False)
         self.checkpointing = {"config": ckpt, "on": True, "off": False}[args.checkpointing]
         self.device = torch.device(args.device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", 0)  # torch.cuda.set_device refuses an index-less "cuda"
 
     def llama_config(self, attn_implementation):
         keep = {k: v for k, v in self.model.items() if k != "model_type"}

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -147,7 +148,18 @@ class OpRun {
 struct OpCase {
   std::string name;                  // gtest name: [A-Za-z0-9_]
   std::function<void(OpRun&)> run;  // uploads inputs, enqueues the op, declares its outputs
+  // Why the case does not apply in this process ("" = it does): an attention shape the kernel
+  // forced by SO_ATTENTION_KERNEL refuses by design.
+  std::function<std::string()> not_applicable = [] { return std::string(); };
 };
+
+// SO_ATTENTION_KERNEL=2 forces the tensor-core variant, which takes bf16 with D 64 or 128 only.
+std::string forced_kernel_refuses(int64_t D, DType dt) {
+  const char* forced = std::getenv("SO_ATTENTION_KERNEL");
+  if (!forced || std::string(forced) != "2" || (dt == DType::BF16 && (D == 64 || D == 128))) return "";
+  return str_cat("SO_ATTENTION_KERNEL=2 (tensor cores) takes bf16 with D 64 or 128; this case is ", dtype_name(dt),
+                 " with D ", D);
+}
 
 void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
 
@@ -287,7 +299,8 @@ OpCase attention_forward_case(AttnShape a, DType dt) {
             r.ops().attention_forward(r.s(), out, lse, in.q, in.k, in.v, a.B, a.S, a.Hq, a.Hkv, a.D, in.scale, dt);
             r.expect("out", out, a.B * a.S * a.Hq * a.D, dt, OpClass::AttentionFwd);
             r.expect("lse", lse, a.B * a.Hq * a.S, DType::F32, OpClass::AttentionFwd);
-          }};
+          },
+          [=] { return forced_kernel_refuses(a.D, dt); }};
 }
 
 // out and lse come from the same backend's forward, as in training.
@@ -305,7 +318,8 @@ OpCase attention_backward_case(AttnShape a, DType dt) {
             r.expect("dq", dq, nq, dt, OpClass::AttentionBwd);
             r.expect("dk", dk, nkv, dt, OpClass::AttentionBwd);
             r.expect("dv", dv, nkv, dt, OpClass::AttentionBwd);
-          }};
+          },
+          [=] { return forced_kernel_refuses(a.D, dt); }};
 }
 
 OpCase swiglu_case(int64_t n, bool backward, DType dt) {
@@ -542,6 +556,7 @@ class CudaOps : public testing::TestWithParam<OpCase> {
   }
   void SetUp() override {
     if (!cuda_) GTEST_SKIP() << "no CUDA device (so::cuda::device_count() == 0)";
+    if (const std::string why = GetParam().not_applicable(); !why.empty()) GTEST_SKIP() << why;
   }
   std::vector<Output> run_on(Backend& be) const {
     OpRun r(be);

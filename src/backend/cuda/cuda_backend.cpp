@@ -41,6 +41,19 @@ double tensor_bf16_flops_per_clock(int major, int minor) {
   return 1024;
 }
 
+// Datasheet dense bf16 peaks (TFLOP/s), what the field's MFU figures divide by (Megatron-LM,
+// torchtitan, llm-foundry): SM count x boost clock overstates them (an H100 SXM reports 1980 MHz:
+// 1070.5 against the datasheet's 989.4 at 1830). Matched on the device name; 0 = not listed.
+double datasheet_bf16_tflops(const std::string& name) {
+  const auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  if (has("GH200") || has("H200")) return 989.4;
+  if (has("H100") && has("PCIe")) return 756.5;
+  if (has("H100") && has("NVL")) return 835.5;
+  if (has("H100")) return 989.4;  // SXM5 (80GB HBM3)
+  if (has("A100")) return 312.0;
+  return 0.0;
+}
+
 // fp32 FLOPs per clock per SM on the CUDA cores (2 x the fp32 lanes): 64 lanes per SM on Volta
 // and A100 (sm_70, sm_80), 128 from GA10x on (sm_86 and later), per the same whitepapers.
 double fp32_flops_per_clock(int major, int minor) { return major < 8 || (major == 8 && minor == 0) ? 128 : 256; }
@@ -102,6 +115,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) : device_(opts.device < 0 ?
 
   cudaDeviceProp prop{};
   SO_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  device_name_ = prop.name;
   log_info(str_cat("CUDA backend: device ", device_, " ", prop.name, " (sm_", cc_major_, cc_minor_, ", ",
                    sm_count_, " SMs, ", clock_khz_ / 1000, " MHz, ", prop.totalGlobalMem >> 20, " MiB; capacity ",
                    allocator_->stats().capacity >> 20, " MiB)"));
@@ -356,6 +370,7 @@ Ops& CudaBackend::ops() {
 }
 
 double CudaBackend::peak_tflops(DType dt) {
+  if (dt == DType::BF16 && datasheet_bf16_tflops(device_name_) > 0) return datasheet_bf16_tflops(device_name_);
   const double per_clock = dt == DType::BF16 ? tensor_bf16_flops_per_clock(cc_major_, cc_minor_)
                                              : fp32_flops_per_clock(cc_major_, cc_minor_);
   return sm_count_ * (clock_khz_ * 1e3) * per_clock / 1e12;

@@ -90,6 +90,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   int sm_count_ = 0, clock_khz_ = 0, cc_major_ = 0, cc_minor_ = 0;
+  std::string device_name_;  // cudaDeviceProp::name, for the datasheet peak
 
   // Declared in reverse order of destruction: ops, then the allocator, then the streams.
   std::array<std::unique_ptr<CudaStream>, kNumStreamKinds> streams_;
