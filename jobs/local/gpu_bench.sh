@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU validation and benchmarks on one GPU machine, in stages that each fit a 10-minute slot:
 #   jobs/local/gpu_bench.sh STAGE...      (run from anywhere; stages run in the order given)
+# On a lent GPU machine without our libraries: jobs/local/gpu_pack.sh here, then
+# `bash .gpu/run.sh STAGE...` there (jobs/local/gpu_stage.sh), which runs these stages but build.
 # Stages:
 #   build       configure + build so_train, so_bench and the gpu tests into $BUILD
 #   tests-ops   ctest -L gpu, the op suite (test_cuda_ops, also under both attention kernels)

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU machine's side of jobs/local/gpu_pack.sh (copied there as .gpu/run.sh). From the root of
+# the repository copy that carries .gpu/:
+#   bash .gpu/run.sh env            the GPU, libraries the loader cannot find, so_train --help
+#   bash .gpu/run.sh ctest-gpu      every gpu-labelled test but the compute-sanitizer ones
+#   bash .gpu/run.sh STAGE...       any stage of jobs/local/gpu_bench.sh but build (peaks, ops,
+#                                   train-1b, long-512k, trace, ...)
+#   bash .gpu/run.sh exec CMD...    any command, in the project root, with the environment set
+# It unpacks the bundle once into SO_BUNDLE_DIR (default /opt/so-bundle), makes the project's
+# build-time path point there, and sets the libraries: ours and Open MPI's from the bundle (Open
+# MPI relocated with OPAL_PREFIX), CUDA, cuBLAS, cuDNN and NCCL from /usr/local/cuda or PyTorch's
+# NVIDIA wheels. Results of the gpu_bench stages go to $OUT when set.
+set -u
+here=$(pwd)
+B=${SO_BUNDLE_DIR:-/opt/so-bundle}
+if [ ! -f "$B/PROJECT_PATH" ]; then
+  [ -f "$here/.gpu/bundle.tar.xz" ] || { echo "gpu_stage.sh: no .gpu/bundle.tar.xz here ($here): run jobs/local/gpu_pack.sh and carry .gpu" >&2; exit 2; }
+  mkdir -p "$B" && tar -xJf "$here/.gpu/bundle.tar.xz" -C "$B" || { echo "gpu_stage.sh: unpacking into $B failed" >&2; exit 1; }
+fi
+proj=$(cat "$B/PROJECT_PATH")
+if [ ! -e "$proj/CMakeLists.txt" ]; then mkdir -p "$(dirname "$proj")" && ln -sfn "$B$proj" "$proj"; fi
+site=$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)
+nv=$(find "$site/nvidia" -maxdepth 3 -type d -name lib 2>/dev/null | tr '\n' ':')
+export SO_SYSTEM_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=$B/lib:$B/ompi/lib/x86_64-linux-gnu/openmpi/lib:/usr/local/cuda/lib64:$nv${LD_LIBRARY_PATH:-}
+export OPAL_PREFIX=$B/ompi PATH=$B/ompi/bin:$PATH
+export OMPI_MCA_ess_singleton_isolated=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl=self,vader
+cd "$proj" || exit 1
+build=$(ls -d build*/ 2>/dev/null | head -1)
+build=${BUILD:-$proj/${build%/}}
+echo "gpu_stage.sh: commit $(cut -c1-12 "$B/COMMIT" 2>/dev/null), build $build"
+status=0
+while [ $# -gt 0 ]; do
+  stage=$1
+  shift
+  case $stage in
+    env)
+      nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 || status=1
+      for f in "$build/launcher/so_train" "$build/bench/so_bench"; do
+        echo "== ldd $f"
+        ldd "$f" | grep -E 'not found|cublas|nccl|cudart|cudnn|libmpi\.so|hdf5'
+      done
+      timeout 60 "$build/launcher/so_train" --help 2>&1 | head -3 ;;
+    ctest-gpu)
+      ctest --test-dir "$build" -L gpu -E 'memcheck|racecheck' -j "${CTEST_JOBS:-4}" --output-on-failure --timeout 400 \
+        ${OUT:+--output-junit "$OUT/ctest-gpu-junit.xml"} || status=1 ;;
+    exec)
+      "$@"
+      exit $? ;;
+    build)
+      echo "gpu_stage.sh: no building here: the bundle carries the build (jobs/local/gpu_pack.sh)" >&2
+      exit 2 ;;
+    peers-*)  # PyTorch with the machine's own libraries, not ours
+      LD_LIBRARY_PATH=$SO_SYSTEM_LD_LIBRARY_PATH BUILD=$build bash jobs/local/gpu_bench.sh "$stage" || status=1 ;;
+    *)
+      BUILD=$build bash jobs/local/gpu_bench.sh "$stage" || status=1 ;;
+  esac
+done
+exit $status
