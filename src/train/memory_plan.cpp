@@ -356,7 +356,7 @@ std::string row(const std::string& name, size_t bytes, const std::string& note) 
 std::string format_plan(const RunConfig& cfg, int world, const MemoryPlan& plan, const MachineProfile& m) {
   std::string out = str_cat("memory plan: ", cfg.model.num_parameters() / 1e6, "M parameters, ", cfg.model.num_layers,
                             " layers, ", dtype_name(cfg.dtype), "; ", world, " ranks = dp ", plan.dp, " x sp ", plan.sp,
-                            ", ZeRO stage ", world > 1 ? cfg.zero_stage : 3, "; ", plan.seq_len, " tokens per sequence (",
+                            ", ", world > 1 ? str_cat("ZeRO stage ", cfg.zero_stage) : std::string("one rank: nothing sharded"), "; ", plan.seq_len, " tokens per sequence (",
                             plan.seq_len / plan.sp, " per rank) x micro-batch ", plan.micro_batch,
                             "; activation checkpointing ", cfg.activation_checkpointing ? "on" : "off",
                             ", checkpoints ", plan.offload_checkpoints ? "offloaded to the host" : "on the device",
