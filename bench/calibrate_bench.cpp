@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -27,6 +28,7 @@
 #include "so/core/clock.h"
 #include "so/core/cpu_affinity.h"
 #include "so/core/error.h"
+#include "so/core/json_reader.h"
 #include "so/optim/grace_adam.h"
 
 namespace so::bench {
@@ -272,6 +274,8 @@ int calibrate_bench(int argc, char** argv, Communicator& comm) {
   o.dtype = parse_dtype(dtype, "--dtype");
   SO_CHECK(o.iters >= 1, "--iters must be at least 1");
   SO_CHECK(o.backend == "cpu" || o.backend == "cuda", "--backend is '", o.backend, "'; choose cpu or cuda");
+  SO_CHECK(!std::filesystem::exists(o.out) || std::filesystem::is_regular_file(o.out), "--out '", o.out,
+           "' exists and is not a regular file");
   const int cores = static_cast<int>(process_cores().size());
   if (!threads.empty())
     for (int64_t t : parse_list(threads, "--threads")) {
@@ -288,16 +292,10 @@ int calibrate_bench(int argc, char** argv, Communicator& comm) {
 
   if (collectives_only) {
     SO_CHECK(comm.size() > 1, "--collectives needs several ranks (mpirun -np N so_bench calibrate --collectives ...)");
-    nlohmann::json prof;
-    {
-      std::ifstream in(o.out);
-      SO_CHECK(in.good(), "--collectives adds to an existing profile; cannot read '", o.out, "'");
-      try {
-        prof = nlohmann::json::parse(in);
-      } catch (const nlohmann::json::exception& e) {
-        SO_FAIL("'", o.out, "' is not a machine profile: ", e.what());
-      }
-    }
+    // The project's reader: refuses FIFOs, directories, deep nesting and duplicate keys by name.
+    nlohmann::json prof = read_json_file(o.out, "machine profile (--collectives adds to it)");
+    SO_CHECK(prof.is_object() && prof.contains("compute"), "'", o.out, "' is not a machine profile written by so_bench "
+             "calibrate (no 'compute' table)");
     auto be = make_backend(o, 1);
     const nlohmann::json table = collective_table(*be, comm, o);
     if (comm.rank() == 0) {

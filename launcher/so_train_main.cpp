@@ -111,7 +111,10 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
     if (config.empty()) throw so::Error("command line: --plan needs --config FILE");
     const int ranks = vm.count("plan-ranks") ? plan_ranks : mpi.world_size();
     if (ranks < 1) throw so::Error("command line: --plan-ranks must be at least 1");
-    if (plan_host_gib < 0) throw so::Error("command line: --plan-host-gib must not be negative");
+    if (!(plan_host_gib >= 0 && plan_host_gib <= 1e9))
+      throw so::Error(so::str_cat("command line: --plan-host-gib is ", plan_host_gib, "; give GiB in [0, 1e9]"));
+    if (!plan_json.empty() && std::filesystem::exists(plan_json) && !std::filesystem::is_regular_file(plan_json))
+      throw so::Error("command line: --plan-json '" + plan_json + "' exists and is not a regular file");
     const size_t host_bytes = static_cast<size_t>(plan_host_gib * (1 << 30));
     std::unique_ptr<so::Backend> backend;
     so::MachineProfile machine;
@@ -123,7 +126,7 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       machine = so::machine_profile(plan_machine, host_bytes);
     }
     const std::string chosen = so::resolve_auto_memory(cfg, ranks, machine);
-    const so::MemoryPlan plan = so::plan_memory_worst_rank(cfg, ranks, machine);
+    const so::MemoryPlan plan = so::plan_memory(cfg, ranks, 0, machine);
     if (mpi.world_rank() == 0) {
       std::printf("%s%s", chosen.empty() ? "" : (chosen + "\n").c_str(), so::format_plan(cfg, ranks, plan, machine).c_str());
       if (!plan_json.empty()) {

@@ -58,10 +58,12 @@ def interp_log(xs, ys, x):
 
 class Machine:
     def __init__(self, path):
+        if not os.path.isfile(path):  # a FIFO would block the read, a directory fail obscurely
+            raise ModelError(f"machine profile '{path}' is not a regular file")
         try:
             with open(path) as f:
                 self.p = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError, RecursionError) as e:  # unreadable, not JSON, nested too deep
             raise ModelError(f"machine profile '{path}': {e}")
         for key in ("name", "backend", "compute", "link", "cpu_adam"):
             if key not in self.p:
@@ -371,6 +373,8 @@ def main():
         {"predict": cmd_predict, "validate": cmd_validate}[a.cmd](a)
     except ModelError as e:
         sys.exit(f"perf_model.py: {e}")
+    except (KeyError, TypeError, IndexError, ZeroDivisionError) as e:  # a profile missing or mangling a table
+        sys.exit(f"perf_model.py: machine profile '{a.machine}' lacks or mangles an entry the model reads: {e!r}")
 
 
 if __name__ == "__main__":

@@ -50,9 +50,11 @@ std::string gbs(double bytes, double s) { return str_cat(bytes / s / 1e9, " GB/s
 
 }  // namespace
 
+int64_t cast_probe_elements(int64_t bucket_elements) { return std::clamp(bucket_elements, kMinSample, kMaxSample); }
+
 CastPlan plan_casts(Backend& be, GraceAdam& adam, const CastPlanRequest& r) {
   CastPlan plan;
-  const int64_t n = std::clamp(r.bucket_elements, kMinSample, kMaxSample);
+  const int64_t n = cast_probe_elements(r.bucket_elements);
   Backend* pin = r.pin_memory ? &be : nullptr;
   int stream = 0;
   auto host = [&](size_t bytes, const char* tag) { return HostBuffer(bytes, r.numa_node, pin, tag, stream_skew(stream++)); };

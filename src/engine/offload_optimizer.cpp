@@ -10,9 +10,6 @@
 
 namespace so {
 
-namespace {
-constexpr int kRingSlots = 2;  // device cast staging: one bucket in flight while the next is cast
-}
 
 OffloadOptimizer::OffloadOptimizer(Backend& backend, std::vector<Bucket> buckets, int64_t base, int64_t end,
                                    void* device_weights, void* device_grads, const Options& opts, GraceAdam& adam,

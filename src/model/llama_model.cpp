@@ -37,7 +37,7 @@ struct LlamaModel::Activations {
   // Offloaded checkpoints: layer l's input at host[l * T * H]; per device slot, the event of its
   // last D2H (stash) and of its last H2D (fetch).
   HostBuffer host;
-  std::unique_ptr<Event> stashed[2], fetched[2];
+  std::unique_ptr<Event> stashed[2], fetched[2], compute_here;
 };
 
 const char* activation_term_name(ActivationTerm t) {
@@ -197,6 +197,7 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
         e = backend.create_event();
         backend.record(*e, stream_);
       }
+    a.compute_here = backend.create_event();
   }
 }
 
@@ -304,9 +305,8 @@ void LlamaModel::move_checkpoint(int64_t l, bool to_host, ModelHooks& hooks) {
   Activations& a = *acts_;
   const size_t bytes = host_checkpoint_bytes(cfg_, opts_) / static_cast<size_t>(cfg_.num_layers);
   Stream& s = backend_.stream(to_host ? StreamKind::D2H : StreamKind::H2D);
-  std::unique_ptr<Event> ready = backend_.create_event();
-  backend_.record(*ready, stream_);
-  backend_.wait(s, *ready);
+  backend_.record(*a.compute_here, stream_);  // a wait takes the record it sees: one event serves
+  backend_.wait(s, *a.compute_here);
   // The D2H stream is in order: its last copy out of this slot also means host slot l is written.
   if (!to_host) backend_.wait(s, *a.stashed[l % 2]);
   char* host = a.host.as<char>() + l * bytes;

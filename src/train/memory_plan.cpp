@@ -7,6 +7,8 @@
 
 #include "so/core/error.h"
 #include "so/engine/bucket.h"
+#include "so/engine/cast_plan.h"
+#include "so/engine/offload_optimizer.h"
 #include "so/engine/shard_layout.h"
 
 namespace so {
@@ -14,11 +16,6 @@ namespace so {
 namespace {
 
 constexpr size_t kGiB = size_t{1} << 30;
-// Mirrors of the engine's sizes (engine/cast_plan.cpp, engine/offload_optimizer.cpp).
-constexpr int64_t kCastProbeMin = int64_t{1} << 16, kCastProbeMax = int64_t{1} << 23;
-constexpr int kCastRingSlots = 2;
-
-double mib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
 
 struct Profile {
   const char* name;
@@ -183,6 +180,8 @@ MachineProfile machine_profile_of(const Backend& backend) {
   return m;
 }
 
+double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
 ModelOptions model_options(const RunConfig& cfg, int64_t micro_batch, int sp_size) {
   ModelOptions mo;
   mo.dtype = cfg.dtype;
@@ -249,10 +248,10 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
   if (off.mode != OffloadMode::None) {
     int64_t largest = 0;
     for (size_t b = 0; b < first_dev; ++b) largest = std::max(largest, shards.buckets[b].shard_size);
-    const size_t pn = static_cast<size_t>(std::clamp(largest, kCastProbeMin, kCastProbeMax));
+    const size_t pn = static_cast<size_t>(cast_probe_elements(largest));
     probe = round_up(pn * 2, a) + round_up(pn * 4, a);
     if (cfg.dtype != DType::F32) {
-      const size_t ring = round_up(kCastRingSlots * static_cast<size_t>(largest) * 4, a);
+      const size_t ring = round_up(OffloadOptimizer::kRingSlots * static_cast<size_t>(largest) * 4, a);
       rings = (off.cast_grads != CastSite::Host ? ring : 0) + (off.cast_weights != CastSite::Host ? ring : 0);
     }
   }
@@ -294,16 +293,6 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
   return plan;
 }
 
-MemoryPlan plan_memory_worst_rank(const RunConfig& cfg, int world, const MachineProfile& m) {
-  MemoryPlan worst = plan_memory(cfg, world, 0, m);
-  // Only ZeRO's padding differs between ranks; with one rank or no sharding they are the same.
-  for (int r = 1; r < world && cfg.zero_stage >= 1; ++r) {
-    MemoryPlan p = plan_memory(cfg, world, r, m);
-    if (p.device_peak > worst.device_peak) worst = std::move(p);
-  }
-  return worst;
-}
-
 std::optional<std::string> first_term_over(const MemoryPlan& plan, const MachineProfile& m) {
   if (m.device_bytes == 0) return std::nullopt;
   size_t sum = 0;
@@ -319,7 +308,7 @@ std::optional<std::string> first_term_over(const MemoryPlan& plan, const Machine
 namespace {
 
 bool fits(const RunConfig& cfg, int world, const MachineProfile& m) {
-  const MemoryPlan p = plan_memory_worst_rank(cfg, world, m);
+  const MemoryPlan p = plan_memory(cfg, world, 0, m);
   return (m.device_bytes == 0 || p.device_peak <= m.device_bytes) && (m.host_bytes == 0 || p.host_total <= m.host_bytes);
 }
 
@@ -365,7 +354,7 @@ std::string format_plan(const RunConfig& cfg, int world, const MemoryPlan& plan,
                             "; optimizer ", offload_mode_name(cfg.offload.mode),
                             cfg.offload.mode != OffloadMode::None ? str_cat(" ratio ", cfg.offload.ratio) : "", "\n");
   out += str_cat("machine: ", m.name, "\n");
-  out += str_cat("device, rank ", plan.rank, " (the largest):\n");
+  out += "device, per rank (ZeRO pads every rank's shards to the same size):\n";
   for (const PlanTerm& t : plan.device) out += row(t.name, t.bytes, t.note);
   out += row("total", plan.device_peak,
              m.device_bytes ? str_cat(plan.device_peak <= m.device_bytes ? "fits in " : "does NOT fit in ",

@@ -32,8 +32,6 @@ std::unique_ptr<TokenSource> open_data(const DataConfig& d, int64_t vocab) {
   return make_synthetic_tokens(vocab, d.synthetic_tokens, d.seed);
 }
 
-double mib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
-
 // The model's view of the sequence-parallel group.
 class CommSequenceParallel final : public SequenceParallel {
  public:

@@ -30,6 +30,10 @@ struct CastPlan {
   std::string report;                 // measurements and the reasoning, for the start-up log
 };
 
+// Elements of the start-up probe's copies (one device buffer of each dtype): one bucket, within
+// bounds (what the memory planner counts for it).
+int64_t cast_probe_elements(int64_t bucket_elements);
+
 // Measures the link for every model; fp32 models need no cast (both sites Host).
 CastPlan plan_casts(Backend& backend, GraceAdam& adam, const CastPlanRequest& request);
 

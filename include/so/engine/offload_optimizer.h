@@ -38,6 +38,9 @@ struct StepDecision {
 
 class OffloadOptimizer {
  public:
+  // Device cast staging (fp32 rings of the largest bucket, one per direction cast on the device):
+  // one bucket in flight while the next is cast.
+  static constexpr int kRingSlots = 2;
   struct Options {
     DType dtype = DType::F32;  // model dtype of the device weights and gradients
     OffloadMode mode = OffloadMode::SuperOffload;

@@ -51,13 +51,14 @@ struct MemoryPlan {
   size_t device_peak = 0, host_total = 0;
 };
 
+double mib(size_t bytes);  // bytes in MiB, as the plan and the metrics print them
+
 // The model options a run uses (the trainer builds its model from these too).
 ModelOptions model_options(const RunConfig& cfg, int64_t micro_batch, int sp_size);
 
 // Rank `rank` of `world` (dp x sp from cfg.sequence_parallel_size). Auto values must be resolved.
+// Every rank's plan is the same (ZeRO shards are padded to one size); the rank names the errors.
 MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineProfile& m);
-// The rank with the largest device peak (ranks differ only by ZeRO padding).
-MemoryPlan plan_memory_worst_rank(const RunConfig& cfg, int world, const MachineProfile& m);
 // The device term at which the running sum first passes the profile's capacity; none if it fits.
 std::optional<std::string> first_term_over(const MemoryPlan& plan, const MachineProfile& m);
 // The table: terms, totals, whether each memory holds them, the largest sequence length and layer
