@@ -30,12 +30,16 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
   std::string model = "configs/models/tiny.json", dir = "build/ckpt-bench";
   std::string dtype = "fp32";
   int reps = 3;
+  bool async = true;
   desc.add_options()("help,h", "show this help")("model", po::value<std::string>(&model)->default_value(model),
                                                  "HF config.json of the model")(
       "dir", po::value<std::string>(&dir)->default_value(dir), "checkpoint directory (overwritten)")(
       "reps", po::value<int>(&reps)->default_value(reps), "saves and loads timed, at least 2 (the best is reported)")(
       "dtype", po::value<std::string>(&dtype)->default_value(dtype),
-      "training dtype: fp32 or bf16 (bf16 needs 16 instead of 20 bytes of engine state per parameter)");
+      "training dtype: fp32 or bf16 (bf16 needs 16 instead of 20 bytes of engine state per parameter)")(
+      "async", po::value<bool>(&async)->default_value(async),
+      "also time an asynchronous save and the step it stalls (its copies aside can need as much host memory "
+      "again as the optimizer state)");
   po::variables_map vm;
   if (!parse_command_line(desc, argc, argv, vm)) return 0;
   SO_CHECK(reps >= 2, "--reps must be at least 2 (the first save sizes the disk-bound probe)");
@@ -62,6 +66,14 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     SO_CHECK(fd >= 0, "cannot open ", file);
     ::fdatasync(fd);
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  };
+  // Deletions done and their blocks released (the journal commit, and on file systems mounted with
+  // online discard the discards, which syncfs waits for), so they do not slow the next timed part.
+  auto settle = [&] {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+    SO_CHECK(fd >= 0, "cannot open ", dir);
+    ::syncfs(fd);
     ::close(fd);
   };
   // The bounds: the checkpoint's bytes written sequentially into a new file in the same directory
@@ -91,6 +103,7 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     }
     const double buffered_read = secs(t0, clock());
     std::filesystem::remove(probe);
+    settle();
     t0 = clock();
     {
       const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -111,6 +124,7 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     }
     const double direct_read = secs(t0, clock());
     std::filesystem::remove(probe);
+    settle();
     return std::pair{std::min(buffered_write, direct_write), std::min(buffered_read, direct_read)};
   };
   // One optimizer step that changes every bucket (zero gradients: AdamW still decays and moves
@@ -124,7 +138,7 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     return secs(t0, clock());
   };
   double best_save = 1e30, best_load = 1e30, best_write = 1e30, best_read = 1e30, bytes = 0;
-  double best_step = 1e30, best_stall = 1e30, best_async = 1e30;
+  double best_step = 1e30, best_stall = 1e30, best_async = 1e30, removal = 0;
   std::string path;
   TrainState state;
   for (int r = 0; r < reps; ++r) {
@@ -138,6 +152,10 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     state.iteration = state.steps_taken = 2 * r + 1;
     path = save_checkpoint(engine, comm, cfg, state, dir, 1);
     best_save = std::min(best_save, secs(t0, clock()));
+    t0 = clock();
+    wait_for_old_checkpoint_removal();  // in training it runs beside the next steps
+    settle();
+    removal = std::max(removal, secs(t0, clock()));
     bytes = static_cast<double>(std::filesystem::file_size(path));
     if (comm.rank() == 0) evict(path);
     comm.barrier();
@@ -145,6 +163,7 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     load_checkpoint(engine, comm, cfg, path);
     comm.barrier();
     best_load = std::min(best_load, secs(t0, clock()));
+    if (!async) continue;
     // Asynchronous: the save call, then a step changing every bucket while the writer runs.
     best_step = std::min(best_step, optimizer_step());
     comm.barrier();
@@ -155,6 +174,8 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     const double step = optimizer_step();
     save.commit();
     best_async = std::min(best_async, secs(t0, clock()));
+    wait_for_old_checkpoint_removal();
+    settle();
     best_stall = std::min(best_stall, call + std::max(0.0, step - best_step));
   }
   if (comm.rank() == 0) {
@@ -166,9 +187,11 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     std::printf("  %10.1f %12.2f %9.3f %9.3f %10.3f %10.3f %12.3f %12.3f %10.2f %10.2f\n", bytes / (1 << 20),
                 bytes / params, best_save, best_load, bytes / best_save / 1e9, bytes / best_load / 1e9, write_bound,
                 read_bound, bytes / best_save / 1e9 / write_bound, bytes / best_load / 1e9 / read_bound);
-    std::printf("# async save: stall %.3f s (the call + the next optimizer step's extra time; the step alone %.3f s), "
+    if (async)
+      std::printf("# async save: stall %.3f s (the call + the next optimizer step's extra time; the step alone %.3f s), "
                 "%.3f of the synchronous save; save to commit %.3f s\n",
                 best_stall, best_step, best_stall / best_save, best_async);
+    std::printf("# the previous checkpoint's deletion after a commit, in the background: up to %.3f s\n", removal);
   }
   return 0;
 }

@@ -267,35 +267,36 @@ void Engine::load_weight(int id, const std::vector<float>& values) {
   SO_CHECK(static_cast<int64_t>(values.size()) == p.numel, "engine: loading '", p.name, "' with ", values.size(),
            " values; it has ", p.numel);
   const ParamSlice mine = owned_slice(id);
-  write_owned(id, OptimState::Master,
-              std::vector<float>(values.begin() + mine.first, values.begin() + mine.first + mine.count));
+  write_owned(id, OptimState::Master, 0, values.data() + mine.first, mine.count);
 }
 
-void Engine::write_owned(int id, OptimState which, const std::vector<float>& values) {
+void Engine::write_owned(int id, OptimState which, int64_t first, const float* values, int64_t n) {
   const ParamInfo& p = info(id);
   const size_t b = units_.param_bucket[id];
   const std::optional<OwnedPart> part = owned_part(shards_, buckets_[b], b, p.offset, p.numel);
-  SO_CHECK(static_cast<int64_t>(values.size()) == (part ? part->n : 0), "engine: writing ", values.size(),
-           " values of '", p.name, "'; this rank owns ", part ? part->n : 0);
-  if (!part) return;
+  const int64_t owned = part ? part->n : 0;
+  SO_CHECK(first >= 0 && n >= 0 && first + n <= owned, "engine: writing values [", first, ", ", first + n, ") of '",
+           p.name, "'; this rank owns ", owned);
+  if (n == 0) return;
   drain_optimizer();
   Stream& s = backend_.stream(StreamKind::Compute);
-  const size_t n = values.size();
-  if (on_host(part->dst))
-    std::memcpy(state_ptr(part->dst, which), values.data(), n * sizeof(float));
+  const int64_t at = part->dst + first;
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  if (on_host(at))
+    std::memcpy(state_ptr(at, which), values, bytes);
   else
-    backend_.copy_h2d(state_ptr(part->dst, which), values.data(), n * sizeof(float), s);
+    backend_.copy_h2d(state_ptr(at, which), values, bytes, s);
   if (which == OptimState::Master) {
     // The device copy in model dtype, rounded on the host the way every cast rounds (fp32: the
     // values themselves; bf16 through a buffer kept between calls, so a load touches no new pages).
-    const void* src = values.data();
+    const void* src = values;
     if (opts_.dtype != DType::F32) {
-      write_staging_.resize(n);
-      for (size_t i = 0; i < n; ++i) write_staging_[i] = f32_to_bf16(values[i]);
+      write_staging_.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) write_staging_[i] = f32_to_bf16(values[i]);
       src = write_staging_.data();
     }
-    backend_.copy_h2d(static_cast<char*>(weights_.data()) + part->dst * dtype_size(opts_.dtype), src,
-                      n * dtype_size(opts_.dtype), s);
+    backend_.copy_h2d(static_cast<char*>(weights_.data()) + at * dtype_size(opts_.dtype), src,
+                      static_cast<size_t>(n) * dtype_size(opts_.dtype), s);
     invalidate_gathered();
   }
   backend_.synchronize(s);  // `values` and the staging buffer are reused after return
@@ -383,6 +384,21 @@ void Engine::before_state_change(size_t b) {
   if (f.wanted && f.copy.empty()) copy_bucket_state(b, f.copy);
 }
 
+void Engine::FrozenBucket::copy(OptimState part, size_t byte_offset, size_t bytes, void* dst) const {
+  const int k = static_cast<int>(part);
+  SO_CHECK(byte_offset + bytes <= static_cast<size_t>(n_) * sizeof(float), "engine: frozen bytes [", byte_offset, ", ",
+           byte_offset + bytes, ") of a ", n_, "-value bucket");
+  if (host_[k] != nullptr) {
+    std::memcpy(dst, host_[k] + byte_offset, bytes);
+    return;
+  }
+  // Nothing changes device state until before_state_change returns, so any stream may read it.
+  Stream& d2h = backend_->stream(StreamKind::D2H);
+  backend_->copy_d2h(dst, device_[k] + byte_offset, bytes, d2h);
+  backend_->record(*copied_, d2h);
+  backend_->synchronize(*copied_);
+}
+
 void Engine::with_frozen(size_t b, const FrozenReader& read) {
   SO_CHECK(b < frozen_.size(), "engine: with_frozen(", b, ") without freeze_state");
   Frozen& f = *frozen_[b];
@@ -391,24 +407,27 @@ void Engine::with_frozen(size_t b, const FrozenReader& read) {
   struct Release {  // whatever `read` does, the bucket is released and its copy freed
     Frozen& f;
     std::atomic<int64_t>& left;
-    std::vector<float>& staging;
     ~Release() {
       f.copy = {};
       f.wanted = false;
-      if (--left == 0) staging = {};  // the snapshot is written: its buffer goes
+      --left;
     }
-  } release{f, frozen_wanted_, frozen_staging_};
+  } release{f, frozen_wanted_};
   const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
   if (n == 0) return;
-  if (f.copy.empty() && on_host(begin)) {
-    read(state_ptr(begin, OptimState::Master), state_ptr(begin, OptimState::ExpAvg),
-         state_ptr(begin, OptimState::ExpAvgSq));
-    return;
+  FrozenBucket frozen;
+  frozen.backend_ = &backend_;
+  frozen.n_ = n;
+  const OptimState parts[] = {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq};
+  for (int k = 0; k < 3; ++k) {
+    const char* state = reinterpret_cast<const char*>(state_ptr(begin, parts[k]));
+    if (!f.copy.empty())
+      frozen.host_[k] = reinterpret_cast<const char*>(f.copy.data() + k * n);
+    else
+      (on_host(begin) ? frozen.host_[k] : frozen.device_[k]) = state;
   }
-  // Device state goes through one host buffer kept for the writer (no fresh pages per bucket).
-  std::vector<float>& from = f.copy.empty() ? frozen_staging_ : f.copy;
-  if (f.copy.empty()) copy_bucket_state(b, frozen_staging_);
-  read(from.data(), from.data() + n, from.data() + 2 * n);
+  if (!on_host(begin) && f.copy.empty()) frozen.copied_ = backend_.create_event();
+  read(frozen);
 }
 
 // ---- the step ---------------------------------------------------------------------------------

@@ -146,21 +146,37 @@ DirectIoFile::Request& DirectIoFile::free_write_buffer(const std::string& what) 
 
 void DirectIoFile::write_at(const void* data, size_t bytes, uint64_t offset, const std::string& what) {
   const char* p = static_cast<const char*>(data);
-  const uint64_t end = offset + bytes, mid_begin = align_up(offset), mid_end = align_down(end);
+  write_from(bytes, offset, [p](char* dst, size_t from, size_t n) { std::memcpy(dst, p + from, n); }, what);
+}
+
+void DirectIoFile::write_from(size_t bytes, uint64_t offset, const Fill& fill, const std::string& what) {
+  const uint64_t end = offset + bytes;
+  // Bytes [a, b) of the file through the page cache, by pieces of the bounce buffer.
+  const auto buffered = [&](uint64_t a, uint64_t b) {
+    if (a >= b) return;
+    bounce_.resize(std::max(bounce_.size(), static_cast<size_t>(std::min<uint64_t>(kPieceBytes, b - a))));
+    for (uint64_t at = a; at < b;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, b - at));
+      fill(bounce_.data(), static_cast<size_t>(at - offset), n);
+      check_write(pwrite_all(fd_, bounce_.data(), n, at), n, at, what, path_);
+      at += n;
+    }
+  };
+  const uint64_t mid_begin = align_up(offset), mid_end = align_down(end);
   if (!direct() || mid_begin >= mid_end) {
-    check_write(pwrite_all(fd_, p, bytes, offset), bytes, offset, what, path_);
+    buffered(offset, end);
     return;
   }
   // The partial first and last blocks buffered, the whole ones queued.
-  check_write(pwrite_all(fd_, p, mid_begin - offset, offset), mid_begin - offset, offset, what, path_);
+  buffered(offset, mid_begin);
   for (uint64_t at = mid_begin; at < mid_end;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, mid_end - at));
     Request& r = free_write_buffer(what);
-    std::memcpy(r.buf.get(), p + (at - offset), n);
+    fill(r.buf.get(), static_cast<size_t>(at - offset), n);
     submit(r, n, at);
     at += n;
   }
-  check_write(pwrite_all(fd_, p + (mid_end - offset), end - mid_end, mid_end), end - mid_end, mid_end, what, path_);
+  buffered(mid_end, end);
 }
 
 DirectIoFile::Request& DirectIoFile::fetch(uint64_t piece, uint64_t window) {
@@ -185,9 +201,16 @@ void DirectIoFile::read_ahead(uint64_t piece) {
 
 void DirectIoFile::read_at(void* out, size_t bytes, uint64_t offset, const std::string& what) {
   char* const dst = static_cast<char*>(out);
+  read_to(bytes, offset, [dst](const char* src, size_t from, size_t n) { std::memcpy(dst + from, src, n); }, what);
+}
+
+void DirectIoFile::read_to(size_t bytes, uint64_t offset, const Sink& sink, const std::string& what) {
   const uint64_t end = offset + bytes;
-  uint64_t at = offset;  // everything before is in `out`
-  while (direct() && at < end && at < size_) {
+  uint64_t at = offset;  // everything before went to the sink
+  // Small reads (checksum tables, norm weights) go through the page cache: a piece read around it
+  // would move 4 MiB for a few bytes, and evict the pieces read ahead.
+  const bool small = bytes < kSmallRead;
+  while (direct() && !small && at < end && at < size_) {
     const uint64_t piece = at / kPieceBytes;
     Request& r = fetch(piece, piece);
     read_ahead(piece);
@@ -199,10 +222,16 @@ void DirectIoFile::read_at(void* out, size_t bytes, uint64_t offset, const std::
     }
     const uint64_t valid_end = std::min<uint64_t>(r.at + r.got, end);
     if (valid_end <= at) break;  // the file is shorter than when opened: the read below says so
-    std::memcpy(dst + (at - offset), r.buf.get() + (at - r.at), valid_end - at);
+    sink(r.buf.get() + (at - r.at), static_cast<size_t>(at - offset), static_cast<size_t>(valid_end - at));
     at = valid_end;
   }
-  check_read(pread_all(fd_, dst + (at - offset), end - at, at), end - at, at, what, path_);
+  while (at < end) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, end - at));
+    bounce_.resize(std::max(bounce_.size(), n));
+    check_read(pread_all(fd_, bounce_.data(), n, at), n, at, what, path_);
+    sink(bounce_.data(), static_cast<size_t>(at - offset), n);
+    at += n;
+  }
 }
 
 void DirectIoFile::sync(const std::string& what) {

@@ -4,15 +4,18 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "checkpoint_file.h"
 #include "so/core/error.h"
 #include "so/core/json_reader.h"
+#include "so/core/log.h"
 #include "so/io/atomic_file.h"
 #include "so/io/crc32c.h"
 #include "so/io/direct_io_file.h"
@@ -39,6 +42,63 @@ void agree(Communicator& comm, const std::string& error, const std::string& what
   if (!error.empty()) throw Error(error);
   if (failed > 0) throw Error(str_cat(what, " failed on ", failed, " other rank(s); see their messages"));
 }
+
+// Old checkpoints are deleted on a thread of their own, after the new one is committed: freeing a
+// large file's blocks can take longer than writing them (file systems mounted with online discard,
+// Lustre), and nothing needs to wait for it. A deletion a crash cuts short is redone by the next
+// commit, which lists the directory. The next save waits for pending deletions before it checks
+// the free space.
+class OldCheckpointRemover {
+ public:
+  static OldCheckpointRemover& instance() {
+    static OldCheckpointRemover remover;
+    return remover;
+  }
+  void remove(std::vector<fs::path> files) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.insert(pending_.end(), files.begin(), files.end());
+      if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    }
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return pending_.empty() && !busy_; });
+  }
+  ~OldCheckpointRemover() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();  // what is queued is removed first
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+      if (pending_.empty()) return;
+      const fs::path file = pending_.front();
+      pending_.erase(pending_.begin());
+      busy_ = true;
+      lock.unlock();
+      std::error_code ec;
+      fs::remove(file, ec);
+      if (ec) log_warn(str_cat("checkpoint: could not remove the old checkpoint '", file.string(), "': ", ec.message()));
+      lock.lock();
+      busy_ = false;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<fs::path> pending_;
+  bool busy_ = false, stop_ = false;
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -86,7 +146,7 @@ CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const RunConf
 
   // A save that fails before its writer starts releases the snapshot and leaves no file behind.
   const auto abandon = [&] {
-    for (size_t b = 0; b < engine.buckets().size(); ++b) engine.with_frozen(b, [](const float*, const float*, const float*) {});
+    for (size_t b = 0; b < engine.buckets().size(); ++b) engine.with_frozen(b, [](const Engine::FrozenBucket&) {});
     s.file.reset();
     std::error_code ec;
     if (comm.rank() == 0) fs::remove(s.partial, ec);
@@ -94,6 +154,7 @@ CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const RunConf
   std::string error;
   if (comm.rank() == 0) {
     try {
+      OldCheckpointRemover::instance().wait();
       std::error_code ec;
       fs::create_directories(s.folder, ec);
       SO_CHECK(!ec, "cannot create checkpoint directory '", dir, "': ", ec.message());
@@ -139,15 +200,15 @@ CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const RunConf
 }
 
 // This rank's slices, bucket by bucket in the order the optimizer changes them (backward order),
-// each with its segments' checksums, then fdatasync. Every bucket is taken even after a failure,
-// so the optimizer stops copying them aside.
+// each segment copied from wherever the state lives straight into the I/O buffers and checksummed
+// there as it goes (the bytes are in the cache), then fdatasync. Every bucket is taken even after
+// a failure, so the optimizer stops copying them aside.
 void CheckpointSave::Impl::write_all() {
   const ParamLayout& layout = engine.layout();
   const int rank = comm.rank();
   for (size_t b = 0; b < engine.buckets().size(); ++b)
-    engine.with_frozen(b, [&](const float* master, const float* exp_avg, const float* exp_avg_sq) {
+    engine.with_frozen(b, [&](const Engine::FrozenBucket& frozen) {
       if (!error.empty()) return;
-      const float* parts[3] = {master, exp_avg, exp_avg_sq};
       try {
         for (int id : engine.buckets()[b].params) {
           const ParamSlice mine = engine.saved_slice(id, rank);
@@ -158,21 +219,21 @@ void CheckpointSave::Impl::write_all() {
           SO_CHECK(part && part->src == mine.first && part->n == mine.count, "checkpoint: slice of ", p.name);
           const int64_t at = part->dst - engine.bucket_shard_begin(b);  // in the bucket's shard
           const std::vector<ckpt::Segment>& segs = segments[id];
-          for (size_t k = 0; k < 3; ++k) {
-            const ckpt::TensorGroup& g = ckpt::kGroups[k];
-            const float* values = parts[k] + at;
+          for (const ckpt::TensorGroup& g : ckpt::kGroups) {
             const std::string name = ckpt::data_name(g, p.name);
             const uint64_t data_at = offsets.at(name), table_at = offsets.at(ckpt::checksum_name(g, p.name));
-            // Segment by segment, checksum first: the copy into the I/O buffer then reads the
-            // segment from the cache, not from memory a second time.
             for (size_t i = 0; i < segs.size(); ++i) {
               if (segs[i].first < mine.first || segs[i].first >= mine.first + mine.count) continue;
-              const float* v = values + (segs[i].first - mine.first);
-              const size_t bytes = static_cast<size_t>(segs[i].count) * 4;
-              const uint64_t entry[3] = {static_cast<uint64_t>(segs[i].first), static_cast<uint64_t>(segs[i].count),
-                                         crc32c(v, bytes)};
-              file->write_at(v, bytes, data_at + static_cast<uint64_t>(segs[i].first) * 4,
-                             str_cat("checkpoint save: ", name));
+              const size_t src = static_cast<size_t>(at + segs[i].first - mine.first) * 4;
+              uint32_t crc = 0;
+              file->write_from(
+                  static_cast<size_t>(segs[i].count) * 4, data_at + static_cast<uint64_t>(segs[i].first) * 4,
+                  [&](char* dst, size_t from, size_t n) {
+                    frozen.copy(g.which, src + from, n, dst);
+                    crc = crc32c(dst, n, crc);
+                  },
+                  str_cat("checkpoint save: ", name));
+              const uint64_t entry[3] = {static_cast<uint64_t>(segs[i].first), static_cast<uint64_t>(segs[i].count), crc};
               file->write_at(entry, sizeof entry, table_at + i * sizeof entry,
                              str_cat("checkpoint save: checksums of ", name));
             }
@@ -227,8 +288,10 @@ std::string CheckpointSave::commit() {
         if (n.rfind("step-", 0) == 0 && e.path().extension() == ".h5") old.push_back(e.path());
       }
       std::sort(old.begin(), old.end());
+      std::vector<fs::path> retired;
       for (size_t i = 0; i + static_cast<size_t>(s.keep) < old.size(); ++i)
-        if (old[i] != s.final_path) fs::remove(old[i]);
+        if (old[i] != s.final_path) retired.push_back(old[i]);
+      OldCheckpointRemover::instance().remove(std::move(retired));
     } catch (const std::exception& e) {
       error = str_cat("checkpoint commit of '", s.final_path.string(), "': ", e.what());
     }
@@ -237,6 +300,8 @@ std::string CheckpointSave::commit() {
   s.committed = true;
   return s.final_path.string();
 }
+
+void wait_for_old_checkpoint_removal() { OldCheckpointRemover::instance().wait(); }
 
 std::string save_checkpoint(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainState& state,
                             const std::string& dir, int keep) {
@@ -269,13 +334,14 @@ TrainState load_checkpoint(Engine& engine, Communicator& comm, const RunConfig& 
   const ParamLayout& layout = engine.layout();
   SO_CHECK(ckpt::manifest_of(file.layout()) == ckpt::manifest_of(layout), "checkpoint '", file.path(),
            "': its tensors differ from the model's");
-  std::vector<float> values;  // one buffer for every tensor: no fresh pages per tensor
+  // Straight from the I/O buffers into the engine: no buffer of our own, no fresh pages per tensor.
   for (const ckpt::TensorGroup& g : ckpt::kGroups)
     for (size_t id = 0; id < layout.params.size(); ++id) {
       const ParamSlice mine = engine.owned_slice(static_cast<int>(id));
-      values.resize(static_cast<size_t>(mine.count));
-      file.read_into(ckpt::data_name(g, layout.params[id].name), mine.first, mine.count, values.data());
-      engine.write_owned(static_cast<int>(id), g.which, values);
+      file.read_to(ckpt::data_name(g, layout.params[id].name), mine.first, mine.count,
+                   [&](const float* values, int64_t element, int64_t n) {
+                     engine.write_owned(static_cast<int>(id), g.which, element - mine.first, values, n);
+                   });
     }
   const TrainState s = file.summary().state;
   engine.restore_counters(s.iteration, s.steps_taken, s.last_step_redone);

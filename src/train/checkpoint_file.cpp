@@ -302,6 +302,10 @@ CheckpointFile::CheckpointFile(const std::string& path) : path_(path) {
         const uint64_t bytes = table ? static_cast<uint64_t>(n_segments) * 24 : static_cast<uint64_t>(p.numel) * 4;
         SO_CHECK(at != HADDR_UNDEF && at <= file_size && bytes <= file_size - at, where, ": dataset ", name,
                  " lies outside the ", file_size, "-byte file (truncated, or never written)");
+        // Read by pieces in place (read_to), a dataset of a block or more must start on a whole
+        // value; so_train aligns them to the block (create_file).
+        SO_CHECK(bytes < DirectIoFile::kBlock || at % 8 == 0, where, ": dataset ", name, " starts at byte ", at,
+                 ", not on a whole value (not written by so_train)");
         (table ? table_offset : t.data_offset) = at;
       }
       // The table, read now (it is small) and checked to tile the tensor in chunk-bounded pieces.
@@ -332,17 +336,44 @@ const CheckpointFile::Tensor& CheckpointFile::tensor(const std::string& dataset)
   return it->second;
 }
 
-void CheckpointFile::read_segments(const std::string& dataset, const Tensor& t, size_t a, size_t b, float* out) const {
-  if (a >= b) return;
-  const int64_t first = t.segments[a].first, last = t.segments[b - 1].first + t.segments[b - 1].count;
-  file_->read_at(out, static_cast<size_t>(last - first) * 4, t.data_offset + static_cast<uint64_t>(first) * 4,
-                 str_cat("checkpoint '", path_, "': dataset ", dataset));
-  for (size_t i = a; i < b; ++i) {
-    const Segment& s = t.segments[i];
-    SO_CHECK(crc32c(out + (s.first - first), static_cast<size_t>(s.count) * 4) == t.crcs[i], "checkpoint '", path_,
-             "': dataset ", dataset, " elements [", s.first, ", ", s.first + s.count,
-             ") fail their checksum (the checkpoint is damaged)");
-  }
+void CheckpointFile::read_to(const std::string& dataset, int64_t first, int64_t count, const Deliver& deliver) const {
+  const Tensor& t = tensor(dataset);
+  SO_CHECK(first >= 0 && count >= 0 && first + count <= t.numel, "checkpoint: elements [", first, ", ", first + count,
+           ") of ", dataset, " (", t.numel, " elements)");
+  if (count == 0) return;
+  // Whole segments only: a checksum covers its segment, so the read starts and ends on their edges.
+  const auto begin = t.segments.begin(), end = t.segments.end();
+  size_t seg = std::partition_point(begin, end, [&](const Segment& s) { return s.first + s.count <= first; }) - begin;
+  const size_t last = std::partition_point(begin, end, [&](const Segment& s) { return s.first < first + count; }) - begin;
+  const int64_t lo = t.segments[seg].first, hi = t.segments[last - 1].first + t.segments[last - 1].count;
+  uint32_t crc = 0;
+  const std::string what = str_cat("checkpoint '", path_, "': dataset ", dataset);
+  file_->read_to(static_cast<size_t>(hi - lo) * 4, t.data_offset + static_cast<uint64_t>(lo) * 4,
+                 [&](const char* src, size_t from, size_t n) {
+                   // Pieces split where the file's 4 MiB pieces do: on whole values, since datasets
+                   // read by pieces start on a multiple of 4 (checked at open).
+                   SO_CHECK(from % 4 == 0 && n % 4 == 0, what, ": a read split a value");
+                   const auto* v = reinterpret_cast<const float*>(src);
+                   for (int64_t e = lo + static_cast<int64_t>(from / 4), stop = e + static_cast<int64_t>(n / 4); e < stop;) {
+                     const Segment& s = t.segments[seg];
+                     const int64_t k = std::min(stop, s.first + s.count) - e;  // values of this segment here
+                     crc = crc32c(v, static_cast<size_t>(k) * 4, crc);
+                     const int64_t a = std::max(e, first), b = std::min(e + k, first + count);
+                     if (a < b) deliver(v + (a - e), a, b - a);
+                     v += k, e += k;
+                     if (e == s.first + s.count) {
+                       SO_CHECK(crc == t.crcs[seg], what, " elements [", s.first, ", ", s.first + s.count,
+                                ") fail their checksum (the checkpoint is damaged)");
+                       ++seg, crc = 0;
+                     }
+                   }
+                 },
+                 what);
+}
+
+void CheckpointFile::read_into(const std::string& dataset, int64_t first, int64_t count, float* out) const {
+  read_to(dataset, first, count,
+          [&](const float* v, int64_t e, int64_t n) { std::copy_n(v, n, out + (e - first)); });
 }
 
 std::vector<float> CheckpointFile::read(const std::string& dataset, int64_t first, int64_t count) const {
@@ -351,37 +382,15 @@ std::vector<float> CheckpointFile::read(const std::string& dataset, int64_t firs
   return out;
 }
 
-void CheckpointFile::read_into(const std::string& dataset, int64_t first, int64_t count, float* out) const {
-  const Tensor& t = tensor(dataset);
-  SO_CHECK(first >= 0 && count >= 0 && first + count <= t.numel, "checkpoint: elements [", first, ", ", first + count,
-           ") of ", dataset, " (", t.numel, " elements)");
-  if (count == 0) return;
-  // Whole segments only: a checksum covers its segment, so the read starts and ends on their edges.
-  const auto begin = t.segments.begin(), end = t.segments.end();
-  const size_t a = std::partition_point(begin, end, [&](const Segment& s) { return s.first + s.count <= first; }) - begin;
-  const size_t b = std::partition_point(begin, end, [&](const Segment& s) { return s.first < first + count; }) - begin;
-  const int64_t lo = t.segments[a].first, hi = t.segments[b - 1].first + t.segments[b - 1].count;
-  if (lo == first && hi == first + count) {
-    read_segments(dataset, t, a, b, out);
-    return;
-  }
-  std::vector<float> whole(static_cast<size_t>(hi - lo));
-  read_segments(dataset, t, a, b, whole.data());
-  std::copy_n(whole.begin() + (first - lo), count, out);
-}
-
 std::vector<std::string> CheckpointFile::verify_all() const {
   std::vector<std::string> problems;
-  std::vector<float> buf(static_cast<size_t>(kChunkElements));
-  for (const auto& [name, t] : tensors_)
-    for (size_t i = 0; i < t.segments.size(); ++i) {
-      try {
-        read_segments(name, t, i, i + 1, buf.data());
-      } catch (const Error& e) {
-        problems.push_back(e.what());
-        break;  // one line per damaged tensor
-      }
+  for (const auto& [name, t] : tensors_) {
+    try {
+      read_to(name, 0, t.numel, [](const float*, int64_t, int64_t) {});
+    } catch (const Error& e) {
+      problems.push_back(e.what());  // one line per damaged tensor
     }
+  }
   return problems;
 }
 

@@ -3,6 +3,7 @@
 // and every reader: dataset names, segments and their checksum tables, the metadata document, the
 // HDF5 structure, and a reader that checks all of it before any tensor data is believed.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -75,10 +76,16 @@ class CheckpointFile {
   const CheckpointSummary& summary() const { return summary_; }
   const ParamLayout& layout() const { return layout_; }
   int64_t numel(const std::string& dataset) const { return tensor(dataset).numel; }
-  // Elements [first, first + count) of a tensor, every segment they touch read whole and verified.
-  std::vector<float> read(const std::string& dataset, int64_t first, int64_t count) const;
-  // The same into `out` (count elements): loaders reuse one buffer, touching no new memory.
+  // Elements [first, first + count) of a tensor handed to deliver(values, element, n) in order,
+  // straight from the I/O buffers; every segment they touch is read whole, and its checksum
+  // checked once its last byte has passed. A failing segment throws, naming the dataset and the
+  // elements — after values of it may have been delivered: a caller whose read throws discards
+  // what it got (a failed load is fatal to the run).
+  using Deliver = std::function<void(const float* values, int64_t element, int64_t n)>;
+  void read_to(const std::string& dataset, int64_t first, int64_t count, const Deliver& deliver) const;
+  // The same into memory: out[0, count).
   void read_into(const std::string& dataset, int64_t first, int64_t count, float* out) const;
+  std::vector<float> read(const std::string& dataset, int64_t first, int64_t count) const;
   // Every segment of every tensor checked; one line per problem.
   std::vector<std::string> verify_all() const;
 
@@ -90,9 +97,6 @@ class CheckpointFile {
     std::vector<uint32_t> crcs;
   };
   const Tensor& tensor(const std::string& dataset) const;
-  // Reads segments [a, b) of t into out (the elements from t.segments[a].first on); throws naming
-  // the dataset and the segment whose checksum fails.
-  void read_segments(const std::string& dataset, const Tensor& t, size_t a, size_t b, float* out) const;
 
   std::string path_;
   std::unique_ptr<DirectIoFile> file_;

@@ -106,16 +106,32 @@ class Engine final : public ParamStore, public ModelHooks {
   // A snapshot of the optimizer state for an asynchronous checkpoint, taken lazily: after
   // freeze_state() (between steps), the first change to a bucket's state (the offload pipeline's
   // step, the device step) first copies that bucket aside, unless with_frozen(b) took it already.
-  // with_frozen(b, read) calls read(master, exp_avg, exp_avg_sq), bucket_shard_size(b) values
-  // each, with bucket b's state as of freeze_state(), once. The bucket stays locked while `read`
-  // runs (an optimizer step reaching it waits), so for host state the pointers are the live arrays
-  // and nothing is copied: the writer's only copy is the one into its I/O buffer.
-  using FrozenReader = std::function<void(const float* master, const float* exp_avg, const float* exp_avg_sq)>;
+  // with_frozen(b, read) calls read(frozen) once, with bucket b's state as of freeze_state(). The
+  // bucket stays locked while `read` runs (an optimizer step reaching it waits), so the state is
+  // read where it lives — host arrays in place, device memory by a D2H copy straight into the
+  // caller's buffer — and the writer's only copy is the one into its I/O buffer.
+  class FrozenBucket {
+   public:
+    int64_t size() const { return n_; }  // values per part: bucket_shard_size(b)
+    // Bytes [byte_offset, byte_offset + bytes) of one part of the bucket's shard into dst.
+    void copy(OptimState part, size_t byte_offset, size_t bytes, void* dst) const;
+
+   private:
+    friend class Engine;
+    Backend* backend_ = nullptr;
+    int64_t n_ = 0;
+    const char* host_[3] = {};    // host state, or the optimizer's copy aside
+    const char* device_[3] = {};  // otherwise
+    std::unique_ptr<Event> copied_;
+  };
+  using FrozenReader = std::function<void(const FrozenBucket& frozen)>;
   void freeze_state();
   void with_frozen(size_t b, const FrozenReader& read);
   std::vector<float> read_owned(int param_id, OptimState which);  // slice.count values
   // Master writes also refresh the device copy in model dtype (rounded as every cast rounds).
-  void write_owned(int param_id, OptimState which, const std::vector<float>& values);
+  // Elements [first, first + n) of this rank's owned part (owned_slice); loaders go by pieces
+  // through one reused buffer, touching no new pages.
+  void write_owned(int param_id, OptimState which, int64_t first, const float* values, int64_t n);
   bool last_step_redone() const { return last_step_redone_; }
   // Resuming: the loop's and the optimizer's counters as the checkpoint recorded them.
   void restore_counters(int64_t iteration, int64_t steps_taken, bool last_step_redone) {
@@ -214,7 +230,6 @@ class Engine final : public ParamStore, public ModelHooks {
   };
   std::vector<std::unique_ptr<Frozen>> frozen_;
   std::vector<bf16> write_staging_;     // write_owned's model-dtype copy of master weights
-  std::vector<float> frozen_staging_;   // with_frozen's host copy of a device-resident bucket
   std::atomic<int64_t> frozen_wanted_{0};
 
   int64_t steps_ = 0;

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,6 +33,7 @@ class DirectIoFile {
   static constexpr size_t kBlock = 4096;            // the alignment O_DIRECT needs on Linux
   static constexpr size_t kPieceBytes = 4u << 20;   // one request: the best rate measured here
   static constexpr int kBuffers = 4;                // requests in flight
+  static constexpr size_t kSmallRead = 64u << 10;   // reads below go through the page cache
 
   // allow_direct = false: every transfer buffered (tests compare both paths).
   DirectIoFile(const std::string& path, Mode mode, bool allow_direct = true);
@@ -41,7 +43,17 @@ class DirectIoFile {
 
   // Errors name `what`, the path and the offset.
   void write_at(const void* data, size_t bytes, uint64_t offset, const std::string& what);
+  // The same, the bytes supplied by fill(dst, from, n): copy the source's bytes [from, from + n)
+  // into dst. Calls come in order and cover each byte once, straight into the I/O buffers, so the
+  // source may be anywhere (device memory) and a running checksum can follow the copies.
+  using Fill = std::function<void(char* dst, size_t from, size_t n)>;
+  void write_from(size_t bytes, uint64_t offset, const Fill& fill, const std::string& what);
   void read_at(void* out, size_t bytes, uint64_t offset, const std::string& what);
+  // The same, each piece handed to sink(src, from, n) — the file's bytes [offset + from, + n), in
+  // order — where it lies in the I/O buffer, so the caller checks and places it with no copy of
+  // its own. `src` is valid only during the call.
+  using Sink = std::function<void(const char* src, size_t from, size_t n)>;
+  void read_to(size_t bytes, uint64_t offset, const Sink& sink, const std::string& what);
   void sync(const std::string& what);  // queued writes done, then fdatasync: every byte on the disk
   bool direct() const { return direct_fd_ >= 0; }
   const std::string& path() const { return path_; }
@@ -75,6 +87,7 @@ class DirectIoFile {
   int fd_ = -1, direct_fd_ = -1;
   uint64_t size_ = 0;  // of the file when opened for reading
   std::vector<Request> requests_;
+  std::vector<char> bounce_;  // partial blocks, and every write when nothing goes direct
   int next_ = 0;  // the request the next write uses (round robin keeps them in order)
   std::mutex mu_;
   std::condition_variable cv_;

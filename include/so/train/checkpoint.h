@@ -57,6 +57,10 @@ class CheckpointSave {
   std::unique_ptr<Impl> impl_;
 };
 
+// Commits hand the deletion of checkpoints beyond `keep` to a background thread (freeing a large
+// file can take longer than writing it); this waits until it is done. The next save waits too.
+void wait_for_old_checkpoint_removal();
+
 // A synchronous save: CheckpointSave(...).commit().
 std::string save_checkpoint(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainState& state,
                             const std::string& dir, int keep);
