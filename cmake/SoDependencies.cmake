@@ -51,7 +51,18 @@ if(SO_CUDA)
   find_library(SO_CUDNN_LIB cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
   find_library(SO_NCCL_LIB nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
   find_path(SO_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
-  message(STATUS "so_train: CUDA backend ON (archs ${CMAKE_CUDA_ARCHITECTURES}, cudnn ${SO_CUDNN_LIB}, nccl ${SO_NCCL_LIB})")
+  # cuDNN's C++ frontend (fused attention): header-only, published on PyPI only;
+  # scripts/install-deps.sh unpacks the pinned version under /opt.
+  set(SO_CUDNN_FRONTEND_VERSION 1.32.0)
+  find_path(CUDNN_FRONTEND_INCLUDE_DIR cudnn_frontend.h
+            HINTS /opt/cudnn-frontend-${SO_CUDNN_FRONTEND_VERSION}/include ENV CUDNN_FRONTEND_INCLUDE_DIR)
+  if(NOT CUDNN_FRONTEND_INCLUDE_DIR)
+    message(FATAL_ERROR "cuDNN frontend headers not found: run scripts/install-deps.sh (it unpacks nvidia-cudnn-frontend "
+                        "${SO_CUDNN_FRONTEND_VERSION} from PyPI into /opt), or pass -DCUDNN_FRONTEND_INCLUDE_DIR=DIR, or build "
+                        "without CUDA (-DSO_CUDA=OFF)")
+  endif()
+  message(STATUS "so_train: CUDA backend ON (archs ${CMAKE_CUDA_ARCHITECTURES}, cudnn ${SO_CUDNN_LIB}, nccl ${SO_NCCL_LIB}, "
+                 "cudnn frontend ${CUDNN_FRONTEND_INCLUDE_DIR})")
 else()
   message(STATUS "so_train: CUDA backend OFF")
 endif()

@@ -124,6 +124,7 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       machine.host_bytes = host_bytes;
     } else {
       machine = so::machine_profile(plan_machine, host_bytes);
+      machine.deterministic_attention = cfg.backend.deterministic_attention;
     }
     const std::string chosen = so::resolve_auto_memory(cfg, ranks, machine);
     const so::MemoryPlan plan = so::plan_memory(cfg, ranks, 0, machine);

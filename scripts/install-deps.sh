@@ -4,7 +4,7 @@
 # build enables the CUDA backend by itself.
 set -euo pipefail
 packages=(
-  build-essential cmake pkg-config python3
+  build-essential cmake pkg-config python3 python3-pip
   libopenmpi-dev openmpi-bin            # MPI: launch, CPU-backend collectives, NCCL bootstrap
   libhwloc-dev libnuma-dev              # topology and NUMA-local placement
   libboost-program-options-dev          # command line
@@ -20,9 +20,27 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-echo "install-deps: installing ${missing[*]}"
 sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# cuDNN's C++ frontend (the CUDA backend's fused attention) is header-only and published on PyPI
+# only: the pinned wheel's include/ goes to /opt (the version cmake/SoDependencies.cmake looks for).
+cfe_version=1.32.0
+cfe_dir=/opt/cudnn-frontend-$cfe_version
+if [ -x /usr/local/cuda/bin/nvcc ] && [ ! -f "$cfe_dir/include/cudnn_frontend.h" ]; then
+  echo "install-deps: unpacking nvidia-cudnn-frontend $cfe_version into $cfe_dir"
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "nvidia-cudnn-frontend==$cfe_version"
+  $sudo python3 - "$tmp" "$cfe_dir" <<'PY'
+import glob, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("include/")])
+PY
+  rm -rf "$tmp"
+fi

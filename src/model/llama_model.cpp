@@ -209,6 +209,12 @@ LlamaModel::~LlamaModel() {
   }
 }
 
+std::string LlamaModel::attention_implementation() const {
+  const int64_t P = sp_size();
+  return ops_.attention_implementation(opts_.micro_batch, opts_.seq_len * P, cfg_.num_heads / P,
+                                       cfg_.num_kv_heads * kv_copies_ / P, cfg_.head_dim, opts_.dtype);
+}
+
 void LlamaModel::zero_loss() { backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_); }
 
 float LlamaModel::read_loss() {

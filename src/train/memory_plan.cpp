@@ -171,8 +171,9 @@ MachineProfile machine_profile(const std::string& name, size_t host_bytes_per_ra
   throw Error(str_cat("plan: unknown machine profile '", name, "'; known: ", known));
 }
 
-MachineProfile machine_profile_of(const Backend& backend) {
+MachineProfile machine_profile_of(Backend& backend) {
   MachineProfile m;
+  m.backend = &backend;
   m.name = str_cat("this ", backend.name(), " backend");
   m.device_bytes = backend.memory_stats().capacity;
   m.alignment = backend.allocation_granularity();
@@ -258,8 +259,22 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
   if (sharded && stage >= 2)
     zero = ZeroReplay(layout, buckets, shards, stage, esz, a).peak(static_cast<int>(batch.accumulation),
                                                                   cfg.activation_checkpointing);
-  if (m.cuda)  // rowsum(dout * out): B x local heads x all tokens, fp32 (cuda_ops.cpp)
-    cuda_ws = round_up(static_cast<size_t>(batch.micro * (cfg.model.num_heads / plan.sp) * cfg.data.seq_len) * 4, a);
+  if (m.cuda) {
+    // Attention over all tokens and this rank's heads (LlamaModel::attention_implementation).
+    const int64_t B = batch.micro, S = cfg.data.seq_len, Hq = cfg.model.num_heads / plan.sp, D = cfg.model.head_dim;
+    const int64_t Hkv = cfg.model.num_kv_heads * std::max<int64_t>(1, plan.sp / cfg.model.num_kv_heads) / plan.sp;
+    size_t bytes = static_cast<size_t>(B * Hq * S) * 4;  // the flash backward's fp32 rowsum(dout * out)
+    if (m.backend) {
+      bytes = m.backend->ops().attention_workspace_bytes(B, S, Hq, Hkv, D, cfg.dtype);
+    } else if (cfg.dtype == DType::BF16 && m.deterministic_attention) {
+      // Another machine: cuDNN's deterministic backward holds B x Hq x ceil64(S)^2 bf16 on Hopper,
+      // and the backend takes it only while that is at most 1/16 of the device (cuda_ops.cpp).
+      const size_t s64 = static_cast<size_t>((S + 63) / 64 * 64);
+      const size_t det = static_cast<size_t>(B * Hq) * s64 * s64 * 2;
+      if (m.device_bytes == 0 || det <= m.device_bytes / 16) bytes = det;
+    }
+    cuda_ws = round_up(bytes, a);
+  }
   const size_t running = rings + zero + cuda_ws;
   if (probe > running) {
     plan.device.push_back({"link/cast probe at start-up (transient)", probe, "freed before training"});
@@ -272,7 +287,7 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
     if (zero)
       plan.device.push_back({"ZeRO buckets in flight (gathered weights + full gradients)", zero,
                              str_cat("most at once, replaying stage ", stage, "'s schedule")});
-    if (cuda_ws) plan.device.push_back({"CUDA attention-backward workspace", cuda_ws, ""});
+    if (cuda_ws) plan.device.push_back({"CUDA attention workspace", cuda_ws, m.backend ? "" : "estimated for another machine (cuDNN sizes it there)"});
   }
   for (const PlanTerm& t : plan.device) plan.device_peak += t.bytes;
 

@@ -244,6 +244,10 @@ void parse_backend(JsonReader r, RunConfig& c) {
   const int64_t mb = r.get_in("device_memory_limit_mb", 0, 0, int64_t{1} << 40);
   c.backend.device_memory_limit = static_cast<size_t>(mb) << 20;
   c.backend.compute_threads = static_cast<int>(r.get_in("threads", 0, 0, 65536));
+  c.backend.attention = r.get<std::string>("attention", "auto");
+  if (c.backend.attention != "auto" && c.backend.attention != "cudnn" && c.backend.attention != "flash")
+    r.fail("attention", "is '" + c.backend.attention + "'; supported: auto, cudnn, flash");
+  c.backend.deterministic_attention = r.get<bool>("deterministic_attention", true);
   r.finish();
 }
 

@@ -151,6 +151,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   const double flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len);
   const double peak = cfg.peak_tflops > 0 ? cfg.peak_tflops : backend->peak_tflops(cfg.dtype);
   const bool lead = comm.rank() == 0;
+  const std::string attention = model.attention_implementation();  // every rank builds its plans now
   if (lead) {
     log_info(str_cat("batch: ", batch.global, " sequences of ", cfg.data.seq_len, " tokens per step = micro-batch ",
                      batch.micro, " x gradient accumulation ", batch.accumulation, " x data-parallel size ",
@@ -159,6 +160,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
                      "M parameters, ", cfg.model.num_layers, " layers, ", engine.buckets().size(), " buckets, ",
                      dtype_name(cfg.dtype)));
     if (!auto_choice.empty()) log_info(auto_choice);
+    log_info(str_cat("attention: ", attention));
     log_info(str_cat("backend ", backend->name(), ": ", mib(backend->memory_stats().in_use), " MiB allocated (",
                      mib(engine.state_bytes()), " MiB parameter/optimizer state; planned device peak ",
                      mib(plan.device_peak), " MiB on rank 0), peak ", peak,

@@ -161,6 +161,16 @@ std::string forced_kernel_refuses(int64_t D, DType dt) {
                  " with D ", D);
 }
 
+// SO_TEST_ATTENTION=cudnn makes the CUDA backend require cuDNN's fused attention
+// (BackendOptions::attention), which takes bf16 with D a multiple of 8 up to 256 and S >= 2.
+std::string forced_cudnn_refuses(int64_t S, int64_t D, DType dt) {
+  const char* forced = std::getenv("SO_TEST_ATTENTION");
+  if (!forced || std::string(forced) != "cudnn" || (dt == DType::BF16 && D % 8 == 0 && D <= 256 && S >= 2)) return "";
+  return str_cat("backend.attention=cudnn takes bf16 with D a multiple of 8 up to 256 and S >= 2; this case is ",
+                 dtype_name(dt), " with D ", D, ", S ", S);
+}
+
+
 void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
 
 // Joins the non-empty name parts with '_', keeping only characters gtest accepts.
@@ -277,6 +287,11 @@ struct AttnShape {
   int64_t B, S, Hq, Hkv, D;
 };
 
+std::string attention_refusal(AttnShape a, DType dt) {
+  const std::string k = forced_kernel_refuses(a.D, dt);
+  return k.empty() ? forced_cudnn_refuses(a.S, a.D, dt) : k;
+}
+
 std::string attn_name(const char* op, AttnShape a, DType dt) {
   return case_name(op, dn(dt), "B", a.B, "S", a.S, "Hq", a.Hq, "Hkv", a.Hkv, "D", a.D);
 }
@@ -300,7 +315,7 @@ OpCase attention_forward_case(AttnShape a, DType dt) {
             r.expect("out", out, a.B * a.S * a.Hq * a.D, dt, OpClass::AttentionFwd);
             r.expect("lse", lse, a.B * a.Hq * a.S, DType::F32, OpClass::AttentionFwd);
           },
-          [=] { return forced_kernel_refuses(a.D, dt); }};
+          [=] { return attention_refusal(a, dt); }};
 }
 
 // out and lse come from the same backend's forward, as in training.
@@ -319,7 +334,7 @@ OpCase attention_backward_case(AttnShape a, DType dt) {
             r.expect("dk", dk, nkv, dt, OpClass::AttentionBwd);
             r.expect("dv", dv, nkv, dt, OpClass::AttentionBwd);
           },
-          [=] { return forced_kernel_refuses(a.D, dt); }};
+          [=] { return attention_refusal(a, dt); }};
 }
 
 OpCase swiglu_case(int64_t n, bool backward, DType dt) {
@@ -535,9 +550,13 @@ std::vector<OpCase> large_cases() {
 
 // ---- the tests ---------------------------------------------------------------------------------
 
+// The CUDA backend's attention as the ctest entry asks (tests/gpu/cuda_tests.cmake): auto by
+// default, SO_TEST_ATTENTION=cudnn|flash, SO_TEST_DETERMINISTIC_ATTENTION=0 for cuDNN's atomics.
 std::unique_ptr<Backend> backend_of_type(const char* type) {
   BackendOptions o;
   o.type = type;
+  if (const char* a = std::getenv("SO_TEST_ATTENTION")) o.attention = a;
+  if (const char* d = std::getenv("SO_TEST_DETERMINISTIC_ATTENTION")) o.deterministic_attention = std::string(d) != "0";
   return create_backend(o);
 }
 
@@ -633,6 +652,33 @@ TEST_P(CudaOps, RunToRunBitwise) {
     const int64_t n = count_bit_mismatches(a[o], b[o]);
     EXPECT_EQ(n, 0) << a[o].name << ": " << n << " elements differ between two identical CUDA runs (order-dependent "
                     << "atomics?); first at " << first_bit_mismatch(a[o], b[o]);
+  }
+}
+
+// Which attention runs is decided per shape, reported, and a requirement that cannot be met is an
+// error naming the shape: fp32 never goes to cuDNN; "flash" never does; "cudnn" refuses fp32.
+TEST(AttentionChoice, ReportedPerShapeAndForcedModesHold) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const auto with = [](const char* mode) {
+    BackendOptions o;
+    o.type = "cuda";
+    o.attention = mode;
+    return create_backend(o);
+  };
+  const std::string fp32 = with("auto")->ops().attention_implementation(1, 128, 4, 2, 64, DType::F32);
+  EXPECT_NE(fp32.find("flash kernels"), std::string::npos) << fp32;
+  EXPECT_NE(fp32.find("takes bf16"), std::string::npos) << fp32;
+  const std::string auto_bf16 = with("auto")->ops().attention_implementation(1, 128, 4, 2, 64, DType::BF16);
+  std::printf("  auto, bf16 B 1 S 128 Hq 4 Hkv 2 D 64: %s\n", auto_bf16.c_str());
+  EXPECT_TRUE(auto_bf16.rfind("cuDNN", 0) == 0 || auto_bf16.find("not cuDNN: ") != std::string::npos) << auto_bf16;
+  const std::string flash = with("flash")->ops().attention_implementation(1, 128, 4, 2, 64, DType::BF16);
+  EXPECT_NE(flash.find("backend.attention is flash"), std::string::npos) << flash;
+  try {
+    with("cudnn")->ops().attention_implementation(1, 128, 4, 2, 64, DType::F32);
+    ADD_FAILURE() << "backend.attention=cudnn accepted fp32";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backend.attention is cudnn"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("S=128"), std::string::npos) << e.what();
   }
 }
 

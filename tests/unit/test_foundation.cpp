@@ -245,6 +245,13 @@ TEST(RunConfig, RejectsWithTheKeyPath) {
   doc = demo_config();
   doc["data"]["seq_len"] = 4096;
   EXPECT_NE(config_error(doc).find("max_position_embeddings"), std::string::npos);
+  doc = demo_config();
+  doc["backend"]["attention"] = "sdpa";
+  EXPECT_NE(config_error(doc).find("'backend.attention' is 'sdpa'; supported: auto, cudnn, flash"), std::string::npos)
+      << config_error(doc);
+  doc = demo_config();
+  doc["backend"]["deterministic_attention"] = "yes";
+  EXPECT_NE(config_error(doc).find("'backend.deterministic_attention' must be"), std::string::npos) << config_error(doc);
 }
 
 // DeepSpeed's rules (deepspeed/runtime/config.py), the cases its own code was run on.

@@ -149,7 +149,8 @@ TEST_P(OnBackend, OffloadedCheckpointsAreBitwiseAndTilesChangeOnlyTheOrderOfSums
 TEST_P(OnBackend, PlannedDevicePeakIsTheMeasuredPeakOnOneRank) {
   BackendOptions bo;
   bo.type = GetParam();
-  const MachineProfile machine = machine_profile_of(*create_backend(bo));
+  const std::unique_ptr<Backend> backend = create_backend(bo);
+  const MachineProfile machine = machine_profile_of(*backend);
   for (const char* train_keys : {"", R"(, "activation_checkpointing": true, "activation_offload": true)",
                                  R"(, "activation_checkpointing": true, "mlp_tile_tokens": 50)"})
     for (const OffloadMode mode : {OffloadMode::None, OffloadMode::SuperOffload}) {

@@ -89,6 +89,13 @@ struct BackendOptions {
   size_t device_memory_limit = 0;  // bytes; 0 = unlimited (CPU backend: emulated HBM budget)
   int compute_threads = 0;       // CPU backend: BLAS/compute threads; 0 = all cores of the process
   std::vector<int> compute_cores;  // CPU backend: cores the compute stream is pinned to; empty = unpinned
+  // CUDA backend: "auto" (cuDNN's fused SDPA where it takes the shape, else our flash kernels),
+  // "cudnn" (required: an error where it does not) or "flash".
+  std::string attention = "auto";
+  // cuDNN's backward without atomics, so that runs and resumes repeat bit for bit. Where its
+  // workspace (about B*Hq*S^2*2 bytes on Hopper) would exceed 1/16 of the device, "auto" uses the
+  // flash kernels (deterministic too) and says so.
+  bool deterministic_attention = true;
 };
 
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts);

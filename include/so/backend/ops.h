@@ -53,6 +53,11 @@ class Ops {
   virtual void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
                                  int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
                                  DType dt) = 0;
+  // Which implementation attention_forward/backward use for this shape, and why (printed at start-up).
+  virtual std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) = 0;
+  // The most device memory attention_forward/backward draw from the pool at once for this shape
+  // (the memory planner's term).
+  virtual size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) = 0;
   // dq, dk, dv are overwritten.
   virtual void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
                                   const void* k, const void* v, const void* out, const float* lse, int64_t B,

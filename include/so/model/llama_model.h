@@ -78,6 +78,10 @@ class LlamaModel {
   void forward_backward(const TokenBatch& batch, ParamStore& params, ModelHooks& hooks, float loss_scale,
                         bool backward);
 
+  // The attention implementation the backend runs for this model's shape (all tokens, this rank's
+  // heads under Ulysses), and why.
+  std::string attention_implementation() const;
+
   void zero_loss();
   // Synchronises and returns the accumulated loss.
   float read_loss();

@@ -25,6 +25,8 @@ struct MachineProfile {
   size_t host_bytes = 0;    // per rank; 0 = not known
   size_t alignment = 64;    // the device allocator's rounding (CPU backend 64, CUDA 512)
   bool cuda = false;        // CUDA kernels draw workspaces from the pool too
+  Backend* backend = nullptr;  // this run's (machine_profile_of): its ops size their own workspaces
+  bool deterministic_attention = true;  // other CUDA machines: as backend.deterministic_attention
 };
 
 // gh200-96, gh200-144, h100-80; host_bytes_per_rank 0 = the node's host memory shared by its GPUs
@@ -32,7 +34,7 @@ struct MachineProfile {
 MachineProfile machine_profile(const std::string& name, size_t host_bytes_per_rank);
 std::vector<std::string> machine_profile_names();
 // The backend the run has: its capacity (device_memory_limit_mb on the CPU backend) and rounding.
-MachineProfile machine_profile_of(const Backend& backend);
+MachineProfile machine_profile_of(Backend& backend);
 
 struct PlanTerm {
   std::string name;

@@ -71,6 +71,12 @@ void CpuOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64
   }));
 }
 
+std::string CpuOps::attention_implementation(int64_t, int64_t, int64_t, int64_t, int64_t, DType) {
+  return "CPU tiled attention (the reference)";
+}
+
+size_t CpuOps::attention_workspace_bytes(int64_t, int64_t, int64_t, int64_t, int64_t, DType) { return 0; }
+
 void CpuOps::attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
                                int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
   const AttentionShape sh{B, S, Hq, Hkv, D, scale};

@@ -24,6 +24,8 @@ class CpuOps final : public Ops {
             bool inverse, DType dt) override;
   void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v, int64_t B,
                          int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) override;
+  std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) override;
+  size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) override;
   void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                           const void* v, const void* out, const float* lse, int64_t B, int64_t S, int64_t Hq,
                           int64_t Hkv, int64_t D, float scale, DType dt) override;

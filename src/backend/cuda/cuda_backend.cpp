@@ -111,7 +111,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) : device_(opts.device < 0 ?
     anchors_.push_back(take_anchor());
   }
   gemm_ = std::make_unique<CublasLtGemm>();
-  ops_ = std::make_unique<CudaOps>(*this, *gemm_, error_record_device_);
+  ops_ = std::make_unique<CudaOps>(*this, *gemm_, error_record_device_, opts.attention, opts.deterministic_attention);
 
   cudaDeviceProp prop{};
   SO_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));

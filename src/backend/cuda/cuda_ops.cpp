@@ -1,8 +1,12 @@
 #include "cuda_ops.h"
 
+#include <cmath>
+#include <cstdlib>
 #include <utility>
 
 #include "cuda_attention.h"
+#include "cuda_check.h"
+#include "cudnn_sdpa.h"
 #include "cuda_gemm.h"
 #include "cuda_kernels.h"
 #include "cuda_stream.h"
@@ -10,8 +14,18 @@
 
 namespace so::cuda {
 
-CudaOps::CudaOps(Backend& backend, CublasLtGemm& gemm, DeviceError* device_error)
-    : backend_(backend), gemm_(gemm), device_error_(device_error) {}
+CudaOps::CudaOps(Backend& backend, CublasLtGemm& gemm, DeviceError* device_error, const std::string& attention,
+                 bool deterministic_attention)
+    : backend_(backend),
+      gemm_(gemm),
+      device_error_(device_error),
+      attention_mode_(attention),
+      deterministic_attention_(deterministic_attention) {
+  SO_CHECK(attention == "auto" || attention == "cudnn" || attention == "flash", "backend.attention is '", attention,
+           "'; choose auto, cudnn or flash");
+}
+
+CudaOps::~CudaOps() = default;
 
 void* CudaOps::scratch(Stream& s, size_t bytes) {
   DeviceBuffer& buf = scratch_[static_cast<int>(s.kind())];
@@ -54,14 +68,80 @@ void CudaOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int6
   launch_rope(raw(s), x, positions, T, heads, head_dim, theta, inverse, dt);
 }
 
+const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                                          DType dt) {
+  std::lock_guard<std::mutex> lock(attention_mu_);
+  const auto key = std::tuple{B, S, Hq, Hkv, D, dt};
+  if (auto it = attention_choices_.find(key); it != attention_choices_.end()) return it->second;
+  const char* forced = std::getenv("SO_ATTENTION_KERNEL");  // a flash variant forced (tests, benchmarks)
+  const std::string flash = "flash kernels (ours)";
+  std::string why;
+  if (attention_mode_ == "flash" || (forced != nullptr && *forced != '\0')) {
+    why = attention_mode_ == "flash" ? "backend.attention is flash" : "SO_ATTENTION_KERNEL is set";
+  } else if (dt != DType::BF16) {
+    why = str_cat("cuDNN's fused attention takes bf16, this run is ", dtype_name(dt));
+  } else {
+    const SdpaShape shape{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
+    if (!sdpa_) sdpa_ = std::make_unique<CudnnSdpa>(deterministic_attention_);
+    why = sdpa_->check_support(shape);
+    if (why.empty() && deterministic_attention_ && attention_mode_ == "auto") {
+      // The deterministic backward's workspace grows as S^2 on Hopper: past a sixteenth of the
+      // device, the flash kernels (deterministic and O(S)) serve instead.
+      size_t free_bytes = 0, total_bytes = 0;
+      SO_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+      const size_t ws = sdpa_->backward_workspace(shape);
+      if (ws > total_bytes / 16)
+        why = str_cat("cuDNN's deterministic backward needs ", ws >> 20, " MiB of workspace at S=", S,
+                      " (backend.deterministic_attention=false runs cuDNN's backward with atomics)");
+    }
+  }
+  AttentionChoice c;
+  if (why.empty()) {
+    c.cudnn = true;
+    c.description = str_cat("cuDNN ", sdpa_->version(), " fused SDPA (", deterministic_attention_ ? "deterministic" : "atomic",
+                            " backward)");
+  } else {
+    SO_CHECK(attention_mode_ != "cudnn", "backend.attention is cudnn, but cuDNN cannot take attention over B=", B,
+             " S=", S, " Hq=", Hq, " Hkv=", Hkv, " D=", D, " ", dtype_name(dt), ": ", why);
+    c.description = str_cat(flash, " — not cuDNN: ", why);
+  }
+  return attention_choices_.emplace(key, std::move(c)).first->second;
+}
+
+std::string CudaOps::attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) {
+  return attention_choice(B, S, Hq, Hkv, D, dt).description;
+}
+
+size_t CudaOps::attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) {
+  if (!attention_choice(B, S, Hq, Hkv, D, dt).cudnn) return attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
+  const SdpaShape shape{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
+  return std::max(sdpa_->forward_workspace(shape), sdpa_->backward_workspace(shape));
+}
+
 void CudaOps::attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
                                 int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
+  if (attention_choice(B, S, Hq, Hkv, D, dt).cudnn) {
+    const SdpaShape shape{B, S, Hq, Hkv, D, scale};
+    const size_t bytes = sdpa_->forward_workspace(shape);
+    DeviceBuffer workspace = bytes > 0 ? backend_.alloc(bytes, "cuDNN attention workspace") : DeviceBuffer{};
+    sdpa_->forward(raw(s), shape, out, lse, q, k, v, workspace.data());
+    if (workspace) backend_.release_after(std::move(workspace), s);
+    return;
+  }
   cuda::attention_forward(raw(s), out, lse, q, k, v, B, S, Hq, Hkv, D, scale, dt);
 }
 
 void CudaOps::attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
                                  const void* k, const void* v, const void* out, const float* lse, int64_t B,
                                  int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
+  if (attention_choice(B, S, Hq, Hkv, D, dt).cudnn) {
+    const SdpaShape shape{B, S, Hq, Hkv, D, scale};
+    const size_t bytes = sdpa_->backward_workspace(shape);
+    DeviceBuffer workspace = bytes > 0 ? backend_.alloc(bytes, "cuDNN attention workspace") : DeviceBuffer{};
+    sdpa_->backward(raw(s), shape, dq, dk, dv, dout, q, k, v, out, lse, workspace.data());
+    if (workspace) backend_.release_after(std::move(workspace), s);
+    return;
+  }
   // Its own buffer (rowsum(dout * out) in fp32, B*Hq*S floats), drawn from the caching allocator
   // and handed back in stream order rather than kept as scratch.
   const size_t bytes = attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);

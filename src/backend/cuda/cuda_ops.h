@@ -1,10 +1,16 @@
 #pragma once
 // Ops of the CUDA backend: each call enqueues on the given stream's cudaStream_t. GEMMs go to
-// cuBLASLt (CublasLtGemm), attention to the flash-attention kernels (cuda_attention.h), everything
+// cuBLASLt (CublasLtGemm), attention to cuDNN's fused SDPA (cudnn_sdpa.h) or our flash kernels
+// (cuda_attention.h) per BackendOptions::attention, everything
 // else to the kernels of cuda_kernels.h. Bad token ids / targets are recorded in device_error and
 // raised by the backend at synchronisation.
 #include <array>
 #include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
 
 #include "cuda_device_error.h"
 #include "so/backend/backend.h"
@@ -13,11 +19,15 @@
 namespace so::cuda {
 
 class CublasLtGemm;
+class CudnnSdpa;
 
 class CudaOps final : public Ops {
  public:
   // device_error: a device-visible pointer into host-mapped memory owned by the backend.
-  CudaOps(Backend& backend, CublasLtGemm& gemm, DeviceError* device_error);
+  // attention, deterministic_attention: BackendOptions'.
+  CudaOps(Backend& backend, CublasLtGemm& gemm, DeviceError* device_error, const std::string& attention,
+          bool deterministic_attention);
+  ~CudaOps() override;
 
   void gemm(Stream& s, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
             const void* B, DType ab, float beta, void* C, DType c) override;
@@ -33,6 +43,8 @@ class CudaOps final : public Ops {
             bool inverse, DType dt) override;
   void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v, int64_t B,
                          int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) override;
+  std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) override;
+  size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) override;
   void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                           const void* v, const void* out, const float* lse, int64_t B, int64_t S, int64_t Hq,
                           int64_t Hkv, int64_t D, float scale, DType dt) override;
@@ -57,10 +69,23 @@ class CudaOps final : public Ops {
   // be issued from one host thread at a time (as for any stream-ordered use).
   void* scratch(Stream& s, size_t bytes);
 
+  // Attention by cuDNN's fused SDPA or our flash kernels, decided per shape on first use and kept,
+  // so that a forward and its backward always agree.
+  struct AttentionChoice {
+    bool cudnn = false;
+    std::string description;  // what runs, and why when it is not cuDNN
+  };
+  const AttentionChoice& attention_choice(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt);
+
   Backend& backend_;
   CublasLtGemm& gemm_;
   DeviceError* device_error_;
   std::array<DeviceBuffer, kNumStreamKinds> scratch_;
+  std::string attention_mode_;  // auto | cudnn | flash
+  bool deterministic_attention_;
+  std::unique_ptr<CudnnSdpa> sdpa_;
+  std::mutex attention_mu_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, DType>, AttentionChoice> attention_choices_;
 };
 
 }  // namespace so::cuda

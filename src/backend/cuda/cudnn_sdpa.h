@@ -1,0 +1,61 @@
+#pragma once
+// Causal grouped-query attention through cuDNN's fused flash SDPA (the cuDNN frontend's graph API),
+// bf16, forward and backward, in the layouts of Ops::attention_forward/backward:
+// q/out/dout/dq [B*S, Hq*D], k/v/dk/dv [B*S, Hkv*D], lse fp32 [B, Hq, S]. cuDNN's softmax stats
+// are the natural-log log-sum-exp of each scaled, masked score row — what our flash kernels store
+// — so `lse` means the same whichever implementation wrote it.
+//
+// cuDNN is loaded at run time (the frontend's dynamic loading): a machine without it, or with one
+// too old, is told so by check_support and falls back, and nothing here links against it. The
+// frontend's headers stay inside cudnn_sdpa.cpp (they bring their own JSON serialisers).
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace so::cuda {
+
+struct SdpaShape {
+  int64_t B = 0, S = 0, Hq = 0, Hkv = 0, D = 0;
+  float scale = 0.0f;
+};
+
+// The shape rules of cuDNN's fused kernels (bf16, D a multiple of 8 up to 256, Hq a multiple of
+// Hkv, S >= 2), without a GPU; "" when they hold, else why not.
+std::string cudnn_sdpa_shape_refusal(const SdpaShape& s);
+
+// One cuDNN handle (of the device current at construction) and the graphs built for it, one per
+// shape and direction, built on first use and kept: building costs milliseconds to a few hundred,
+// executing microseconds. Calls are serialised (the handle's stream is set per call).
+class CudnnSdpa {
+ public:
+  // deterministic_backward: cuDNN's backward without atomics (bitwise repeatable; on Hopper it
+  // needs a workspace of about B*Hq*S^2*2 bytes, see backward_workspace).
+  explicit CudnnSdpa(bool deterministic_backward);
+  ~CudnnSdpa();
+  CudnnSdpa(const CudnnSdpa&) = delete;
+  CudnnSdpa& operator=(const CudnnSdpa&) = delete;
+
+  // "" when cuDNN is loaded, new enough for this GPU, and builds both graphs of the shape; else
+  // the reason (the library missing, the version, the engine's refusal).
+  std::string check_support(const SdpaShape& s);
+  std::string version() const;  // of the loaded cuDNN, e.g. "9.13.0"
+  bool deterministic_backward() const { return deterministic_; }
+
+  size_t forward_workspace(const SdpaShape& s);
+  size_t backward_workspace(const SdpaShape& s);
+  void forward(cudaStream_t stream, const SdpaShape& s, void* out, float* lse, const void* q, const void* k,
+               const void* v, void* workspace);
+  // dq, dk, dv are overwritten.
+  void backward(cudaStream_t stream, const SdpaShape& s, void* dq, void* dk, void* dv, const void* dout,
+                const void* q, const void* k, const void* v, const void* out, const float* lse, void* workspace);
+
+ private:
+  struct Impl;
+  bool deterministic_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace so::cuda
