@@ -175,14 +175,15 @@ for l in lines("peaks.log"): print("    " + l)
 print("\n## Ops (so_bench ops)\n")
 for l in lines("ops.log"): print("    " + l)
 print("\n## Training (so_train; means over steps 2..N)\n")
-print("| run | steps | tokens/s | TFLOP/s | MFU | peak mem MiB | exposed optimizer ms |")
-print("|---|---|---|---|---|---|---|")
+print("| run | steps | tokens/s | TFLOP/s | MFU (causal) | MFU (non-causal) | of measured GEMM | peak mem MiB | exposed optimizer ms |")
+print("|---|---|---|---|---|---|---|---|---|")
 for p in sorted(glob.glob(os.path.join(r, "train-*.jsonl"))):
     rows = [json.loads(l) for l in open(p)][1:]
     if not rows: continue
     mean = lambda k: sum(x[k] for x in rows) / len(rows)
     print(f"| {os.path.basename(p)[6:-6]} | {len(rows) + 1} | {mean('tokens_per_s'):.0f} | {mean('tflops'):.1f} | "
-          f"{100 * mean('mfu'):.1f}% | {max(x['peak_mem_mib'] for x in rows):.0f} | {1e3 * mean('exposed_optimizer_s'):.1f} |")
+          f"{100 * mean('mfu'):.1f}% | {100 * mean('mfu_noncausal'):.1f}% | {100 * mean('mfu_gemm'):.1f}% | "
+          f"{max(x['peak_mem_mib'] for x in rows):.0f} | {1e3 * mean('exposed_optimizer_s'):.1f} |")
 print("\n## Peers (bench/peers)\n")
 for p in sorted(glob.glob(os.path.join(r, "peer-*.log"))):
     for l in open(p):

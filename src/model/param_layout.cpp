@@ -58,13 +58,14 @@ int ParamLayout::find(const std::string& name) const {
   return -1;
 }
 
-double train_flops_per_token(const ModelConfig& c, int64_t seq_len) {
+double train_flops_per_token(const ModelConfig& c, int64_t seq_len, bool causal) {
   const double H = static_cast<double>(c.hidden_size);
   const double matmul_params_per_layer =
       H * c.q_dim() + 2.0 * H * c.kv_dim() + static_cast<double>(c.q_dim()) * H + 3.0 * H * c.intermediate_size;
   const double matmul_params = c.num_layers * matmul_params_per_layer + static_cast<double>(c.vocab_size) * H;
   // QK^T and PV: 2 matmuls x 2 FLOPs x head_dim x heads per (query, visible key) pair.
-  const double attn_fwd = c.num_layers * 4.0 * c.head_dim * c.num_heads * (seq_len + 1) / 2.0;
+  const double keys = causal ? (seq_len + 1) / 2.0 : static_cast<double>(seq_len);
+  const double attn_fwd = c.num_layers * 4.0 * c.head_dim * c.num_heads * keys;
   return 3.0 * (2.0 * matmul_params + attn_fwd);
 }
 

@@ -16,10 +16,12 @@ MetricsSink::MetricsSink(const std::string& path) : path_(path) {
 std::string format_step_line(const StepMetrics& m, int64_t total_steps) {
   char buf[400];
   std::snprintf(buf, sizeof(buf),
-                "step %5lld/%lld | loss %.4f | lr %.3e | grad-norm %.3f%s | %.0f tok/s | %.3f TFLOP/s | MFU %.1f%% | "
-                "opt exposed %.1f ms (cpu %.1f ms) | mem %.1f MiB (peak %.1f)",
+                "step %5lld/%lld | loss %.4f | lr %.3e | grad-norm %.3f%s | %.0f tok/s | %.3f TFLOP/s | MFU %.1f%% "
+                "(non-causal %.1f%%, of measured GEMM %.1f%%) | opt exposed %.1f ms (cpu %.1f ms) | mem %.1f MiB "
+                "(peak %.1f)",
                 static_cast<long long>(m.step), static_cast<long long>(total_steps), m.loss, m.lr, m.grad_norm,
                 m.skipped ? " (skipped: non-finite)" : "", m.tokens_per_s, m.tflops, 100.0 * m.mfu,
+                100.0 * m.mfu_noncausal, 100.0 * m.mfu_gemm,
                 1e3 * m.exposed_optimizer_s, 1e3 * m.optimizer_busy_s, m.mem_mib, m.peak_mem_mib);
   return buf;
 }
@@ -31,6 +33,7 @@ void MetricsSink::write(const StepMetrics& m, int64_t total_steps, bool print) {
                       {"grad_norm", m.grad_norm}, {"skipped", m.skipped}, {"step_seconds", m.seconds},
                       {"exposed_optimizer_s", m.exposed_optimizer_s}, {"optimizer_busy_s", m.optimizer_busy_s},
                       {"tokens_per_s", m.tokens_per_s}, {"tflops", m.tflops}, {"mfu", m.mfu},
+                      {"mfu_noncausal", m.mfu_noncausal}, {"mfu_gemm", m.mfu_gemm},
                       {"mem_mib", m.mem_mib},     {"peak_mem_mib", m.peak_mem_mib}};
   jsonl_ << j.dump() << '\n';
   jsonl_.flush();

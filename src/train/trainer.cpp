@@ -149,7 +149,9 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   // so the step sees the mean over the global batch.
   const int64_t tokens_per_step = global_batch * cfg.data.seq_len;
   const double flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len);
+  const double flops_noncausal = train_flops_per_token(cfg.model, cfg.data.seq_len, false);
   const double peak = cfg.peak_tflops > 0 ? cfg.peak_tflops : backend->peak_tflops(cfg.dtype);
+  const double gemm_peak = backend->measured_gemm_tflops(cfg.dtype);
   const bool lead = comm.rank() == 0;
   const std::string attention = model.attention_implementation();  // every rank builds its plans now
   if (lead) {
@@ -164,7 +166,8 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     log_info(str_cat("backend ", backend->name(), ": ", mib(backend->memory_stats().in_use), " MiB allocated (",
                      mib(engine.state_bytes()), " MiB parameter/optimizer state; planned device peak ",
                      mib(plan.device_peak), " MiB on rank 0), peak ", peak,
-                     " TFLOP/s for MFU; data ", source->describe(), " (", source->size(), " tokens); ",
+                     " TFLOP/s for MFU (attention counted causally; the non-causal figure beside it), ", gemm_peak,
+                     " TFLOP/s measured GEMM; data ", source->describe(), " (", source->size(), " tokens); ",
                      tokens_per_step, " tokens/step, ", flops_per_token / 1e6, " MFLOP/token"));
     if (offload)
       log_info(str_cat("cores: compute stream on ", format_core_list(cores.compute), ", optimizer pool on ",
@@ -188,6 +191,8 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     m.tokens_per_s = tokens_per_step / m.seconds;
     m.tflops = m.tokens_per_s * flops_per_token / 1e12;
     m.mfu = peak > 0 ? m.tflops / peak : 0.0;
+    m.mfu_noncausal = peak > 0 ? m.tokens_per_s * flops_noncausal / 1e12 / peak : 0.0;
+    m.mfu_gemm = gemm_peak > 0 ? m.tflops / gemm_peak : 0.0;
     sink.write(m, cfg.steps, lead && (m.step % cfg.log_every == 0 || m.step == 1 || m.step == cfg.steps));
     std::fflush(stdout);
     tokens_per_s_sum += m.tokens_per_s;

@@ -421,6 +421,9 @@ TEST(Model, FlopsAndBucketsFollowTheLayout) {
   const int64_t S = 128;
   const double attn = c.num_layers * 4.0 * c.head_dim * c.num_heads * (S + 1) / 2.0;
   EXPECT_DOUBLE_EQ(train_flops_per_token(c, S), 3.0 * (2.0 * matmul + attn));
+  // Non-causal: every query against all S keys.
+  const double attn_all = c.num_layers * 4.0 * c.head_dim * c.num_heads * S;
+  EXPECT_DOUBLE_EQ(train_flops_per_token(c, S, false), 3.0 * (2.0 * matmul + attn_all));
 
   const auto buckets = make_buckets(L, 20000);
   ASSERT_GT(buckets.size(), 3u);

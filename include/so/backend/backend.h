@@ -77,6 +77,9 @@ class Backend {
 
   // Dense peak the backend can reach (for MFU), in TFLOP/s for the given dtype.
   virtual double peak_tflops(DType dt) = 0;
+  // A large square GEMM timed on this device once (buffers outside the pool: the run's memory plan
+  // is untouched), TFLOP/s: the rate MFU is also reported against. The CPU's peak is this already.
+  virtual double measured_gemm_tflops(DType dt) = 0;
 
  protected:
   friend class DeviceBuffer;

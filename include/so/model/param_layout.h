@@ -38,6 +38,8 @@ struct ParamLayout {
 
 // Exact model FLOPs per trained token (forward + backward, no recompute): every matmul counts
 // 2 FLOPs per multiply-add, and causal attention counts the (S+1)/2 keys a query sees on average.
-double train_flops_per_token(const ModelConfig& cfg, int64_t seq_len);
+// causal = true counts attention's score and value products over the visible (query, key) pairs
+// only, (S + 1) / 2 per query; false over all S, the convention most published MFU figures use.
+double train_flops_per_token(const ModelConfig& cfg, int64_t seq_len, bool causal = true);
 
 }  // namespace so

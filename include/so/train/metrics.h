@@ -17,7 +17,9 @@ struct StepMetrics {
   double optimizer_busy_s = 0.0;     // CPU optimizer work for this step (offload modes)
   double tokens_per_s = 0.0;
   double tflops = 0.0;
-  double mfu = 0.0;  // fraction of the configured peak
+  double mfu = 0.0;            // fraction of the configured (datasheet) peak, attention counted causally
+  double mfu_noncausal = 0.0;  // the same counting attention over every (query, key) pair
+  double mfu_gemm = 0.0;       // fraction of the GEMM rate measured on this device at start-up
   double mem_mib = 0.0;
   double peak_mem_mib = 0.0;
 };

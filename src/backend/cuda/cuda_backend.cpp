@@ -369,6 +369,36 @@ Ops& CudaBackend::ops() {
   return *ops_;
 }
 
+double CudaBackend::measured_gemm_tflops(DType dt) {
+  double& cached = measured_gemm_tflops_[dt == DType::BF16 ? 1 : 0];
+  if (cached > 0) return cached;
+  make_current();
+  // 8192^3 (1.1 TFLOP per call) reaches cuBLASLt's plateau on H100-class GPUs (docs/perf.md).
+  const int64_t n = 8192;
+  const size_t bytes = static_cast<size_t>(n * n) * dtype_size(dt);
+  void* buf[3] = {};
+  for (void*& b : buf) {
+    SO_CUDA_CHECK(cudaMalloc(&b, bytes));
+    SO_CUDA_CHECK(cudaMemset(b, 0x3c, bytes));  // small finite values in bf16 and fp32
+  }
+  cudaStream_t s = raw(stream(StreamKind::Compute));
+  cudaEvent_t ev[2];
+  for (cudaEvent_t& e : ev) SO_CUDA_CHECK(cudaEventCreate(&e));
+  const auto run = [&] { gemm_->gemm(s, false, true, n, n, n, 1.0f, buf[0], buf[1], dt, 0.0f, buf[2], dt); };
+  for (int i = 0; i < 3; ++i) run();  // heuristics, clocks up
+  constexpr int kReps = 10;
+  SO_CUDA_CHECK(cudaEventRecord(ev[0], s));
+  for (int i = 0; i < kReps; ++i) run();
+  SO_CUDA_CHECK(cudaEventRecord(ev[1], s));
+  SO_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+  float ms = 0.0f;
+  SO_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+  for (cudaEvent_t e : ev) SO_CUDA_WARN(cudaEventDestroy(e));
+  for (void* b : buf) SO_CUDA_WARN(cudaFree(b));
+  cached = kReps * 2.0 * static_cast<double>(n) * n * n / (ms * 1e-3) / 1e12;
+  return cached;
+}
+
 double CudaBackend::peak_tflops(DType dt) {
   if (dt == DType::BF16 && datasheet_bf16_tflops(device_name_) > 0) return datasheet_bf16_tflops(device_name_);
   const double per_clock = dt == DType::BF16 ? tensor_bf16_flops_per_clock(cc_major_, cc_minor_)

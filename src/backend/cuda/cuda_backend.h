@@ -64,6 +64,7 @@ class CudaBackend final : public Backend {
 
   Ops& ops() override;
   double peak_tflops(DType dt) override;
+  double measured_gemm_tflops(DType dt) override;
 
  protected:
   void free(void* ptr, size_t bytes) override;  // no CUDA calls: may run in a host callback
@@ -108,6 +109,7 @@ class CudaBackend final : public Backend {
   std::array<bool, kNumStreamKinds> poisoned_{};
 
   std::unique_ptr<CublasLtGemm> gemm_;
+  double measured_gemm_tflops_[2] = {0.0, 0.0};  // fp32, bf16
   std::unique_ptr<CudaOps> ops_;
 };
 
