@@ -39,11 +39,23 @@ void require_gpu(const char* subcommand) {
 #endif
 }
 
-std::unique_ptr<Backend> cuda_backend() {
+std::unique_ptr<Backend> cuda_backend(const std::string& attention = "auto", bool deterministic_attention = true) {
   BackendOptions o;
   o.type = "cuda";
+  o.attention = attention;
+  o.deterministic_attention = deterministic_attention;
   return create_backend(o);
 }
+
+// The attention implementations compared: ours, cuDNN with atomics in its backward (as PyTorch's
+// SDPA runs it) and cuDNN deterministic (our default where its workspace fits).
+struct AttentionImpl {
+  const char* name;
+  const char* attention;
+  bool deterministic;
+};
+constexpr AttentionImpl kAttentionImpls[] = {
+    {"flash", "flash", true}, {"cudnn", "cudnn", false}, {"cudnn deterministic", "auto", true}};
 
 struct Peaks {
   std::string device;
@@ -287,9 +299,9 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
 }
 
 // Causal attention forward and backward at sequence length S with B = max(1, tokens / S), each
-// on a fresh backend so its peak memory is this size's alone.
-void attention_rows(OpsTable& tab, const OpsShape& m, int64_t S, int warmup, int iters) {
-  auto be = cuda_backend();
+// on a fresh backend so its peak memory is this size's alone, through one implementation.
+void attention_rows(OpsTable& tab, const OpsShape& m, int64_t S, int warmup, int iters, const AttentionImpl& impl) {
+  auto be = cuda_backend(impl.attention, impl.deterministic);
   Ops& ops = be->ops();
   Stream& s = be->stream(StreamKind::Compute);
   const DType bf = DType::BF16;
@@ -302,7 +314,21 @@ void attention_rows(OpsTable& tab, const OpsShape& m, int64_t S, int warmup, int
   void *dout = t.random(nq, bf, 44), *dq = t.alloc(nq * 2), *dk = t.alloc(nkv * 2), *dv = t.alloc(nkv * 2);
   const double fwd_flop = 4.0 * B * Hq * static_cast<double>(S) * S * D / 2;
   const std::string shape = str_cat("B", B, " S", S, " Hq", Hq, " Hkv", Hkv, " D", D, " bf16");
-  tab.flops("attention_forward causal", shape,
+  std::string runs;
+  try {
+    runs = ops.attention_implementation(B, S, Hq, Hkv, D, bf);
+  } catch (const Error& e) {
+    std::printf("# attention [%s] %s: not run: %s\n", impl.name, shape.c_str(), e.what());
+    return;
+  }
+  // "auto" that fell back is not cuDNN deterministic: its rows would repeat the flash ones.
+  if (std::string(impl.attention) == "auto" && runs.rfind("cuDNN", 0) != 0) {
+    std::printf("# attention [%s] %s: not run: %s\n", impl.name, shape.c_str(), runs.c_str());
+    return;
+  }
+  const std::string fwd_name = str_cat("attention_forward causal [", impl.name, "]");
+  const std::string bwd_name = str_cat("attention_backward causal [", impl.name, "]");
+  tab.flops(fwd_name, shape,
             time_ms(*be, warmup, iters,
                     [&] { ops.attention_forward(s, out, lse, q, k, v, B, S, Hq, Hkv, D, scale, bf); }),
             fwd_flop);
@@ -312,7 +338,7 @@ void attention_rows(OpsTable& tab, const OpsShape& m, int64_t S, int warmup, int
   const double mib = 1.0 / (1 << 20);
   const double peak = static_cast<double>(be->memory_stats().peak), tensors = static_cast<double>(t.bytes());
   const double scores = 4.0 * B * Hq * static_cast<double>(S) * S;  // what an fp32 S x S score matrix would take
-  tab.flops("attention_backward causal", shape, bwd_ms, 2.5 * fwd_flop,
+  tab.flops(bwd_name, shape, bwd_ms, 2.5 * fwd_flop,
             str_cat("memory peak ", static_cast<int64_t>(peak * mib), " MiB = tensors ",
                     static_cast<int64_t>(tensors * mib), " + workspace ", static_cast<int64_t>((peak - tensors) * mib),
                     " MiB (S x S fp32 scores would be ", static_cast<int64_t>(scores * mib), " MiB)"));
@@ -376,7 +402,8 @@ int ops_bench(int argc, char** argv, Communicator&) {
     gemm_rows(*be, tab, m, o.warmup, o.iters);
     memory_rows(*be, tab, m, o.warmup, o.iters);
   }
-  for (int64_t S : seqs) attention_rows(tab, m, S, 1, attn_iters);
+  for (int64_t S : seqs)
+    for (const AttentionImpl& impl : kAttentionImpls) attention_rows(tab, m, S, 1, attn_iters, impl);
   std::printf("# attention FLOPs: forward 4*B*Hq*S*S*D/2 (causal), backward 2.5x forward\n");
   return 0;
 }

@@ -25,7 +25,7 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   std::string config, metrics, trace, bind_mode, bind_core_list, model, data;
   std::vector<std::string> sets;
   int64_t steps = 0, seq_len = 0;
-  std::string save_dir, resume, async_save;
+  std::string save_dir, resume, async_save, profile_steps;
   int64_t save_every = 0;
   int keep = 3;
   std::string plan_machine, plan_json;
@@ -48,6 +48,9 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       "metrics", po::value<std::string>(&metrics), "append one JSON line per step to this file")(
       "trace", po::value<std::string>(&trace),
       "write a Chrome/Perfetto trace (compute, D2H, H2D and CPU-optimizer lanes, per bucket) to this file")(
+      "profile-steps", po::value<std::string>(&profile_steps),
+      "A:B: steps A..B between cudaProfilerStart and Stop, the device idle before and after (for nsys profile "
+      "--capture-range=cudaProfilerApi; jobs/local/kernel_split.py splits the kernels by op class)")(
       "bind", po::value<std::string>(&bind_mode)->default_value("auto"),
       "auto: bind each rank to its GPU's NUMA node (no GPU: spread ranks over NUMA nodes) and its share of that "
       "node's cores, host memory there; none: leave the process as launched")(
@@ -165,6 +168,13 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   opts.async_save = async_save == "on";
   opts.keep = keep;
   opts.resume = resume;
+  if (!profile_steps.empty()) {
+    long long a = 0, b = 0;
+    char tail = 0;
+    if (std::sscanf(profile_steps.c_str(), "%lld:%lld%c", &a, &b, &tail) != 2 || a < 1 || b < a)
+      throw so::Error("command line: --profile-steps is '" + profile_steps + "'; give A:B with 1 <= A <= B");
+    opts.profile_first = a, opts.profile_last = b;
+  }
   const so::TrainSummary s = so::train(cfg, *comm, opts);
   if (comm->rank() == 0)
     std::printf("done: %lld steps, loss %.4f -> %.4f, mean %.0f tokens/s, exposed optimizer %.2f ms/step "

@@ -10,7 +10,8 @@
 #   sanitizer   ctest gpu.memcheck and gpu.racecheck (compute-sanitizer over the quick op cases)
 #   peaks       so_bench gpu-peaks: bf16 GEMM TFLOP/s vs nominal, device copy GB/s
 #   ops         so_bench ops: every op at Llama-1B sizes as a fraction of the measured peaks,
-#               attention at S = 4096, 16384, 131072 with its memory
+#               attention at S = 4096, 16384, 131072 (D 64; then D 128 at 4096, 16384) with its
+#               memory, through our flash kernels, cuDNN (atomic backward) and cuDNN deterministic
 #   train-1b, train-3b   so_train (configs/runs/llama-{1b,3b}-seq4096.json: ~1.04B / ~2.92B
 #               parameters, tied embeddings) with the optimizer on the device, ZeRO-Offload and
 #               SuperOffload (ratio 1); tokens/s, TFLOP/s, MFU per step from so_train itself
@@ -22,6 +23,8 @@
 #   long-512k   the 1.04B config at 524,288 tokens per step (configs/runs/llama-1b-512k.json:
 #               checkpoints offloaded and the MLP tiled as the planner decides): its --plan, then
 #               one step (STEPS_LONG, 1) with the measured device peak next to the planned one
+#   profile-1b  the 1B config under nsys (steps 3..5 between cudaProfilerStart/Stop): the step's GPU
+#               time split per op class and the idle time (jobs/local/kernel_split.py)
 #   trace       SuperOffload trace (so_train --trace, checked) and so_bench step's exposed
 #               optimizer time, ZeRO-Offload vs SuperOffload
 #   summary     summary.md from whatever the other stages left
@@ -84,6 +87,9 @@ stage_peaks() { run_logged peaks "$so_bench" gpu-peaks; }
 stage_ops() {
   rm -f "$results/ops.jsonl"
   run_logged ops "$so_bench" ops --json "$results/ops.jsonl"
+  # Attention at head dim 128 too (the issue's targets: D 64 and 128), the same hidden size.
+  run_logged ops-d128 "$so_bench" ops --heads 16 --kv-heads 4 --head-dim 128 --attn-seqs 4096,16384 \
+    --json "$results/ops.jsonl"
 }
 
 stage_train() {  # stage_train 1b|3b
@@ -101,6 +107,18 @@ stage_long() {  # one step of 512K tokens: the plan, then the run's measured pea
   rm -f "$results/long-512k.jsonl"
   run_logged long-512k timeout 600 "$so_train" --config configs/runs/llama-1b-512k.json --steps "${STEPS_LONG:-1}" \
     --metrics "$results/long-512k.jsonl"
+}
+
+stage_profile() {  # the 1B step's kernels by op class, from nsys over steps 3..5
+  command -v nsys >/dev/null || { log "profile-1b: nsys not found (the CUDA toolkit's Nsight Systems)"; return 1; }
+  rm -f "$results/profile-1b.jsonl" "$results/profile-1b.nsys-rep" "$results"/profile-1b_*.csv
+  run_logged profile-1b-run nsys profile --capture-range=cudaProfilerApi --trace=cuda --sample=none --cpuctxsw=none \
+    --force-overwrite=true -o "$results/profile-1b" "$so_train" --config configs/runs/llama-1b-seq4096.json \
+    --steps 6 --profile-steps 3:5 --metrics "$results/profile-1b.jsonl" || return 1
+  run_logged profile-1b-stats nsys stats --report cuda_gpu_kern_sum --format csv --output "$results/profile-1b" \
+    "$results/profile-1b.nsys-rep" || return 1
+  run_logged profile-1b python3 jobs/local/kernel_split.py "$results/profile-1b_cuda_gpu_kern_sum.csv" \
+    --metrics "$results/profile-1b.jsonl" --steps 3:5
 }
 
 peak_tflops() {  # the nominal peak so_bench gpu-peaks reported, for the peers' MFU
@@ -173,7 +191,7 @@ for l in lines("tests-ops.log") + lines("tests-model.log") + lines("sanitizer.lo
 print("\n## Peaks (so_bench gpu-peaks)\n")
 for l in lines("peaks.log"): print("    " + l)
 print("\n## Ops (so_bench ops)\n")
-for l in lines("ops.log"): print("    " + l)
+for l in lines("ops.log") + lines("ops-d128.log"): print("    " + l)
 print("\n## Training (so_train; means over steps 2..N)\n")
 print("| run | steps | tokens/s | TFLOP/s | MFU (causal) | MFU (non-causal) | of measured GEMM | peak mem MiB | exposed optimizer ms |")
 print("|---|---|---|---|---|---|---|---|---|")
@@ -184,6 +202,9 @@ for p in sorted(glob.glob(os.path.join(r, "train-*.jsonl"))):
     print(f"| {os.path.basename(p)[6:-6]} | {len(rows) + 1} | {mean('tokens_per_s'):.0f} | {mean('tflops'):.1f} | "
           f"{100 * mean('mfu'):.1f}% | {100 * mean('mfu_noncausal'):.1f}% | {100 * mean('mfu_gemm'):.1f}% | "
           f"{max(x['peak_mem_mib'] for x in rows):.0f} | {1e3 * mean('exposed_optimizer_s'):.1f} |")
+print("\n## The 1B step by op class (nsys, steps 3..5)\n")
+for l in lines("profile-1b.log"):
+    if l.startswith("|") or l.startswith("#"): print(l)
 print("\n## Peers (bench/peers)\n")
 for p in sorted(glob.glob(os.path.join(r, "peer-*.log"))):
     for l in open(p):
@@ -200,7 +221,7 @@ EOF
 
 [ $# -ge 1 ] || { sed -n '2,/^set /{/^#/p}' "$0"; exit 2; }
 stages=("$@")
-[ "$1" = all ] && stages=(build tests-ops tests-model sanitizer peaks ops train-1b train-3b peers-1b peers-3b probe-none probe-super trace summary)
+[ "$1" = all ] && stages=(build tests-ops tests-model sanitizer peaks ops train-1b train-3b peers-1b peers-3b probe-none probe-super profile-1b trace summary)
 status=0
 for st in "${stages[@]}"; do
   case $st in
@@ -215,6 +236,7 @@ for st in "${stages[@]}"; do
     probe-none) stage_probe none ;;
     probe-super) stage_probe superoffload ;;
     long-512k) stage_long || status=1 ;;
+    profile-1b) stage_profile || status=1 ;;
     trace) stage_trace || status=1 ;;
     summary) stage_summary ;;
     *) echo "gpu_bench.sh: unknown stage '$st' (see the header of $0)" >&2; exit 2 ;;

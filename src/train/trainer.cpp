@@ -200,6 +200,9 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
       step_sum += m.seconds, exposed_sum += m.exposed_optimizer_s, busy_sum += m.optimizer_busy_s;
   };
 
+  SO_CHECK(opts.profile_first == 0 || (opts.profile_first > state.iteration && opts.profile_last <= cfg.steps),
+           "--profile-steps ", opts.profile_first, ":", opts.profile_last, " is not within the steps this run takes (",
+           state.iteration + 1, " to ", cfg.steps, ")");
   const float loss_scale = 1.0f / static_cast<float>(tokens_per_step);
   int64_t sample = state.data_position;  // index of the next global sample
   // At most one save in flight: its writers run while training goes on; it is committed at the
@@ -219,6 +222,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     if (!async) commit();
   };
   for (int64_t step = state.iteration + 1; step <= cfg.steps; ++step) {
+    if (step == opts.profile_first) backend->profile_range(true);
     const double lr = cfg.schedule.lr_at(engine.steps_taken());
     engine.begin_step(lr, static_cast<int>(batch.accumulation));
     model.zero_loss();
@@ -236,6 +240,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     const float loss = static_cast<float>(loss_sum);
     if (pending) emit(*pending);
     const StepResult r = engine.end_step();
+    if (step == opts.profile_last) backend->profile_range(false);
 
     StepMetrics m;
     m.step = step;

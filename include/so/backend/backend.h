@@ -80,6 +80,9 @@ class Backend {
   // A large square GEMM timed on this device once (buffers outside the pool: the run's memory plan
   // is untouched), TFLOP/s: the rate MFU is also reported against. The CPU's peak is this already.
   virtual double measured_gemm_tflops(DType dt) = 0;
+  // Brackets work for a profiler (CUDA: cudaProfilerStart/Stop, every stream drained first, for
+  // nsys --capture-range=cudaProfilerApi). The CPU backend has nothing to bracket.
+  virtual void profile_range(bool start) { (void)start; }
 
  protected:
   friend class DeviceBuffer;

@@ -19,6 +19,7 @@ struct TrainOptions {
   int keep = 3;              // checkpoints kept in save_dir
   bool async_save = true;    // training goes on while a checkpoint is written (docs/checkpoints.md)
   std::string resume;        // checkpoint file, or a directory with a `latest` pointer
+  int64_t profile_first = 0, profile_last = 0;  // steps bracketed by Backend::profile_range; 0 = none
   // Called with the engine after the last step (collectively on every rank): tests, exports.
   std::function<void(Engine&)> at_end;
 };

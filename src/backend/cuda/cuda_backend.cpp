@@ -1,5 +1,7 @@
 #include "cuda_backend.h"
 
+#include <cuda_profiler_api.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -367,6 +369,15 @@ void CudaBackend::unpin_host_memory(void* ptr) {
 Ops& CudaBackend::ops() {
   make_current();  // callers enqueue kernels right after, from this thread
   return *ops_;
+}
+
+void CudaBackend::profile_range(bool start) {
+  make_current();
+  synchronize_all();  // the range holds exactly the work enqueued inside it
+  if (start)
+    SO_CUDA_CHECK(cudaProfilerStart());
+  else
+    SO_CUDA_CHECK(cudaProfilerStop());
 }
 
 double CudaBackend::measured_gemm_tflops(DType dt) {

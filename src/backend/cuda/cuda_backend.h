@@ -65,6 +65,7 @@ class CudaBackend final : public Backend {
   Ops& ops() override;
   double peak_tflops(DType dt) override;
   double measured_gemm_tflops(DType dt) override;
+  void profile_range(bool start) override;
 
  protected:
   void free(void* ptr, size_t bytes) override;  // no CUDA calls: may run in a host callback

@@ -50,12 +50,16 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
 }
 
 // y = w x r with r = rstd:  dx_i = r w_i dy_i - x_i r^3/dim sum_j w_j dy_j x_j;  dw_i += dy_i x_i r.
-// Block b writes its partial dw row dw_partial[b] (its first row stores, later rows add).
-template <typename T, int N>
+// Block b writes its partial dw row dw_partial[b] (its first row stores, later rows add). With
+// G > 0 (rows of at most G column groups per thread) the partial stays in registers and is stored
+// once: the same additions in the same order, without reading and writing a 4*dim-byte row of
+// workspace per row of x, which was more traffic than x, dy and dx together.
+template <typename T, int N, int G>
 __global__ void rmsnorm_backward_rows_kernel(T* dx, float* dw_partial, const T* dout, const T* x, const T* w,
                                              const float* rstd, int64_t rows, int64_t dim, bool accumulate) {
   const int64_t first = threadIdx.x * static_cast<int64_t>(N), stride = static_cast<int64_t>(blockDim.x) * N;
   float* partial = dw_partial + blockIdx.x * dim;
+  float held[G > 0 ? G : 1][N];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * dim;
     const T* dyr = dout + r * dim;
@@ -73,7 +77,11 @@ __global__ void rmsnorm_backward_rows_kernel(T* dx, float* dw_partial, const T* 
     dot = block_sum(dot);
     const float c = rs * rs * rs * dot / static_cast<float>(dim);
     const bool first_row = r == blockIdx.x;
-    for (int64_t i = first; i < dim; i += stride) {
+    // Unrolled for G > 0, so held[] is indexed by constants and stays in registers.
+#pragma unroll
+    for (int g_index = 0; G == 0 || g_index < G; ++g_index) {
+      const int64_t i = first + g_index * stride;
+      if (i >= dim) break;
       float xv[N], wv[N], dy[N], g[N], dw[N];
       load_f32<N>(xv, xr, i, dim);
       load_f32<N>(wv, w, i, dim);
@@ -89,15 +97,25 @@ __global__ void rmsnorm_backward_rows_kernel(T* dx, float* dw_partial, const T* 
 #pragma unroll
         for (int k = 0; k < N; ++k) g[k] += prev[k];
       }
-      if (!first_row) {
-        float prev[N];
-        load_f32<N>(prev, partial, i, dim);
-#pragma unroll
-        for (int k = 0; k < N; ++k) dw[k] += prev[k];
-      }
       store_f32<N>(dxr, g, i, dim);
-      store_f32<N>(partial, dw, i, dim);
+      if constexpr (G > 0) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) held[g_index][k] = first_row ? dw[k] : dw[k] + held[g_index][k];
+      } else {
+        if (!first_row) {
+          float prev[N];
+          load_f32<N>(prev, partial, i, dim);
+#pragma unroll
+          for (int k = 0; k < N; ++k) dw[k] += prev[k];
+        }
+        store_f32<N>(partial, dw, i, dim);
+      }
     }
+  }
+  if constexpr (G > 0) {
+#pragma unroll
+    for (int g_index = 0; g_index < G; ++g_index)
+      if (first + g_index * stride < dim) store_f32<N>(partial, held[g_index], first + g_index * stride, dim);
   }
 }
 
@@ -161,10 +179,17 @@ void launch_rmsnorm_backward(cudaStream_t stream, void* dx, void* dw_acc, const 
                       aligned16(partial) && dim % kVec16<X> == 0;
     with_vector_width<kVec16<X>>(wide, [&](auto vw) {
       constexpr int N = decltype(vw)::value;
-      rmsnorm_backward_rows_kernel<X, N><<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(
-          static_cast<X*>(dx), partial, static_cast<const X*>(dout), static_cast<const X*>(x),
-          static_cast<const X*>(w), rstd, rows, dim, accumulate);
-      SO_CUDA_CHECK(cudaGetLastError());
+      // Up to four column groups per thread (dim <= 8192 in bf16 vectors) keep dw in registers.
+      const auto launch = [&](auto kernel) {
+        kernel<<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(
+            static_cast<X*>(dx), partial, static_cast<const X*>(dout), static_cast<const X*>(x),
+            static_cast<const X*>(w), rstd, rows, dim, accumulate);
+        SO_CUDA_CHECK(cudaGetLastError());
+      };
+      if (dim <= int64_t{4} * kBlockThreads * N)
+        launch(rmsnorm_backward_rows_kernel<X, N, 4>);
+      else
+        launch(rmsnorm_backward_rows_kernel<X, N, 0>);
     });
     rmsnorm_backward_dw_kernel<X><<<grid_for((dim + 31) / 32), kBlockThreads, 0, stream>>>(static_cast<X*>(dw_acc),
                                                                                           partial, blocks, dim);
