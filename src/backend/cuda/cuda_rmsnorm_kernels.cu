@@ -49,6 +49,15 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
   }
 }
 
+// v[k] += the N values of row p at column i (a row of dim values).
+template <int N, typename T>
+__device__ __forceinline__ void add_loaded(float (&v)[N], const T* p, int64_t i, int64_t dim) {
+  float prev[N];
+  load_f32<N>(prev, p, i, dim);
+#pragma unroll
+  for (int k = 0; k < N; ++k) v[k] += prev[k];
+}
+
 // y = w x r with r = rstd:  dx_i = r w_i dy_i - x_i r^3/dim sum_j w_j dy_j x_j;  dw_i += dy_i x_i r.
 // Block b writes its partial dw row dw_partial[b] (its first row stores, later rows add). With
 // G > 0 (rows of at most G column groups per thread) the partial stays in registers and is stored
@@ -91,23 +100,13 @@ __global__ void rmsnorm_backward_rows_kernel(T* dx, float* dw_partial, const T* 
         g[k] = rs * wv[k] * dy[k] - xv[k] * c;
         dw[k] = dy[k] * xv[k] * rs;
       }
-      if (accumulate) {
-        float prev[N];
-        load_f32<N>(prev, dxr, i, dim);
-#pragma unroll
-        for (int k = 0; k < N; ++k) g[k] += prev[k];
-      }
+      if (accumulate) add_loaded<N>(g, dxr, i, dim);
       store_f32<N>(dxr, g, i, dim);
       if constexpr (G > 0) {
 #pragma unroll
         for (int k = 0; k < N; ++k) held[g_index][k] = first_row ? dw[k] : dw[k] + held[g_index][k];
       } else {
-        if (!first_row) {
-          float prev[N];
-          load_f32<N>(prev, partial, i, dim);
-#pragma unroll
-          for (int k = 0; k < N; ++k) dw[k] += prev[k];
-        }
+        if (!first_row) add_loaded<N>(dw, partial, i, dim);
         store_f32<N>(partial, dw, i, dim);
       }
     }
