@@ -25,6 +25,14 @@ gtest_discover_tests(test_cuda_ops TEST_PREFIX "attention_cudnn_atomic." TEST_FI
 
 so_add_gtest(test_cuda_training LABELS gpu SOURCES test_cuda_training.cpp)
 
+# so_train on the GPU with steps bracketed for a profiler (cudaProfilerStart/Stop), the measured
+# GEMM rate and the attention choice on its start-up lines. Exit 77 (skipped) without a GPU.
+add_test(NAME gpu.so_train_profile_steps
+         COMMAND bash -c "nvidia-smi -L >/dev/null 2>&1 || { echo 'no GPU: skipped'; exit 77; }; out=$($<TARGET_FILE:so_train> --config configs/runs/tiny-demo.json --set backend.type=cuda --set bf16.enabled=true --steps 3 --set data.seq_len=64 --profile-steps 2:3 2>&1) || { echo \"$out\"; exit 1; }; echo \"$out\"; grep -q 'TFLOP/s measured GEMM' <<<\"$out\" && grep -q 'attention: ' <<<\"$out\" && grep -q '^done: 3 steps' <<<\"$out\" && echo 'profile steps ok'"
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(gpu.so_train_profile_steps PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
+                     PASS_REGULAR_EXPRESSION "profile steps ok")
+
 # test_reference's CUDA instantiation as one gpu entry (tests/CMakeLists.txt registers each case of
 # the binary under unit, where these skip without a GPU). All its cases skip or none do.
 add_test(NAME gpu.test_reference COMMAND $<TARGET_FILE:test_reference> --gtest_filter=TransformersCuda/*
