@@ -60,6 +60,7 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
   for (size_t b = 0; b < nb; ++b) {
     reduced_ev_.push_back(backend.create_event());
     stepped_ev_.push_back(backend.create_event());
+    frozen_.push_back(std::make_unique<Frozen>());
   }
   weights_waited_.assign(nb, 1);
   // The forward reads the buckets by their first unit (ties: the later bucket first, which holds
@@ -347,32 +348,48 @@ std::vector<float> Engine::read_grad(int id) {
 
 // ---- checkpoint snapshots --------------------------------------------------------------------
 
-void Engine::copy_bucket_state(size_t b, std::vector<float>& out) {
+void Engine::copy_bucket_state(size_t b, float* out) {
   const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
-  out.resize(static_cast<size_t>(3 * n));
   const OptimState parts[] = {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq};
   if (on_host(begin)) {
-    for (int k = 0; k < 3; ++k) std::memcpy(out.data() + k * n, state_ptr(begin, parts[k]), n * sizeof(float));
+    for (int k = 0; k < 3; ++k) std::memcpy(out + k * n, state_ptr(begin, parts[k]), n * sizeof(float));
     return;
   }
   // Device state: nothing changes it until before_state_change returns, so any stream may read it.
   Stream& d2h = backend_.stream(StreamKind::D2H);
-  for (int k = 0; k < 3; ++k) backend_.copy_d2h(out.data() + k * n, state_ptr(begin, parts[k]), n * sizeof(float), d2h);
+  for (int k = 0; k < 3; ++k) backend_.copy_d2h(out + k * n, state_ptr(begin, parts[k]), n * sizeof(float), d2h);
   std::unique_ptr<Event> copied = backend_.create_event();
   backend_.record(*copied, d2h);
   backend_.synchronize(*copied);
 }
 
+void Engine::reserve_snapshot_space() {
+  std::call_once(snapshot_space_reserved_, [this] { allocate_snapshot_space(); });
+}
+
+void Engine::allocate_snapshot_space() {
+  int64_t total = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) total += 3 * shards_.buckets[b].shard_size;
+  bool device_state = false;
+  for (size_t b = 0; b < buckets_.size(); ++b) device_state |= !on_host(shards_.buckets[b].shard_begin);
+  snapshot_space_ = HostBuffer(static_cast<size_t>(total) * sizeof(float), opts_.numa_node,
+                               device_state ? &backend_ : nullptr, "checkpoint snapshot copies");
+  float* at = snapshot_space_.as<float>();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    std::lock_guard<std::mutex> lock(frozen_[b]->mu);
+    frozen_[b]->copy = at;
+    at += 3 * shards_.buckets[b].shard_size;
+  }
+}
+
 void Engine::freeze_state() {
   drain_optimizer();  // the snapshot is of a finished step
-  if (frozen_.empty())
-    for (size_t b = 0; b < buckets_.size(); ++b) frozen_.push_back(std::make_unique<Frozen>());
   SO_CHECK(frozen_wanted_.load() == 0, "engine: a checkpoint snapshot is still being taken (",
            frozen_wanted_.load(), " buckets left)");
   for (auto& f : frozen_) {
     std::lock_guard<std::mutex> lock(f->mu);
     f->wanted = true;
-    f->copy.clear();
+    f->aside = false;
   }
   frozen_wanted_ = static_cast<int64_t>(frozen_.size());
 }
@@ -380,36 +397,44 @@ void Engine::freeze_state() {
 void Engine::before_state_change(size_t b) {
   if (frozen_wanted_.load() == 0) return;
   Frozen& f = *frozen_[b];
-  std::lock_guard<std::mutex> lock(f.mu);  // a take_frozen copying this bucket finishes first
-  if (f.wanted && f.copy.empty()) copy_bucket_state(b, f.copy);
+  reserve_snapshot_space();
+  std::lock_guard<std::mutex> lock(f.mu);  // a writer's copy of a piece finishes first
+  if (!f.wanted || f.aside) return;
+  copy_bucket_state(b, f.copy);
+  f.aside = true;
 }
 
 void Engine::FrozenBucket::copy(OptimState part, size_t byte_offset, size_t bytes, void* dst) const {
   const int k = static_cast<int>(part);
   SO_CHECK(byte_offset + bytes <= static_cast<size_t>(n_) * sizeof(float), "engine: frozen bytes [", byte_offset, ", ",
            byte_offset + bytes, ") of a ", n_, "-value bucket");
-  if (host_[k] != nullptr) {
+  std::lock_guard<std::mutex> lock(frozen_->mu);  // before_state_change copies the bucket aside first, or after
+  if (frozen_->aside) {
+    std::memcpy(dst, reinterpret_cast<const char*>(frozen_->copy + k * n_) + byte_offset, bytes);
+  } else if (host_[k] != nullptr) {
     std::memcpy(dst, host_[k] + byte_offset, bytes);
-    return;
+  } else {
+    // Nothing changes device state until before_state_change returns, so any stream may read it.
+    Stream& d2h = backend_->stream(StreamKind::D2H);
+    backend_->copy_d2h(dst, device_[k] + byte_offset, bytes, d2h);
+    backend_->record(*copied_, d2h);
+    backend_->synchronize(*copied_);
   }
-  // Nothing changes device state until before_state_change returns, so any stream may read it.
-  Stream& d2h = backend_->stream(StreamKind::D2H);
-  backend_->copy_d2h(dst, device_[k] + byte_offset, bytes, d2h);
-  backend_->record(*copied_, d2h);
-  backend_->synchronize(*copied_);
 }
 
 void Engine::with_frozen(size_t b, const FrozenReader& read) {
-  SO_CHECK(b < frozen_.size(), "engine: with_frozen(", b, ") without freeze_state");
+  SO_CHECK(b < frozen_.size(), "engine: with_frozen(", b, ") of ", frozen_.size(), " buckets");
   Frozen& f = *frozen_[b];
-  std::lock_guard<std::mutex> lock(f.mu);
-  SO_CHECK(f.wanted, "engine: bucket ", b, "'s frozen state was taken already");
-  struct Release {  // whatever `read` does, the bucket is released and its copy freed
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    SO_CHECK(f.wanted, "engine: bucket ", b, "'s frozen state was taken already");
+  }
+  struct Release {  // whatever `read` does, the bucket is released
     Frozen& f;
     std::atomic<int64_t>& left;
     ~Release() {
-      f.copy = {};
-      f.wanted = false;
+      std::lock_guard<std::mutex> lock(f.mu);
+      f.wanted = f.aside = false;
       --left;
     }
   } release{f, frozen_wanted_};
@@ -417,16 +442,14 @@ void Engine::with_frozen(size_t b, const FrozenReader& read) {
   if (n == 0) return;
   FrozenBucket frozen;
   frozen.backend_ = &backend_;
+  frozen.frozen_ = &f;
   frozen.n_ = n;
   const OptimState parts[] = {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq};
   for (int k = 0; k < 3; ++k) {
     const char* state = reinterpret_cast<const char*>(state_ptr(begin, parts[k]));
-    if (!f.copy.empty())
-      frozen.host_[k] = reinterpret_cast<const char*>(f.copy.data() + k * n);
-    else
-      (on_host(begin) ? frozen.host_[k] : frozen.device_[k]) = state;
+    (on_host(begin) ? frozen.host_[k] : frozen.device_[k]) = state;
   }
-  if (!on_host(begin) && f.copy.empty()) frozen.copied_ = backend_.create_event();
+  if (!on_host(begin)) frozen.copied_ = backend_.create_event();
   read(frozen);
 }
 

@@ -140,6 +140,12 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   if (!opts.save_dir.empty()) {
     std::signal(SIGTERM, on_stop_signal);
     std::signal(SIGUSR1, on_stop_signal);
+    if (opts.async_save) {
+      engine.reserve_snapshot_space();  // its pages faulted in now, not by the step after a save
+      if (comm.rank() == 0)
+        log_info(str_cat("asynchronous saves: ", mib(engine.snapshot_space_bytes()),
+                         " MiB of host memory per rank to copy aside the state the next step changes first"));
+    }
   }
 
   std::unique_ptr<TokenSource> source = open_data(cfg.data, cfg.model.vocab_size);

@@ -34,6 +34,7 @@
 
 #include "parallel/communicator.h"
 #include "so/backend/backend.h"
+#include "so/backend/host_buffer.h"
 #include "so/engine/bucket.h"
 #include "so/engine/offload_config.h"
 #include "so/engine/offload_optimizer.h"
@@ -74,6 +75,8 @@ struct ParamSlice {
 };
 
 class Engine final : public ParamStore, public ModelHooks {
+  struct Frozen;  // a bucket's checkpoint snapshot, with the private state below
+
  public:
   Engine(Backend& backend, const ParamLayout& layout, const EngineOptions& opts, Communicator& comm);
   ~Engine() override;
@@ -106,10 +109,14 @@ class Engine final : public ParamStore, public ModelHooks {
   // A snapshot of the optimizer state for an asynchronous checkpoint, taken lazily: after
   // freeze_state() (between steps), the first change to a bucket's state (the offload pipeline's
   // step, the device step) first copies that bucket aside, unless with_frozen(b) took it already.
-  // with_frozen(b, read) calls read(frozen) once, with bucket b's state as of freeze_state(). The
-  // bucket stays locked while `read` runs (an optimizer step reaching it waits), so the state is
-  // read where it lives — host arrays in place, device memory by a D2H copy straight into the
-  // caller's buffer — and the writer's only copy is the one into its I/O buffer.
+  // with_frozen(b, read) calls read(frozen) once, with bucket b's state as of freeze_state(). Each
+  // copy() holds the bucket only while it copies its piece, so an optimizer step reaching a bucket
+  // the writer is still on waits for one piece (not the bucket's disk write), copies the bucket
+  // aside and goes on; the writer reads the rest from that copy. Until then the state is read
+  // where it lives — host arrays in place, device memory by a D2H copy straight into the caller's
+  // buffer — and the writer's only copy is the one into its I/O buffer. Copies aside go into host
+  // memory kept from one save to the next (reserve_snapshot_space), whose pages exist already:
+  // fresh pages cost a step more to fault in than the copy itself.
   class FrozenBucket {
    public:
     int64_t size() const { return n_; }  // values per part: bucket_shard_size(b)
@@ -119,14 +126,20 @@ class Engine final : public ParamStore, public ModelHooks {
    private:
     friend class Engine;
     Backend* backend_ = nullptr;
+    Frozen* frozen_ = nullptr;  // the lock, and the copy aside once there is one
     int64_t n_ = 0;
-    const char* host_[3] = {};    // host state, or the optimizer's copy aside
+    const char* host_[3] = {};    // host state in place
     const char* device_[3] = {};  // otherwise
     std::unique_ptr<Event> copied_;
   };
   using FrozenReader = std::function<void(const FrozenBucket& frozen)>;
   void freeze_state();
   void with_frozen(size_t b, const FrozenReader& read);
+  // Room to copy every bucket of this rank aside once (12 bytes per owned parameter, pinned when
+  // state lives on the device); trainers saving asynchronously reserve it before the first step.
+  // A copy aside without it reserves it then.
+  void reserve_snapshot_space();
+  size_t snapshot_space_bytes() const { return snapshot_space_.bytes(); }
   std::vector<float> read_owned(int param_id, OptimState which);  // slice.count values
   // Master writes also refresh the device copy in model dtype (rounded as every cast rounds).
   // Elements [first, first + n) of this rank's owned part (owned_slice); loaders go by pieces
@@ -188,7 +201,8 @@ class Engine final : public ParamStore, public ModelHooks {
   void wait_stepped_weights(size_t b);  // unsharded: compute waits for bucket b's new weights
   void before_state_change(size_t b);     // copies bucket b's frozen state aside if still needed
   AdamArrays device_arrays(size_t b, bool with_snapshot);  // a device bucket's state, grads and weights
-  void copy_bucket_state(size_t b, std::vector<float>& out);
+  void allocate_snapshot_space();
+  void copy_bucket_state(size_t b, float* out);  // p, m, v of bucket b's shard: 3 x shard_size values
 
   Backend& backend_;
   const ParamLayout& layout_;
@@ -222,12 +236,15 @@ class Engine final : public ParamStore, public ModelHooks {
   std::string cast_report_;
 
   // Asynchronous checkpoints: per bucket, whether the state as of freeze_state() is still wanted,
-  // and its copy once the optimizer had to change the bucket first.
+  // and whether the optimizer had to copy it aside (to its place in snapshot_space_) first.
   struct Frozen {
     std::mutex mu;
     bool wanted = false;
-    std::vector<float> copy;
+    bool aside = false;
+    float* copy = nullptr;  // 3 x shard_size values in snapshot_space_
   };
+  HostBuffer snapshot_space_;
+  std::once_flag snapshot_space_reserved_;
   std::vector<std::unique_ptr<Frozen>> frozen_;
   std::vector<bf16> write_staging_;     // write_owned's model-dtype copy of master weights
   std::atomic<int64_t> frozen_wanted_{0};
