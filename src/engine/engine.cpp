@@ -108,7 +108,7 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
     oo.cast = cast;
     oo.pin_memory = off.pin_memory;
     oo.numa_node = numa_node;
-    oo.before_change = [this](size_t b) { before_state_change(b); };  // offloaded bucket i is engine bucket i
+    oo.before_change = [this](size_t b, int64_t iteration) { before_state_change(b, iteration); };  // offloaded bucket i is engine bucket i
     oo.host_sums = first_device_sum_;
     for (size_t b : forward_order_)
       if (b < first_device_bucket_) oo.forward_order.push_back(b);
@@ -355,8 +355,10 @@ void Engine::copy_bucket_state(size_t b, float* out) {
     for (int k = 0; k < 3; ++k) std::memcpy(out + k * n, state_ptr(begin, parts[k]), n * sizeof(float));
     return;
   }
-  // Device state: nothing changes it until before_state_change returns, so any stream may read it.
+  // Device state: the saving step's updates are done once frozen_ready_ is, and nothing changes it
+  // again until before_state_change returns, so the D2H stream may read it then.
   Stream& d2h = backend_.stream(StreamKind::D2H);
+  backend_.wait(d2h, *frozen_ready_);
   for (int k = 0; k < 3; ++k) backend_.copy_d2h(out + k * n, state_ptr(begin, parts[k]), n * sizeof(float), d2h);
   std::unique_ptr<Event> copied = backend_.create_event();
   backend_.record(*copied, d2h);
@@ -383,9 +385,14 @@ void Engine::allocate_snapshot_space() {
 }
 
 void Engine::freeze_state() {
-  drain_optimizer();  // the snapshot is of a finished step
   SO_CHECK(frozen_wanted_.load() == 0, "engine: a checkpoint snapshot is still being taken (",
            frozen_wanted_.load(), " buckets left)");
+  // Nothing waits here: the CPU optimizer finishes the saving step's buckets beside the next
+  // forward as usual, and the writer waits for each (with_frozen).
+  frozen_offload_step_ = offload_ ? offload_->decided_iteration() : -1;
+  if (!frozen_ready_) frozen_ready_ = backend_.create_event();
+  backend_.record(*frozen_ready_, backend_.stream(StreamKind::Comm));
+  frozen_iteration_ = iteration_;  // before any bucket is wanted: see before_state_change
   for (auto& f : frozen_) {
     std::lock_guard<std::mutex> lock(f->mu);
     f->wanted = true;
@@ -394,12 +401,14 @@ void Engine::freeze_state() {
   frozen_wanted_ = static_cast<int64_t>(frozen_.size());
 }
 
-void Engine::before_state_change(size_t b) {
+void Engine::before_state_change(size_t b, int64_t iteration) {
   if (frozen_wanted_.load() == 0) return;
+  // The saving step's own late changes (the CPU optimizer finalising its buckets) are part of the
+  // snapshot; a bucket seen wanted here was set so after frozen_iteration_ (same lock).
   Frozen& f = *frozen_[b];
   reserve_snapshot_space();
   std::lock_guard<std::mutex> lock(f.mu);  // a writer's copy of a piece finishes first
-  if (!f.wanted || f.aside) return;
+  if (!f.wanted || f.aside || iteration <= frozen_iteration_.load()) return;
   copy_bucket_state(b, f.copy);
   f.aside = true;
 }
@@ -414,8 +423,9 @@ void Engine::FrozenBucket::copy(OptimState part, size_t byte_offset, size_t byte
   } else if (host_[k] != nullptr) {
     std::memcpy(dst, host_[k] + byte_offset, bytes);
   } else {
-    // Nothing changes device state until before_state_change returns, so any stream may read it.
+    // As in copy_bucket_state: after the saving step's updates, before any later one.
     Stream& d2h = backend_->stream(StreamKind::D2H);
+    backend_->wait(d2h, *state_ready_);
     backend_->copy_d2h(dst, device_[k] + byte_offset, bytes, d2h);
     backend_->record(*copied_, d2h);
     backend_->synchronize(*copied_);
@@ -440,9 +450,11 @@ void Engine::with_frozen(size_t b, const FrozenReader& read) {
   } release{f, frozen_wanted_};
   const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
   if (n == 0) return;
+  if (offload_ && on_host(begin)) offload_->wait_final(b, frozen_offload_step_);
   FrozenBucket frozen;
   frozen.backend_ = &backend_;
   frozen.frozen_ = &f;
+  frozen.state_ready_ = frozen_ready_.get();
   frozen.n_ = n;
   const OptimState parts[] = {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq};
   for (int k = 0; k < 3; ++k) {
@@ -649,7 +661,7 @@ void Engine::after_backward(int unit) {
       backend_.ops().sum_squares(comm, sum, static_cast<char*>(grads_.data()) + sh.shard_begin * esz, sh.shard_size,
                                  opts_.dtype);
       if (b >= first_device_bucket_ && speculates_on_device(b)) {
-        before_state_change(b);
+        before_state_change(b, iteration_);
         timeline_.stream_span(comm, Lane::Comm, str_cat("adam (speculative, device) b", b), iteration_, [&] {
           backend_.ops().adam(comm, AdamCall::Step, device_arrays(b, true), sh.shard_size, spec_hp_, 1.0f, sum);
         });
@@ -710,7 +722,7 @@ StepResult Engine::end_step() {
     const float* guard = bucket_sums_.as<float>() + (b - first);
     const bool speculated = speculates_on_device(b);
     if (speculated && (r.skipped || r.clip_coef != 1.0f)) {
-      before_state_change(b);
+      before_state_change(b, iteration_);
       ++device_rollbacks_;
       timeline_.stream_span(comm, Lane::Comm, str_cat(r.skipped ? "rollback (device) b" : "adam (redo, device) b", b),
                             iteration_, [&] {
@@ -718,7 +730,7 @@ StepResult Engine::end_step() {
                                        n, spec_hp_, r.clip_coef, guard);
                             });
     } else if (!speculated && !r.skipped) {
-      before_state_change(b);
+      before_state_change(b, iteration_);
       AdamWParams hp = spec_hp_;
       hp.grad_scale = r.clip_coef;
       timeline_.stream_span(comm, Lane::Comm, str_cat("adam (device) b", b), iteration_,

@@ -157,7 +157,7 @@ void OffloadOptimizer::finalize(size_t i, int64_t gen, const AdamWParams& hp, co
     // speculative state to the clipped one (redo), writing the device copy as it goes.
     if (d.skip || d.grad_scale != 1.0f) {
       settle_upload(i);
-      if (opts_.before_change) opts_.before_change(i);
+      if (opts_.before_change) opts_.before_change(i, gen);
       ++rollbacks_;
       const AdamArrays a = host_.arrays(offset(i), true);
       const double t0 = now_seconds();
@@ -182,7 +182,7 @@ void OffloadOptimizer::finalize(size_t i, int64_t gen, const AdamWParams& hp, co
 // A step of bucket i; a speculative one keeps the old state for the exact rollback in the same pass.
 void OffloadOptimizer::apply(size_t i, const AdamWParams& hp, int64_t gen, bool speculative) {
   settle_upload(i);
-  if (opts_.before_change) opts_.before_change(i);
+  if (opts_.before_change) opts_.before_change(i, gen);
   const double t0 = now_seconds();
   adam_.step(host_.arrays(offset(i), speculative), slots_[i].bucket.size(), hp);
   timeline_.host_span(Lane::Optimizer, str_cat(speculative ? "adam (speculative) b" : "adam b", i), gen, t0,
@@ -286,6 +286,15 @@ void OffloadOptimizer::finish_step(const StepDecision& d) {
 void OffloadOptimizer::wait_weights(size_t i, Stream& compute) {
   wait_until([&] { return slots_[i].final_gen >= decided_gen_; });
   backend_.wait(compute, *slots_[i].weights_on_device);
+}
+
+int64_t OffloadOptimizer::decided_iteration() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return decided_gen_;
+}
+
+void OffloadOptimizer::wait_final(size_t i, int64_t iteration) {
+  wait_until([&] { return slots_[i].final_gen >= iteration; });
 }
 
 void OffloadOptimizer::drain() {

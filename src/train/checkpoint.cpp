@@ -206,11 +206,11 @@ CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const RunConf
 void CheckpointSave::Impl::write_all() {
   const ParamLayout& layout = engine.layout();
   const int rank = comm.rank();
-  // Tests slow the writer down so that the steps after the save overtake it and copy buckets aside.
+  // Tests slow the writer down after each bucket, so that the steps after the save overtake it and
+  // copy buckets aside (the first bucket is read at once, while the optimizer may still finish it).
   const char* delay = std::getenv("SO_CKPT_TEST_WRITER_DELAY");
   for (size_t b = 0; b < engine.buckets().size(); ++b)
     engine.with_frozen(b, [&](const Engine::FrozenBucket& frozen) {
-      if (delay) std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(delay)));
       if (!error.empty()) return;
       try {
         for (int id : engine.buckets()[b].params) {
@@ -245,6 +245,7 @@ void CheckpointSave::Impl::write_all() {
       } catch (const std::exception& e) {
         error = str_cat("checkpoint save: ", e.what());
       }
+      if (delay) std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(delay)));
     });
   if (error.empty()) {
     try {

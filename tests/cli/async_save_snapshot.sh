@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Asynchronous saves hold the state of the step that saved: 8 steps saving at steps 4 and 8,
 # once synchronously and once asynchronously with a writer slowed down (SO_CKPT_TEST_WRITER_DELAY)
-# so that the steps after step 4 overtake it and copy buckets aside, some while it writes them.
+# so that the steps after step 4 overtake it and copy buckets aside, some while it writes them, and
+# clipping on every step, so that the CPU optimizer redoes the saving step's buckets while the
+# writer may already want them.
 # Losses and every tensor of both checkpoints must be identical bit for bit.
 # usage: async_save_snapshot.sh SO_TRAIN WORKDIR [--set key=value ...]
 set -euo pipefail
@@ -9,7 +11,7 @@ so_train=$1 work=$2
 shift 2
 rm -rf "$work" && mkdir -p "$work"
 common=(--config configs/runs/tiny-demo.json --set data.seq_len=32 --set train_micro_batch_size_per_gpu=4
-        --set steps_per_print=1 --steps 8 --save-every 4 --keep 3 "$@")
+        --set steps_per_print=1 --set gradient_clipping=0.05 --steps 8 --save-every 4 --keep 3 "$@")
 "$so_train" "${common[@]}" --async-save off --save-dir "$work/sync" --metrics "$work/sync.jsonl" >/dev/null
 SO_CKPT_TEST_WRITER_DELAY=0.02 "$so_train" "${common[@]}" --async-save on --save-dir "$work/async" \
   --metrics "$work/async.jsonl" >/dev/null

@@ -33,6 +33,19 @@ add_test(NAME gpu.so_train_profile_steps
 set_tests_properties(gpu.so_train_profile_steps PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
                      PASS_REGULAR_EXPRESSION "profile steps ok")
 
+# Asynchronous saves on the GPU (device buckets read by D2H copies after the saving step's device
+# updates, host buckets after the CPU optimizer finishes them) equal synchronous ones bit for bit.
+add_test(NAME gpu.async_save_snapshot
+         COMMAND bash -c "nvidia-smi -L >/dev/null 2>&1 || { echo 'no GPU: skipped'; exit 77; }; exec \"$0\" \"$@\""
+                 ${PROJECT_SOURCE_DIR}/tests/cli/async_save_snapshot.sh $<TARGET_FILE:so_train>
+                 ${CMAKE_CURRENT_BINARY_DIR}/async_cuda --set backend.type=cuda --set bf16.enabled=true
+                 --set zero_optimization.sub_group_size=100000 --set zero_optimization.offload_optimizer.device=cpu
+                 --set zero_optimization.offload_optimizer.super_offload=true
+                 --set zero_optimization.offload_optimizer.ratio=0.5
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(gpu.async_save_snapshot PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
+                     PASS_REGULAR_EXPRESSION "async save snapshot: losses and all tensors of both checkpoints identical")
+
 # test_reference's CUDA instantiation as one gpu entry (tests/CMakeLists.txt registers each case of
 # the binary under unit, where these skip without a GPU). All its cases skip or none do.
 add_test(NAME gpu.test_reference COMMAND $<TARGET_FILE:test_reference> --gtest_filter=TransformersCuda/*

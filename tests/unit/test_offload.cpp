@@ -265,6 +265,65 @@ TEST_F(OffloadEquivalence, Bf16CastSitesAndGradientAccumulationAgreeBitwise) {
   }
 }
 
+// An asynchronous checkpoint's snapshot (Engine::freeze_state / with_frozen) is the state of the
+// step that saved, although the freeze waits for nothing: the CPU optimizer is still redoing that
+// step's buckets (every step clips) when the first bucket is read, and the next step changes the
+// others (copied aside first) before they are read.
+TEST_F(OffloadEquivalence, AsyncSnapshotIsTheSavingStepWhileTheOptimizerFinishesItAndMovesOn) {
+  constexpr int kSaveAt = 4;
+  const float always_clip = clip_ * 1e-3f;
+  for (const Mode& md : {mode("superoffload r0.5", OffloadMode::SuperOffload, 0.5),
+                         mode("superoffload r1 inverse", OffloadMode::SuperOffload, 1.0, RollbackMode::Inverse),
+                         mode("zero-offload r1", OffloadMode::ZeroOffload, 1.0),
+                         mode("device", OffloadMode::None, 0)}) {
+    SCOPED_TRACE(md.name);
+    // overlap false: the reference, read after the optimizer drained; true: read at once, across
+    // the next step.
+    auto snapshot = [&](bool overlap) {
+      auto backend = create_backend(test::cpu_backend_options());
+      ModelOptions mo;
+      mo.micro_batch = 2;
+      mo.seq_len = 32;
+      LlamaModel model(*backend, *cfg_, mo);
+      EngineOptions eo;
+      eo.bucket_size = 100000;
+      eo.grad_clip = always_clip;
+      eo.offload = md.off;
+      Engine engine(*backend, model.layout(), eo, *comm_);
+      engine.init_weights(42, 0.02f);
+      BatchSampler sampler(*tokens_, mo.seq_len, mo.micro_batch, cfg_->vocab_size, 3);
+      auto step = [&] {
+        engine.begin_step(kLr, 1);
+        model.zero_loss();
+        model.forward_backward(sampler.next(), engine, engine, 1.0f / (mo.micro_batch * mo.seq_len), true);
+        EXPECT_LT(engine.end_step().clip_coef, 1.0f);
+      };
+      for (int it = 1; it <= kSaveAt; ++it) step();
+      if (!overlap) engine.finish();
+      engine.freeze_state();
+      const size_t nb = engine.buckets().size();
+      std::vector<std::vector<float>> parts(nb);
+      auto read = [&](size_t b) {
+        engine.with_frozen(b, [&](const Engine::FrozenBucket& f) {
+          parts[b].resize(3 * static_cast<size_t>(f.size()));
+          for (int k = 0; k < 3; ++k)
+            f.copy(static_cast<OptimState>(k), 0, f.size() * sizeof(float), parts[b].data() + k * f.size());
+        });
+      };
+      read(0);  // the last bucket the optimizer finalises (it goes in forward order)
+      if (overlap) step();
+      for (size_t b = 1; b < nb; ++b) read(b);
+      engine.finish();
+      std::vector<float> all;
+      for (const auto& p : parts) all.insert(all.end(), p.begin(), p.end());
+      return all;
+    };
+    const std::vector<float> ref = snapshot(false), got = snapshot(true);
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_TRUE(test::same_bits(got, ref)) << "max |diff| " << max_abs_diff(got, ref);
+  }
+}
+
 TEST(BucketPlacement, RatioCountsParametersNotBuckets) {
   std::vector<Bucket> b(4);
   const int64_t sizes[] = {100, 100, 100, 700};  // backward order; the big one is read first by forward

@@ -106,17 +106,19 @@ class Engine final : public ParamStore, public ModelHooks {
   int64_t bucket_shard_begin(size_t b) const { return shards_.buckets[b].shard_begin; }
   int64_t bucket_shard_size(size_t b) const { return shards_.buckets[b].shard_size; }
 
-  // A snapshot of the optimizer state for an asynchronous checkpoint, taken lazily: after
-  // freeze_state() (between steps), the first change to a bucket's state (the offload pipeline's
-  // step, the device step) first copies that bucket aside, unless with_frozen(b) took it already.
-  // with_frozen(b, read) calls read(frozen) once, with bucket b's state as of freeze_state(). Each
-  // copy() holds the bucket only while it copies its piece, so an optimizer step reaching a bucket
-  // the writer is still on waits for one piece (not the bucket's disk write), copies the bucket
-  // aside and goes on; the writer reads the rest from that copy. Until then the state is read
-  // where it lives — host arrays in place, device memory by a D2H copy straight into the caller's
-  // buffer — and the writer's only copy is the one into its I/O buffer. Copies aside go into host
-  // memory kept from one save to the next (reserve_snapshot_space), whose pages exist already:
-  // fresh pages cost a step more to fault in than the copy itself.
+  // A snapshot of the optimizer state for an asynchronous checkpoint, taken lazily: freeze_state()
+  // (between steps) waits for nothing; the writer's with_frozen(b, read) waits until bucket b's
+  // state is final for the step that saved (the CPU optimizer may still be finishing it, as it
+  // does beside the next forward), and the first change a later step makes to a bucket (the
+  // offload pipeline's step, the device step) first copies that bucket aside, unless with_frozen(b)
+  // took it already. with_frozen(b, read) calls read(frozen) once, with bucket b's state as of the
+  // saving step. Each copy() holds the bucket only while it copies its piece, so an optimizer step
+  // reaching a bucket the writer is still on waits for one piece (not the bucket's disk write),
+  // copies the bucket aside and goes on; the writer reads the rest from that copy. Until then the
+  // state is read where it lives — host arrays in place, device memory by a D2H copy straight into
+  // the caller's buffer — and the writer's only copy is the one into its I/O buffer. Copies aside
+  // go into host memory kept from one save to the next (reserve_snapshot_space), whose pages exist
+  // already: fresh pages cost a step more to fault in than the copy itself.
   class FrozenBucket {
    public:
     int64_t size() const { return n_; }  // values per part: bucket_shard_size(b)
@@ -130,6 +132,7 @@ class Engine final : public ParamStore, public ModelHooks {
     int64_t n_ = 0;
     const char* host_[3] = {};    // host state in place
     const char* device_[3] = {};  // otherwise
+    Event* state_ready_ = nullptr;  // the saving step's device updates done (the D2H copies wait for it)
     std::unique_ptr<Event> copied_;
   };
   using FrozenReader = std::function<void(const FrozenBucket& frozen)>;
@@ -199,7 +202,9 @@ class Engine final : public ParamStore, public ModelHooks {
   // Units u of the current pass: gather what u reads, prefetch the next unit's, drop the rest.
   void enter_unit(int unit, bool backward);
   void wait_stepped_weights(size_t b);  // unsharded: compute waits for bucket b's new weights
-  void before_state_change(size_t b);     // copies bucket b's frozen state aside if still needed
+  // A change of bucket b's state for step `iteration` is about to be made: copies the bucket's
+  // frozen state aside if it is still wanted and the change is of a step after the saving one.
+  void before_state_change(size_t b, int64_t iteration);
   AdamArrays device_arrays(size_t b, bool with_snapshot);  // a device bucket's state, grads and weights
   void allocate_snapshot_space();
   void copy_bucket_state(size_t b, float* out);  // p, m, v of bucket b's shard: 3 x shard_size values
@@ -244,6 +249,9 @@ class Engine final : public ParamStore, public ModelHooks {
     float* copy = nullptr;  // 3 x shard_size values in snapshot_space_
   };
   HostBuffer snapshot_space_;
+  std::atomic<int64_t> frozen_iteration_{-1};  // the saving step: its own changes are part of the snapshot
+  int64_t frozen_offload_step_ = -1;            // the CPU optimizer's step the writer waits for
+  std::unique_ptr<Event> frozen_ready_;         // on the comm stream after the saving step's device updates
   std::once_flag snapshot_space_reserved_;
   std::vector<std::unique_ptr<Frozen>> frozen_;
   std::vector<bf16> write_staging_;     // write_owned's model-dtype copy of master weights

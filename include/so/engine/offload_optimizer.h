@@ -57,9 +57,9 @@ class OffloadOptimizer {
     // rest on the device, as their gradients are final only at the end of backward: the worker
     // neither sums nor speculates on those (it would only lengthen the tail of the step).
     size_t host_sums = SIZE_MAX;
-    // Called on the optimizer thread before a bucket's state first changes in a step (checkpoint
-    // snapshots copy it aside here); may be empty.
-    std::function<void(size_t)> before_change;
+    // Called on the optimizer thread before a bucket's state changes, with the step (iteration)
+    // the change belongs to (checkpoint snapshots copy it aside here); may be empty.
+    std::function<void(size_t, int64_t)> before_change;
   };
   // buckets: the offloaded ones, covering [base, end) of the flat buffers; device_weights and
   // device_grads are the whole flat device buffers (model dtype).
@@ -97,6 +97,11 @@ class OffloadOptimizer {
   // The compute stream waits until bucket i's weights from the last finished step are on the
   // device (the host first waits until the optimizer has issued that copy).
   void wait_weights(size_t i, Stream& compute);
+  // The last step validation decided (-1: none yet); its buckets may still be being finalised.
+  int64_t decided_iteration();
+  // Host waits until bucket i's state is final for step `iteration` (any thread; rethrows
+  // optimizer errors).
+  void wait_final(size_t i, int64_t iteration);
   // Host waits for every outstanding task and copy; rethrows optimizer errors.
   void drain();
 
@@ -114,7 +119,7 @@ class OffloadOptimizer {
 
   void enqueue(Task t);
   void run_worker();
-  void wait_until(const std::function<bool()>& ready);  // main thread; rethrows worker errors
+  void wait_until(const std::function<bool()>& ready);  // rethrows worker errors
 
   // Worker-thread steps of the pipeline.
   void process(size_t i, int64_t gen, const AdamWParams& hp, bool speculate);
