@@ -4,10 +4,14 @@
 // (sequential write made durable, and sequential read from the disk, of the same bytes in the same
 // directory, each the faster of through and around the page cache), and the stall an asynchronous save costs the training step
 // that follows it: the save call itself, plus what the next optimizer step (which changes every
-// bucket while the writer runs) takes beyond the same step without a save in flight.
+// bucket while the writer runs) takes beyond the same step without a save in flight. With
+// --train-steps, also what saves cost real training (the trainer on configs/runs/bench-step.json
+// with this model): per save, the extra time of the steps from the saving one to the next save,
+// synchronous and asynchronous, against the median step of the same training without saves.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
@@ -20,16 +24,69 @@
 #include "so/io/direct_io_file.h"
 #include "so/model/param_layout.h"
 #include "so/train/checkpoint.h"
+#include "so/train/trainer.h"
 
 namespace so::bench {
 
 namespace po = boost::program_options;
 
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// The trainer three times on the same data: no saves, synchronous saves and asynchronous ones every
+// `every` steps. A save's cost is the time the steps from the saving one to the next save (or the
+// end) take beyond as many steps of the run without saves (its median step); the last save of the
+// asynchronous run has steps after it, so its writer finishes within them.
+void train_with_saves(const std::string& model, const std::string& dtype, const std::string& dir, int steps,
+                      int every, Communicator& comm) {
+  nlohmann::json doc = load_json_file("configs/runs/bench-step.json");
+  apply_override(doc, "model.config=" + model);
+  apply_override(doc, std::string("bf16.enabled=") + (dtype == "bf16" ? "true" : "false"));
+  apply_override(doc, str_cat("train.steps=", steps));
+  apply_override(doc, "steps_per_print=1000000");
+  const RunConfig cfg = parse_run_config(doc, "so_bench ckpt --train-steps");
+  auto run = [&](const std::string& name, bool save, bool async) {
+    TrainOptions opts;
+    if (save) {
+      opts.save_dir = dir + "/train-" + name;
+      opts.save_every = every;
+      opts.keep = 2;
+      opts.async_save = async;
+      if (comm.rank() == 0) std::filesystem::remove_all(opts.save_dir);
+      comm.barrier();
+    }
+    return train(cfg, comm, opts).step_seconds;
+  };
+  const std::vector<double> none = run("none", false, false), sync = run("sync", true, false),
+                            async = run("async", true, true);
+  // Step 1 pays start-up effects; the steps of the run without saves give the typical step.
+  const double typical = median(std::vector<double>(none.begin() + 1, none.end()));
+  auto per_save = [&](const std::vector<double>& t) {
+    double extra = 0;
+    int saves = 0;
+    for (int s = every; s < steps; s += every, ++saves)  // steps are 1-based: t[s - 1] is step s
+      for (int k = s; k < std::min(s + every, steps + 1); ++k) extra += t[k - 1] - typical;
+    return extra / saves;
+  };
+  const double sync_cost = per_save(sync), async_cost = per_save(async);
+  if (comm.rank() == 0) {
+    std::printf("# in training (%s, %d steps, a save every %d; step %.3f s without saves): a synchronous save "
+                "costs %.3f s of training, an asynchronous one %.3f s: %.3f of the synchronous\n",
+                model.c_str(), steps, every, typical, sync_cost, async_cost, async_cost / sync_cost);
+  }
+}
+
+}  // namespace
+
 int ckpt_bench(int argc, char** argv, Communicator& comm) {
   po::options_description desc("so_bench ckpt options");
   std::string model = "configs/models/tiny.json", dir = "build/ckpt-bench";
   std::string dtype = "fp32";
-  int reps = 3;
+  int reps = 3, train_steps = 0, train_save_every = 4;
   bool async = true;
   desc.add_options()("help,h", "show this help")("model", po::value<std::string>(&model)->default_value(model),
                                                  "HF config.json of the model")(
@@ -39,10 +96,18 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
       "training dtype: fp32 or bf16 (bf16 needs 16 instead of 20 bytes of engine state per parameter)")(
       "async", po::value<bool>(&async)->default_value(async),
       "also time an asynchronous save and the step it stalls (its copies aside can need as much host memory "
-      "again as the optimizer state)");
+      "again as the optimizer state)")(
+      "train-steps", po::value<int>(&train_steps)->default_value(train_steps),
+      "also train this many steps three times (no saves, synchronous and asynchronous saves every "
+      "--train-save-every steps) and report what a save costs the training; 0: do not")(
+      "train-save-every", po::value<int>(&train_save_every)->default_value(train_save_every),
+      "steps between the saves of --train-steps");
   po::variables_map vm;
   if (!parse_command_line(desc, argc, argv, vm)) return 0;
   SO_CHECK(reps >= 2, "--reps must be at least 2 (the first save sizes the disk-bound probe)");
+  SO_CHECK(train_steps == 0 || (train_save_every >= 2 && train_steps >= 2 * train_save_every),
+           "--train-steps ", train_steps, " with --train-save-every ", train_save_every,
+           ": saves need at least 2 steps between them and the run at least two saves");
 
   nlohmann::json doc = {{"model", {{"config", model}}},
                         {"data", {{"type", "synthetic"}, {"seq_len", 16}}},
@@ -139,7 +204,8 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     return secs(t0, clock());
   };
   double best_save = 1e30, best_load = 1e30, best_write = 1e30, best_read = 1e30, bytes = 0;
-  double best_step = 1e30, best_stall = 1e30, best_async = 1e30, removal = 0, stall_call = 0, stall_step = 0;
+  double best_step = 1e30, best_stall = 1e30, best_async = 1e30, removal = 0, stall_call = 0, stall_step = 0,
+         stall_alone = 0;
   std::string path;
   TrainState state;
   for (int r = 0; r < reps; ++r) {
@@ -181,6 +247,7 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
       best_stall = call + std::max(0.0, step - best_step);
       stall_call = call;
       stall_step = step;
+      stall_alone = best_step;
     }
   }
   if (comm.rank() == 0) {
@@ -195,9 +262,10 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     if (async)
       std::printf("# async save: stall %.3f s (the call %.3f s + the next optimizer step's extra time: %.3f s against "
                   "%.3f s alone), %.3f of the synchronous save; save to commit %.3f s\n",
-                  best_stall, stall_call, stall_step, best_step, best_stall / best_save, best_async);
+                  best_stall, stall_call, stall_step, stall_alone, best_stall / best_save, best_async);
     std::printf("# the previous checkpoint's deletion after a commit, in the background: up to %.3f s\n", removal);
   }
+  if (train_steps > 0) train_with_saves(model, dtype, dir, train_steps, train_save_every, comm);
   return 0;
 }
 

@@ -202,6 +202,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     sink.write(m, cfg.steps, lead && (m.step % cfg.log_every == 0 || m.step == 1 || m.step == cfg.steps));
     std::fflush(stdout);
     tokens_per_s_sum += m.tokens_per_s;
+    summary.step_seconds.push_back(m.seconds);
     if (m.step > first_step)  // the first step of a run pays start-up effects
       step_sum += m.seconds, exposed_sum += m.exposed_optimizer_s, busy_sum += m.optimizer_busy_s;
   };

@@ -32,7 +32,8 @@ struct TrainSummary {
   double mean_optimizer_busy_s = 0.0;
   int64_t steps = 0;
   int64_t clipped_steps = 0, skipped_steps = 0;
-  std::vector<double> losses;  // every step's global mean loss (of this run, after any resume)
+  std::vector<double> losses;        // every step's global mean loss (of this run, after any resume)
+  std::vector<double> step_seconds;  // every step's time, as its metrics line gives it
   bool stopped_by_signal = false;
 };
 
