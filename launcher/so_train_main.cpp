@@ -110,6 +110,8 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
     cfg = so::parse_run_config(doc, config);
   }
 
+  if (async_save != "on" && async_save != "off")
+    throw so::Error("command line: --async-save is '" + async_save + "'; choose on or off");
   if (vm.count("plan")) {
     if (config.empty()) throw so::Error("command line: --plan needs --config FILE");
     const int ranks = vm.count("plan-ranks") ? plan_ranks : mpi.world_size();
@@ -130,7 +132,7 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       machine.deterministic_attention = cfg.backend.deterministic_attention;
     }
     const std::string chosen = so::resolve_auto_memory(cfg, ranks, machine);
-    const so::MemoryPlan plan = so::plan_memory(cfg, ranks, 0, machine);
+    const so::MemoryPlan plan = so::plan_memory(cfg, ranks, 0, machine, !save_dir.empty() && async_save == "on");
     if (mpi.world_rank() == 0) {
       std::printf("%s%s", chosen.empty() ? "" : (chosen + "\n").c_str(), so::format_plan(cfg, ranks, plan, machine).c_str());
       if (!plan_json.empty()) {
@@ -163,8 +165,6 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   if (keep < 1) throw so::Error("command line: --keep must be at least 1");
   opts.save_dir = save_dir;
   opts.save_every = save_every;
-  if (async_save != "on" && async_save != "off")
-    throw so::Error("command line: --async-save is '" + async_save + "'; choose on or off");
   opts.async_save = async_save == "on";
   opts.keep = keep;
   opts.resume = resume;

@@ -195,7 +195,7 @@ ModelOptions model_options(const RunConfig& cfg, int64_t micro_batch, int sp_siz
   return mo;
 }
 
-MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineProfile& m) {
+MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineProfile& m, bool async_saves) {
   SO_CHECK(!cfg.offload_checkpoints_auto && !cfg.mlp_tile_auto, "plan: auto values are not resolved");
   MemoryPlan plan;
   plan.world = world, plan.rank = rank;
@@ -304,6 +304,9 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
     plan.host.push_back({"activation checkpoints (pinned)", host_ckpt,
                          str_cat(cfg.model.num_layers, " layers x ", mo.micro_batch * mo.seq_len, " tokens x ",
                                  cfg.model.hidden_size, " x ", dtype_name(cfg.dtype))});
+  if (async_saves)  // Engine::reserve_snapshot_space
+    plan.host.push_back({"asynchronous checkpoint copies", n * 12,
+                         str_cat(n, " elements x 12 bytes (p, m, v copied aside for a save in flight)")});
   for (const PlanTerm& t : plan.host) plan.host_total += t.bytes;
   return plan;
 }

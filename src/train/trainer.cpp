@@ -92,7 +92,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   RunConfig run = cfg;
   const MachineProfile machine = machine_profile_of(*backend);
   const std::string auto_choice = resolve_auto_memory(run, comm.size(), machine);
-  const MemoryPlan plan = plan_memory(run, comm.size(), comm.rank(), machine);
+  const MemoryPlan plan = plan_memory(run, comm.size(), comm.rank(), machine, !opts.save_dir.empty() && opts.async_save);
   if (const std::optional<std::string> over = first_term_over(plan, machine))
     throw Error(str_cat("the run does not fit: ", *over, "\n", format_plan(run, comm.size(), plan, machine),
                         "(train.activation_offload and train.mlp_tile_tokens \"auto\" offload and tile as needed; "

@@ -207,6 +207,30 @@ TEST(MemoryPlan, AutoOffloadsThenTilesOnlyAsFarAsNeeded) {
   EXPECT_FALSE(first_term_over(plan_memory(c, 1, 0, m), m).has_value());
 }
 
+// The host term of asynchronous saves is the room the engine reserves to copy its state aside.
+TEST(MemoryPlan, AsyncCheckpointCopiesAreWhatTheEngineReserves) {
+  RunConfig cfg = run_config("");
+  cfg.offload.mode = OffloadMode::SuperOffload, cfg.offload.ratio = 0.5;
+  MachineProfile m;
+  m.name = "test";
+  const MemoryPlan without = plan_memory(cfg, 1, 0, m), with = plan_memory(cfg, 1, 0, m, true);
+  ASSERT_EQ(with.host.size(), without.host.size() + 1);
+  const PlanTerm& term = with.host.back();
+  EXPECT_EQ(term.name, "asynchronous checkpoint copies");
+  EXPECT_EQ(with.host_total, without.host_total + term.bytes);
+
+  auto comm = make_mpi_world_communicator();
+  auto backend = create_backend(test::cpu_backend_options());
+  LlamaModel model(*backend, cfg.model, model_options(cfg, 2, 1));
+  EngineOptions eo;
+  eo.bucket_size = cfg.bucket_size;
+  eo.offload = cfg.offload;
+  Engine engine(*backend, model.layout(), eo, *comm);
+  EXPECT_EQ(engine.snapshot_space_bytes(), 0u);  // nothing until a trainer saving asynchronously asks
+  engine.reserve_snapshot_space();
+  EXPECT_EQ(engine.snapshot_space_bytes(), term.bytes);
+}
+
 TEST(MemoryPlan, NamesTheFirstTermOverCapacity) {
   RunConfig cfg = run_config("");
   MachineProfile m;

@@ -60,7 +60,8 @@ ModelOptions model_options(const RunConfig& cfg, int64_t micro_batch, int sp_siz
 
 // Rank `rank` of `world` (dp x sp from cfg.sequence_parallel_size). Auto values must be resolved.
 // Every rank's plan is the same (ZeRO shards are padded to one size); the rank names the errors.
-MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineProfile& m);
+// async_saves: the run saves checkpoints asynchronously (host room to copy the state aside).
+MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineProfile& m, bool async_saves = false);
 // The device term at which the running sum first passes the profile's capacity; none if it fits.
 std::optional<std::string> first_term_over(const MemoryPlan& plan, const MachineProfile& m);
 // The table: terms, totals, whether each memory holds them, the largest sequence length and layer
