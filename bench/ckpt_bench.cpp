@@ -105,7 +105,7 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
   po::variables_map vm;
   if (!parse_command_line(desc, argc, argv, vm)) return 0;
   SO_CHECK(reps >= 2, "--reps must be at least 2 (the first save sizes the disk-bound probe)");
-  SO_CHECK(train_steps == 0 || (train_save_every >= 2 && train_steps >= 2 * train_save_every),
+  SO_CHECK(train_steps == 0 || (train_save_every >= 2 && train_steps / 2 >= train_save_every),
            "--train-steps ", train_steps, " with --train-save-every ", train_save_every,
            ": saves need at least 2 steps between them and the run at least two saves");
 

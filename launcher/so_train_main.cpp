@@ -2,6 +2,8 @@
 //   so_train --config FILE [--model DIR|config.json] [--data FILE --seq-len N] [--steps N]
 //            [--set key.path=value ...] [--metrics FILE] [--trace FILE]
 //            [--bind auto|none] [--bind-core-list LIST] [--print-binding]
+#include <algorithm>
+#include <charconv>
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -168,10 +170,16 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   opts.async_save = async_save == "on";
   opts.keep = keep;
   opts.resume = resume;
-  if (!profile_steps.empty()) {
-    long long a = 0, b = 0;
-    char tail = 0;
-    if (std::sscanf(profile_steps.c_str(), "%lld:%lld%c", &a, &b, &tail) != 2 || a < 1 || b < a)
+  if (vm.count("profile-steps")) {
+    // Both numbers whole, in range, nothing else: from_chars refuses signs, spaces and overflow.
+    const char* text = profile_steps.data();
+    const char* end = text + profile_steps.size();
+    const char* colon = std::find(text, end, ':');
+    int64_t a = 0, b = 0;
+    const auto first = std::from_chars(text, colon, a);
+    const auto last = colon == end ? first : std::from_chars(colon + 1, end, b);
+    if (colon == end || first.ec != std::errc() || first.ptr != colon || last.ec != std::errc() || last.ptr != end ||
+        a < 1 || b < a)
       throw so::Error("command line: --profile-steps is '" + profile_steps + "'; give A:B with 1 <= A <= B");
     opts.profile_first = a, opts.profile_last = b;
   }

@@ -29,8 +29,9 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # cuDNN's C++ frontend (the CUDA backend's fused attention) is header-only and published on PyPI
-# only: the pinned wheel's include/ goes to /opt (the version cmake/SoDependencies.cmake looks for).
-cfe_version=1.32.0
+# only: the wheel's include/ goes to /opt, at the version cmake/SoDependencies.cmake pins and looks for.
+cfe_version=$(sed -n 's/^ *set(SO_CUDNN_FRONTEND_VERSION \([0-9.]*\)).*/\1/p' "$(dirname "$0")/../cmake/SoDependencies.cmake")
+[ -n "$cfe_version" ] || { echo "install-deps: no SO_CUDNN_FRONTEND_VERSION in cmake/SoDependencies.cmake" >&2; exit 1; }
 cfe_dir=/opt/cudnn-frontend-$cfe_version
 if [ -x /usr/local/cuda/bin/nvcc ] && [ ! -f "$cfe_dir/include/cudnn_frontend.h" ]; then
   echo "install-deps: unpacking nvidia-cudnn-frontend $cfe_version into $cfe_dir"

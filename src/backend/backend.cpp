@@ -26,6 +26,11 @@ void Backend::release_after(DeviceBuffer buf, Stream& s) {
   host_func(s, [held] { held->reset(); });
 }
 
+void Backend::copy_h2d_sync(void* dst, const void* src, size_t bytes, Stream& s) {
+  copy_h2d(dst, src, bytes, s);
+  synchronize(s);
+}
+
 void Backend::synchronize_all() {
   for (int k = 0; k < kNumStreamKinds; ++k) synchronize(stream(static_cast<StreamKind>(k)));
 }

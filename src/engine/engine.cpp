@@ -280,18 +280,14 @@ void Engine::write_owned(int id, OptimState which, int64_t first, const float* v
            p.name, "'; this rank owns ", owned);
   if (n == 0) return;
   drain_optimizer();
+  // A load calls this for every 4 MiB piece; `values` and the staging buffer are reused after return.
   Stream& s = backend_.stream(StreamKind::Compute);
-  // With every stream idle (drained above), memory the host addresses is written in place: a load
-  // calls this for every 4 MiB piece, and a hand-off to a stream thread and back per piece costs
-  // more than the copy when ranks share cores.
-  const auto copy_in = [&](void* dst, const void* src, size_t bytes, bool host) {
-    if (host || backend_.device_is_host())
-      std::memcpy(dst, src, bytes);
-    else
-      backend_.copy_h2d(dst, src, bytes, s);
-  };
   const int64_t at = part->dst + first;
-  copy_in(state_ptr(at, which), values, static_cast<size_t>(n) * sizeof(float), on_host(at));
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  if (on_host(at))
+    std::memcpy(state_ptr(at, which), values, bytes);
+  else
+    backend_.copy_h2d_sync(state_ptr(at, which), values, bytes, s);
   if (which == OptimState::Master) {
     // The device copy in model dtype, rounded on the host the way every cast rounds (fp32: the
     // values themselves; bf16 through a buffer kept between calls, so a load touches no new pages).
@@ -301,11 +297,10 @@ void Engine::write_owned(int id, OptimState which, int64_t first, const float* v
       for (int64_t i = 0; i < n; ++i) write_staging_[i] = f32_to_bf16(values[i]);
       src = write_staging_.data();
     }
-    copy_in(static_cast<char*>(weights_.data()) + at * dtype_size(opts_.dtype), src,
-            static_cast<size_t>(n) * dtype_size(opts_.dtype), false);
+    backend_.copy_h2d_sync(static_cast<char*>(weights_.data()) + at * dtype_size(opts_.dtype), src,
+                           static_cast<size_t>(n) * dtype_size(opts_.dtype), s);
     invalidate_gathered();
   }
-  backend_.synchronize(s);  // `values` and the staging buffer are reused after return
 }
 
 std::vector<float> Engine::read_owned(int id, OptimState which) {

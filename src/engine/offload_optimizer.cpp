@@ -73,6 +73,7 @@ void* OffloadOptimizer::host_grad(size_t i) const {
 // ---- the worker thread ----------------------------------------------------------------------
 
 void OffloadOptimizer::enqueue(Task t) {
+  drained_ = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     tasks_.push_back(std::move(t));
@@ -299,10 +300,12 @@ void OffloadOptimizer::wait_final(size_t i, int64_t iteration) {
 
 void OffloadOptimizer::drain() {
   wait_until([&] { return busy_ == 0; });
+  if (drained_) return;  // loads drain before every piece they write
   for (Slot& s : slots_) {
     backend_.synchronize(*s.grads_on_host);
     backend_.synchronize(*s.weights_on_device);
   }
+  drained_ = true;
 }
 
 }  // namespace so

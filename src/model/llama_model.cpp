@@ -209,10 +209,15 @@ LlamaModel::~LlamaModel() {
   }
 }
 
+LlamaModel::AttentionShape LlamaModel::attention_shape(const ModelConfig& cfg, const ModelOptions& opts,
+                                                       int64_t sp_size) {
+  return {opts.micro_batch, opts.seq_len * sp_size, cfg.num_heads / sp_size,
+          cfg.num_kv_heads * kv_copies_for(cfg, sp_size) / sp_size, cfg.head_dim};
+}
+
 std::string LlamaModel::attention_implementation() const {
-  const int64_t P = sp_size();
-  return ops_.attention_implementation(opts_.micro_batch, opts_.seq_len * P, cfg_.num_heads / P,
-                                       cfg_.num_kv_heads * kv_copies_ / P, cfg_.head_dim, opts_.dtype);
+  const AttentionShape a = attention_shape(cfg_, opts_, sp_size());
+  return ops_.attention_implementation(a.B, a.S, a.Hq, a.Hkv, a.D, opts_.dtype);
 }
 
 void LlamaModel::zero_loss() { backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_); }

@@ -260,18 +260,16 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
     zero = ZeroReplay(layout, buckets, shards, stage, esz, a).peak(static_cast<int>(batch.accumulation),
                                                                   cfg.activation_checkpointing);
   if (m.cuda) {
-    // Attention over all tokens and this rank's heads (LlamaModel::attention_implementation).
-    const int64_t B = batch.micro, S = cfg.data.seq_len, Hq = cfg.model.num_heads / plan.sp, D = cfg.model.head_dim;
-    const int64_t Hkv = cfg.model.num_kv_heads * std::max<int64_t>(1, plan.sp / cfg.model.num_kv_heads) / plan.sp;
-    size_t bytes = static_cast<size_t>(B * Hq * S) * 4;  // the flash backward's fp32 rowsum(dout * out)
+    const LlamaModel::AttentionShape at = LlamaModel::attention_shape(cfg.model, mo, plan.sp);
+    size_t bytes = static_cast<size_t>(at.B * at.Hq * at.S) * 4;  // the flash backward's fp32 rowsum(dout * out)
     if (m.backend) {
-      bytes = m.backend->ops().attention_workspace_bytes(B, S, Hq, Hkv, D, cfg.dtype);
+      bytes = m.backend->ops().attention_workspace_bytes(at.B, at.S, at.Hq, at.Hkv, at.D, cfg.dtype);
     } else if (cfg.dtype == DType::BF16 && m.deterministic_attention) {
       // Another machine: cuDNN's deterministic backward holds B x Hq x ceil64(S)^2 bf16 on Hopper,
-      // and the backend takes it only while that is at most 1/16 of the device (cuda_ops.cpp).
-      const size_t s64 = static_cast<size_t>((S + 63) / 64 * 64);
-      const size_t det = static_cast<size_t>(B * Hq) * s64 * s64 * 2;
-      if (m.device_bytes == 0 || det <= m.device_bytes / 16) bytes = det;
+      // and the backend takes it only within kDeterministicAttentionShare of the device (cuda_ops.cpp).
+      const size_t s64 = static_cast<size_t>((at.S + 63) / 64 * 64);
+      const size_t det = static_cast<size_t>(at.B * at.Hq) * s64 * s64 * 2;
+      if (m.device_bytes == 0 || det <= m.device_bytes / kDeterministicAttentionShare) bytes = det;
     }
     cuda_ws = round_up(bytes, a);
   }

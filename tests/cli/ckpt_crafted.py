@@ -79,6 +79,19 @@ def huge_shape(f):
     f.create_dataset(name, shape=(1 << 20, 1 << 14), dtype="<f4")  # 64 GiB claimed, nothing stored
 
 
+def misaligned_dataset(f):
+    # The same values and checksums, stored from an odd byte (3 bytes of raw data allocated before
+    # them): loads read tensors by pieces in place and need whole values.
+    name = "/model/" + first_tensor(f)
+    data = f[name][()]
+    f.create_dataset("/pad", data=np.zeros(3, "u1"))
+    f.create_dataset("/model/moved", data=data)
+    assert f["/model/moved"].id.get_offset() % 4 != 0
+    del f[name]
+    f.move("/model/moved", name)
+    del f["/pad"]
+
+
 def nested_metadata(f):
     set_metadata(f, "[" * 100000 + "]" * 100000)
 
@@ -98,6 +111,7 @@ ATTACKS = [
     ("dataset stored as float64", retype_dataset, "is not float32 little-endian"),
     ("checksum table never written", unwritten_checksums, "is not a valid segment"),
     ("dataset shape claims 64 GiB", huge_shape, "has the wrong shape"),
+    ("dataset from an odd byte", misaligned_dataset, "not on a whole value"),
 ]
 
 

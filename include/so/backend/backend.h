@@ -62,6 +62,10 @@ class Backend {
   virtual void host_func(Stream& s, std::function<void()> fn) = 0;
 
   virtual void copy_h2d(void* dst, const void* src, size_t bytes, Stream& s) = 0;
+  // copy_h2d in stream order that returns when the copy is done (src may be reused at once). The
+  // CPU backend copies on the calling thread once s is idle: no hand-off to the stream's thread
+  // and back, which costs more than a few MiB of copy when ranks share cores (checkpoint loads).
+  virtual void copy_h2d_sync(void* dst, const void* src, size_t bytes, Stream& s);
   virtual void copy_d2h(void* dst, const void* src, size_t bytes, Stream& s) = 0;
   virtual void copy_d2d(void* dst, const void* src, size_t bytes, Stream& s) = 0;
   virtual void memset_zero(void* dst, size_t bytes, Stream& s) = 0;
@@ -99,10 +103,11 @@ struct BackendOptions {
   // "cudnn" (required: an error where it does not) or "flash".
   std::string attention = "auto";
   // cuDNN's backward without atomics, so that runs and resumes repeat bit for bit. Where its
-  // workspace (about B*Hq*S^2*2 bytes on Hopper) would exceed 1/16 of the device, "auto" uses the
-  // flash kernels (deterministic too) and says so.
+  // workspace (about B*Hq*S^2*2 bytes on Hopper) would exceed 1/kDeterministicAttentionShare of the
+  // device, "auto" uses the flash kernels (deterministic too) and says so.
   bool deterministic_attention = true;
 };
+inline constexpr size_t kDeterministicAttentionShare = 16;
 
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts);
 

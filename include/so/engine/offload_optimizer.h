@@ -157,6 +157,7 @@ class OffloadOptimizer {
   AdamWParams hp_;                    // of step gen_, with grad_scale 1 (main thread only)
   bool speculate_ = false;            // of step gen_ (main thread only)
   std::atomic<int64_t> rollbacks_{0};
+  bool drained_ = true;               // main thread: no task enqueued (no event recorded) since drain()
   int64_t decided_gen_ = -1;          // the last step validation decided, and how
   StepDecision decision_;
   std::thread worker_;

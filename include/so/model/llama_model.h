@@ -66,6 +66,12 @@ class LlamaModel {
   static size_t host_checkpoint_bytes(const ModelConfig& cfg, const ModelOptions& opts);
   // Tokens per MLP tile for this model's T tokens (T when untiled).
   static int64_t mlp_tile(const ModelOptions& opts);
+  // The shape every attention call has: all tokens of a sequence, this rank's heads under Ulysses
+  // with sp_size ranks (kv heads replicated when there are fewer than ranks).
+  struct AttentionShape {
+    int64_t B, S, Hq, Hkv, D;
+  };
+  static AttentionShape attention_shape(const ModelConfig& cfg, const ModelOptions& opts, int64_t sp_size);
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }

@@ -4,6 +4,7 @@
 // cpu_kernels.h run on those threads.
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <mutex>
 
@@ -36,6 +37,10 @@ class CpuBackend final : public Backend {
   void host_func(Stream& s, std::function<void()> fn) override { as_cpu(s).enqueue(std::move(fn)); }
 
   void copy_h2d(void* dst, const void* src, size_t bytes, Stream& s) override { copy(dst, src, bytes, s); }
+  void copy_h2d_sync(void* dst, const void* src, size_t bytes, Stream& s) override {
+    synchronize(s);
+    std::memcpy(dst, src, bytes);
+  }
   void copy_d2h(void* dst, const void* src, size_t bytes, Stream& s) override { copy(dst, src, bytes, s); }
   void copy_d2d(void* dst, const void* src, size_t bytes, Stream& s) override { copy(dst, src, bytes, s); }
   void memset_zero(void* dst, size_t bytes, Stream& s) override;

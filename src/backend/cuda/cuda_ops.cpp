@@ -20,10 +20,7 @@ CudaOps::CudaOps(Backend& backend, CublasLtGemm& gemm, DeviceError* device_error
       gemm_(gemm),
       device_error_(device_error),
       attention_mode_(attention),
-      deterministic_attention_(deterministic_attention) {
-  SO_CHECK(attention == "auto" || attention == "cudnn" || attention == "flash", "backend.attention is '", attention,
-           "'; choose auto, cudnn or flash");
-}
+      deterministic_attention_(deterministic_attention) {}  // attention: checked with the config (run_config.cpp)
 
 CudaOps::~CudaOps() = default;
 
@@ -85,12 +82,12 @@ const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, 
     if (!sdpa_) sdpa_ = std::make_unique<CudnnSdpa>(deterministic_attention_);
     why = sdpa_->check_support(shape);
     if (why.empty() && deterministic_attention_ && attention_mode_ == "auto") {
-      // The deterministic backward's workspace grows as S^2 on Hopper: past a sixteenth of the
+      // The deterministic backward's workspace grows as S^2 on Hopper: past a share of the
       // device, the flash kernels (deterministic and O(S)) serve instead.
       size_t free_bytes = 0, total_bytes = 0;
       SO_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
       const size_t ws = sdpa_->backward_workspace(shape);
-      if (ws > total_bytes / 16)
+      if (ws > total_bytes / kDeterministicAttentionShare)
         why = str_cat("cuDNN's deterministic backward needs ", ws >> 20, " MiB of workspace at S=", S,
                       " (backend.deterministic_attention=false runs cuDNN's backward with atomics)");
     }

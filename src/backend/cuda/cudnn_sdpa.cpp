@@ -151,20 +151,22 @@ struct CudnnSdpa::Impl {
     if (handle != nullptr) fe::detail::destroy_handle(handle);
   }
 
-  // The graph of a shape and direction, built on first use. Caller holds mu.
+  // The graph of a shape and direction, built on first use (every check and message then; a cached
+  // graph costs one lookup per call). Caller holds mu.
   Graph& get(const SdpaShape& s, bool backward, bool deterministic) {
+    int current = -1;
+    SO_CUDA_CHECK(cudaGetDevice(&current));
+    SO_CHECK(current == device, "cuDNN SDPA ", shape_text(s), ": called on device ", current, "; the handle is device ",
+             device, "'s");
+    uint32_t scale_bits = 0;
+    std::memcpy(&scale_bits, &s.scale, sizeof scale_bits);
+    const Key key{s.B, s.S, s.Hq, s.Hkv, s.D, scale_bits, backward};
+    if (auto it = graphs.find(key); it != graphs.end()) return it->second;
     const std::string what = str_cat("cuDNN SDPA ", backward ? "backward" : "forward", " ", shape_text(s));
     const std::string refusal = cudnn_sdpa_shape_refusal(s);
     SO_CHECK(refusal.empty(), what, ": ", refusal);
     SO_CHECK(load_cudnn().empty(), what, ": ", load_cudnn());
     if (handle == nullptr) SO_CUDNN_CHECK(fe::detail::create_handle(&handle), what);
-    int current = -1;
-    SO_CUDA_CHECK(cudaGetDevice(&current));
-    SO_CHECK(current == device, what, ": called on device ", current, "; the handle is device ", device, "'s");
-    uint32_t scale_bits = 0;
-    std::memcpy(&scale_bits, &s.scale, sizeof scale_bits);
-    const Key key{s.B, s.S, s.Hq, s.Hkv, s.D, scale_bits, backward};
-    if (auto it = graphs.find(key); it != graphs.end()) return it->second;
     Graph g;
     g.graph = backward ? backward_graph(s, deterministic) : forward_graph(s);
     SO_CUDNN_FE(g.graph->validate(), what);
@@ -176,14 +178,16 @@ struct CudnnSdpa::Impl {
     return graphs.emplace(key, std::move(g)).first->second;
   }
 
+  // Messages name the call: "cuDNN SDPA forward|backward <shape>", built only when one fails.
   void run(Graph& g, cudaStream_t stream, std::unordered_map<int64_t, void*>& pack, void* workspace,
-           const std::string& what) {
-    SO_CHECK(g.workspace == 0 || workspace != nullptr, what, ": needs ", g.workspace, " bytes of workspace");
+           const SdpaShape& s, const char* direction) {
+    SO_CHECK(g.workspace == 0 || workspace != nullptr, "cuDNN SDPA ", direction, " ", shape_text(s), ": needs ",
+             g.workspace, " bytes of workspace");
     for (const auto& [uid, p] : pack)  // cuDNN's kernels load bf16 tensors 16 bytes at a time
-      SO_CHECK(uid == kStats || (reinterpret_cast<uintptr_t>(p) & 15u) == 0, what, ": tensor ", uid,
-               " is not 16-byte aligned");
-    SO_CUDNN_CHECK(fe::detail::set_stream(handle, stream), what);
-    SO_CUDNN_FE(g.graph->execute(handle, pack, workspace), what);
+      SO_CHECK(uid == kStats || (reinterpret_cast<uintptr_t>(p) & 15u) == 0, "cuDNN SDPA ", direction, " ",
+               shape_text(s), ": tensor ", uid, " is not 16-byte aligned");
+    SO_CUDNN_CHECK(fe::detail::set_stream(handle, stream), "cuDNN SDPA ", direction, " ", shape_text(s));
+    SO_CUDNN_FE(g.graph->execute(handle, pack, workspace), "cuDNN SDPA ", direction, " ", shape_text(s));
   }
 };
 
@@ -226,7 +230,7 @@ void CudnnSdpa::forward(cudaStream_t stream, const SdpaShape& s, void* out, floa
   Impl::Graph& g = impl_->get(s, false, deterministic_);
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)}, {kK, const_cast<void*>(k)},
                                              {kV, const_cast<void*>(v)}, {kO, out}, {kStats, lse}};
-  impl_->run(g, stream, pack, workspace, str_cat("cuDNN SDPA forward ", shape_text(s)));
+  impl_->run(g, stream, pack, workspace, s, "forward");
 }
 
 void CudnnSdpa::backward(cudaStream_t stream, const SdpaShape& s, void* dq, void* dk, void* dv, const void* dout,
@@ -238,7 +242,7 @@ void CudnnSdpa::backward(cudaStream_t stream, const SdpaShape& s, void* dq, void
       {kQ, const_cast<void*>(q)},     {kK, const_cast<void*>(k)},          {kV, const_cast<void*>(v)},
       {kO, const_cast<void*>(out)},   {kdO, const_cast<void*>(dout)},      {kStats, const_cast<float*>(lse)},
       {kdQ, dq},                      {kdK, dk},                           {kdV, dv}};
-  impl_->run(g, stream, pack, workspace, str_cat("cuDNN SDPA backward ", shape_text(s)));
+  impl_->run(g, stream, pack, workspace, s, "backward");
 }
 
 }  // namespace so::cuda
