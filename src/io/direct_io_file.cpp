@@ -81,6 +81,10 @@ DirectIoFile::~DirectIoFile() {
     cv_.notify_all();
     io_.join();  // the queue is emptied first
   }
+  try {
+    write_pending("closing");
+  } catch (const Error&) {  // unseen, as the header says: sync() is where failures are reported
+  }
   if (direct_fd_ >= 0) ::close(direct_fd_);
   if (fd_ >= 0) ::close(fd_);
 }
@@ -151,9 +155,15 @@ void DirectIoFile::write_at(const void* data, size_t bytes, uint64_t offset, con
 
 void DirectIoFile::write_from(size_t bytes, uint64_t offset, const Fill& fill, const std::string& what) {
   const uint64_t end = offset + bytes;
-  // Bytes [a, b) of the file through the page cache, by pieces of the bounce buffer.
+  // Bytes [a, b) of the file through the page cache: at once when nothing goes direct, else kept
+  // for sync() (they are under two blocks).
   const auto buffered = [&](uint64_t a, uint64_t b) {
     if (a >= b) return;
+    if (direct()) {
+      pending_.push_back({a, std::vector<char>(static_cast<size_t>(b - a))});
+      fill(pending_.back().bytes.data(), static_cast<size_t>(a - offset), static_cast<size_t>(b - a));
+      return;
+    }
     bounce_.resize(std::max(bounce_.size(), static_cast<size_t>(std::min<uint64_t>(kPieceBytes, b - a))));
     for (uint64_t at = a; at < b;) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, b - at));
@@ -167,7 +177,7 @@ void DirectIoFile::write_from(size_t bytes, uint64_t offset, const Fill& fill, c
     buffered(offset, end);
     return;
   }
-  // The partial first and last blocks buffered, the whole ones queued.
+  // The partial first and last blocks kept, the whole ones queued.
   buffered(offset, mid_begin);
   for (uint64_t at = mid_begin; at < mid_end;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, mid_end - at));
@@ -179,24 +189,73 @@ void DirectIoFile::write_from(size_t bytes, uint64_t offset, const Fill& fill, c
   buffered(mid_end, end);
 }
 
-DirectIoFile::Request& DirectIoFile::fetch(uint64_t piece, uint64_t window) {
-  for (Request& r : requests_)
-    if (r.piece == piece) return r;
-  // A buffer of no piece in the window [window, window + kBuffers) being read and read ahead.
-  for (Request& r : requests_)
-    if (r.piece == kNoPiece || r.piece < window || r.piece >= window + kBuffers) {
-      wait(r);
-      r.piece = piece;
-      const uint64_t at = piece * kPieceBytes;
-      submit(r, static_cast<size_t>(std::min<uint64_t>(kPieceBytes, align_up(size_) - at)), at);
-      return r;
-    }
-  SO_CHECK(false, "DirectIoFile: no buffer free for piece ", piece);
-  return requests_.front();
+// The kept partial blocks, in file order, those that touch written together.
+void DirectIoFile::write_pending(const std::string& what) {
+  std::vector<Pending> pending;
+  std::swap(pending, pending_);
+  std::stable_sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) { return a.at < b.at; });
+  for (size_t i = 0; i < pending.size();) {
+    bounce_.clear();
+    const uint64_t at = pending[i].at;
+    for (; i < pending.size() && pending[i].at == at + bounce_.size(); ++i)
+      bounce_.insert(bounce_.end(), pending[i].bytes.begin(), pending[i].bytes.end());
+    check_write(pwrite_all(fd_, bounce_.data(), bounce_.size(), at), bounce_.size(), at, what, path_);
+  }
 }
 
-void DirectIoFile::read_ahead(uint64_t piece) {
-  for (uint64_t q = piece + 1; q < piece + kBuffers && q * kPieceBytes < size_; ++q) fetch(q, piece);
+void DirectIoFile::reset_plan() {
+  for (Request& r : requests_) {  // no buffer holds an extent of the old plan
+    wait(r);
+    r.extent = kNoExtent;
+  }
+  plan_.clear();
+  cursor_ = 0;
+}
+
+void DirectIoFile::will_read(const std::vector<Range>& ranges) {
+  if (!direct()) return;
+  reset_plan();
+  // Block-aligned spans, merged where the next starts within the last (ranges sharing a block),
+  // then cut into extents. Small reads go through the page cache: not planned.
+  std::vector<Extent> spans;
+  const uint64_t file_end = align_up(size_);
+  for (const Range& r : ranges) {
+    if (r.bytes < kSmallRead) continue;
+    const uint64_t a = align_down(r.offset), b = std::min(align_up(r.offset + r.bytes), file_end);
+    if (a >= b) continue;
+    if (!spans.empty() && a >= spans.back().at && a <= spans.back().at + spans.back().bytes)
+      spans.back().bytes = static_cast<size_t>(std::max(b, spans.back().at + spans.back().bytes) - spans.back().at);
+    else
+      spans.push_back({a, static_cast<size_t>(b - a)});
+  }
+  for (const Extent& sp : spans)
+    for (uint64_t at = sp.at; at < sp.at + sp.bytes; at += kPieceBytes)
+      plan_.push_back({at, static_cast<size_t>(std::min<uint64_t>(kPieceBytes, sp.at + sp.bytes - at))});
+}
+
+size_t DirectIoFile::extent_of(uint64_t at) {
+  for (size_t k = cursor_; k < plan_.size(); ++k)
+    if (plan_[k].at <= at && at < plan_[k].at + plan_[k].bytes) return cursor_ = k;
+  reset_plan();  // off the plan: on through the file from here
+  const uint64_t file_end = align_up(size_);
+  for (uint64_t a = align_down(at); a < file_end; a += kPieceBytes)
+    plan_.push_back({a, static_cast<size_t>(std::min<uint64_t>(kPieceBytes, file_end - a))});
+  return cursor_;
+}
+
+DirectIoFile::Request& DirectIoFile::fetch(size_t k) {
+  for (Request& r : requests_)
+    if (r.extent == k) return r;
+  for (Request& r : requests_)
+    if (r.extent == kNoExtent || r.extent < cursor_ || r.extent >= cursor_ + kBuffers) {
+      wait(r);
+      r.extent = k;
+      direct_bytes_read_ += plan_[k].bytes;
+      submit(r, plan_[k].bytes, plan_[k].at);
+      return r;
+    }
+  SO_CHECK(false, "DirectIoFile: no buffer free for extent ", k, " of '", path_, "'");
+  return requests_.front();
 }
 
 void DirectIoFile::read_at(void* out, size_t bytes, uint64_t offset, const std::string& what) {
@@ -211,13 +270,13 @@ void DirectIoFile::read_to(size_t bytes, uint64_t offset, const Sink& sink, cons
   // would move 4 MiB for a few bytes, and evict the pieces read ahead.
   const bool small = bytes < kSmallRead;
   while (direct() && !small && at < end && at < size_) {
-    const uint64_t piece = at / kPieceBytes;
-    Request& r = fetch(piece, piece);
-    read_ahead(piece);
+    const size_t k = extent_of(at);
+    Request& r = fetch(k);
+    for (size_t q = k + 1; q < k + kBuffers && q < plan_.size(); ++q) fetch(q);  // read ahead
     wait(r);
     if (r.error != 0) {
       const long e = r.error;
-      r.piece = kNoPiece;  // a later call tries again
+      r.extent = kNoExtent;  // a later call tries again
       SO_CHECK(false, what, ": reading '", path_, "' failed at byte ", r.at, ": ", std::strerror(static_cast<int>(e)));
     }
     const uint64_t valid_end = std::min<uint64_t>(r.at + r.got, end);
@@ -244,6 +303,7 @@ void DirectIoFile::sync(const std::string& what) {
       throw Error(str_cat(what, ": ", e));
     }
   }
+  write_pending(what);
   SO_CHECK(::fdatasync(fd_) == 0, what, ": fdatasync of '", path_, "' failed: ", std::strerror(errno));
 }
 

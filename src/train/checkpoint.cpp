@@ -134,6 +134,8 @@ CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const RunConf
   engine.freeze_state();  // the state as of now, whatever the optimizer does next
 
   std::vector<int64_t> counts;
+  std::vector<int> write_order;  // the writer's: bucket by bucket
+  for (const Bucket& b : engine.buckets()) write_order.insert(write_order.end(), b.params.begin(), b.params.end());
   for (size_t id = 0; id < layout.params.size(); ++id) {
     std::vector<ckpt::Segment> slices;
     for (int r = 0; r < comm.size(); ++r) {
@@ -165,7 +167,7 @@ CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const RunConf
       }
       ckpt::create_file(s.partial.string(),
                         ckpt::make_metadata(state, comm.size(), engine.zero_stage(), cfg.resolved, cfg.model.to_hf_json(), layout),
-                        layout, counts);
+                        layout, counts, write_order);
     } catch (const std::exception& e) {
       error = str_cat("checkpoint save to '", dir, "': ", e.what());
     }
@@ -338,15 +340,22 @@ TrainState load_checkpoint(Engine& engine, Communicator& comm, const RunConfig& 
   const ParamLayout& layout = engine.layout();
   SO_CHECK(ckpt::manifest_of(file.layout()) == ckpt::manifest_of(layout), "checkpoint '", file.path(),
            "': its tensors differ from the model's");
-  // Straight from the I/O buffers into the engine: no buffer of our own, no fresh pages per tensor.
+  // Straight from the I/O buffers into the engine: no buffer of our own, no fresh pages per tensor;
+  // only this rank's slices read from the disk.
+  std::vector<ckpt::CheckpointFile::Slice> slices;
   for (const ckpt::TensorGroup& g : ckpt::kGroups)
     for (size_t id = 0; id < layout.params.size(); ++id) {
       const ParamSlice mine = engine.owned_slice(static_cast<int>(id));
-      file.read_to(ckpt::data_name(g, layout.params[id].name), mine.first, mine.count,
-                   [&](const float* values, int64_t element, int64_t n) {
-                     engine.write_owned(static_cast<int>(id), g.which, element - mine.first, values, n);
-                   });
+      slices.push_back({ckpt::data_name(g, layout.params[id].name), mine.first, mine.count});
     }
+  for (const size_t i : file.plan_reads(slices)) {
+    const ckpt::CheckpointFile::Slice& sl = slices[i];
+    const int id = static_cast<int>(i % layout.params.size());
+    const ckpt::TensorGroup& g = ckpt::kGroups[i / layout.params.size()];
+    file.read_to(sl.dataset, sl.first, sl.count, [&](const float* values, int64_t element, int64_t n) {
+      engine.write_owned(id, g.which, element - sl.first, values, n);
+    });
+  }
   const TrainState s = file.summary().state;
   engine.restore_counters(s.iteration, s.steps_taken, s.last_step_redone);
   return s;

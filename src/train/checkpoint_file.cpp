@@ -127,7 +127,14 @@ void check_room(const std::string& dir, uint64_t bytes) {
 }
 
 void create_file(const std::string& path, const nlohmann::json& metadata, const ParamLayout& layout,
-                 const std::vector<int64_t>& segments_per_tensor) {
+                 const std::vector<int64_t>& segments_per_tensor, const std::vector<int>& write_order) {
+  std::vector<int> sorted(write_order);
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i)
+    SO_CHECK(sorted[i] == static_cast<int>(i), "checkpoint: the write order is not each tensor once");
+  SO_CHECK(sorted.size() == layout.params.size() && segments_per_tensor.size() == layout.params.size(),
+           "checkpoint: ", sorted.size(), " tensors in the write order and ", segments_per_tensor.size(),
+           " segment counts for ", layout.params.size(), " tensors");
   // The datasets, their checksum tables and the metadata, plus HDF5's own structures (under 1 KiB
   // per dataset measured; 4 KiB counted) and its superblock and root group.
   uint64_t bytes = metadata.dump().size() + (uint64_t{1} << 20);
@@ -170,10 +177,12 @@ void create_file(const std::string& path, const nlohmann::json& metadata, const 
                        str_cat("creating dataset ", name));
   };
   for (const TensorGroup& g : kGroups)
-    for (size_t id = 0; id < layout.params.size(); ++id) {
-      const ParamInfo& p = layout.params[id];
+    for (size_t id = 0; id < layout.params.size(); ++id)
+      create(checksum_name(g, layout.params[id].name), H5T_STD_U64LE, {static_cast<hsize_t>(segments_per_tensor[id]), 3});
+  for (const int id : write_order)
+    for (const TensorGroup& g : kGroups) {
+      const ParamInfo& p = layout.params[static_cast<size_t>(id)];
       create(data_name(g, p.name), H5T_IEEE_F32LE, std::vector<hsize_t>(p.shape.begin(), p.shape.end()));
-      create(checksum_name(g, p.name), H5T_STD_U64LE, {static_cast<hsize_t>(segments_per_tensor[id]), 3});
     }
   SO_H5(H5Fflush(f, H5F_SCOPE_GLOBAL), "flushing '", path, "'");
 }
@@ -336,15 +345,49 @@ const CheckpointFile::Tensor& CheckpointFile::tensor(const std::string& dataset)
   return it->second;
 }
 
-void CheckpointFile::read_to(const std::string& dataset, int64_t first, int64_t count, const Deliver& deliver) const {
+// Whole segments only: a checksum covers its segment, so a read starts and ends on their edges.
+std::pair<size_t, size_t> CheckpointFile::segments_of(const Tensor& t, int64_t first, int64_t count) {
+  const auto begin = t.segments.begin(), end = t.segments.end();
+  const size_t seg = std::partition_point(begin, end, [&](const Segment& s) { return s.first + s.count <= first; }) - begin;
+  const size_t last = std::partition_point(begin, end, [&](const Segment& s) { return s.first < first + count; }) - begin;
+  return {seg, last};
+}
+
+const CheckpointFile::Tensor& CheckpointFile::checked_slice(const std::string& dataset, int64_t first, int64_t count) const {
   const Tensor& t = tensor(dataset);
   SO_CHECK(first >= 0 && count >= 0 && first + count <= t.numel, "checkpoint: elements [", first, ", ", first + count,
            ") of ", dataset, " (", t.numel, " elements)");
+  return t;
+}
+
+std::vector<size_t> CheckpointFile::plan_reads(const std::vector<Slice>& slices) const {
+  std::vector<std::pair<uint64_t, size_t>> at;  // where each slice's first segment starts
+  std::vector<DirectIoFile::Range> ranges(slices.size());
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const Slice& sl = slices[i];
+    const Tensor& t = checked_slice(sl.dataset, sl.first, sl.count);
+    if (sl.count > 0) {
+      const auto [seg, last] = segments_of(t, sl.first, sl.count);
+      const int64_t lo = t.segments[seg].first, hi = t.segments[last - 1].first + t.segments[last - 1].count;
+      ranges[i] = {t.data_offset + static_cast<uint64_t>(lo) * 4, static_cast<size_t>(hi - lo) * 4};
+    }
+    at.push_back({ranges[i].offset, i});
+  }
+  std::sort(at.begin(), at.end());
+  std::vector<size_t> order;
+  std::vector<DirectIoFile::Range> planned;
+  for (const auto& [offset, i] : at) {
+    order.push_back(i);
+    if (ranges[i].bytes > 0) planned.push_back(ranges[i]);
+  }
+  file_->will_read(planned);
+  return order;
+}
+
+void CheckpointFile::read_to(const std::string& dataset, int64_t first, int64_t count, const Deliver& deliver) const {
+  const Tensor& t = checked_slice(dataset, first, count);
   if (count == 0) return;
-  // Whole segments only: a checksum covers its segment, so the read starts and ends on their edges.
-  const auto begin = t.segments.begin(), end = t.segments.end();
-  size_t seg = std::partition_point(begin, end, [&](const Segment& s) { return s.first + s.count <= first; }) - begin;
-  const size_t last = std::partition_point(begin, end, [&](const Segment& s) { return s.first < first + count; }) - begin;
+  auto [seg, last] = segments_of(t, first, count);
   const int64_t lo = t.segments[seg].first, hi = t.segments[last - 1].first + t.segments[last - 1].count;
   uint32_t crc = 0;
   const std::string what = str_cat("checkpoint '", path_, "': dataset ", dataset);
@@ -384,9 +427,11 @@ std::vector<float> CheckpointFile::read(const std::string& dataset, int64_t firs
 
 std::vector<std::string> CheckpointFile::verify_all() const {
   std::vector<std::string> problems;
-  for (const auto& [name, t] : tensors_) {
+  std::vector<Slice> all;
+  for (const auto& [name, t] : tensors_) all.push_back({name, 0, t.numel});
+  for (const size_t i : plan_reads(all)) {
     try {
-      read_to(name, 0, t.numel, [](const float*, int64_t, int64_t) {});
+      read_to(all[i].dataset, 0, all[i].count, [](const float*, int64_t, int64_t) {});
     } catch (const Error& e) {
       problems.push_back(e.what());  // one line per damaged tensor
     }

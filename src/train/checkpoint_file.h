@@ -45,11 +45,14 @@ nlohmann::json make_metadata(const TrainState& state, int world_size, int zero_s
 
 // Rank 0: the file with its metadata and every dataset allocated (contiguous, no fill), so that
 // each rank can then pwrite its part at the dataset's offset. tables[i] is the number of segments
-// of manifest tensor i (the same for the three groups).
+// of manifest tensor i (the same for the three groups). The checksum tables come first, then the
+// data in the order the writers go (`write_order`: every tensor id once, each with its three
+// groups), so that a save is one stream forward through the file: a virtual disk measured here
+// wrote three interleaved streams (the groups in turn) at 0.8 of its sequential rate.
 // First it checks that the file fits (check_room): HDF5 1.10 crashes at exit after a failed write
 // of its own (HDFGroup/hdf5#2496), so a full disk or a file-size limit must be found before it writes.
 void create_file(const std::string& path, const nlohmann::json& metadata, const ParamLayout& layout,
-                 const std::vector<int64_t>& segments_per_tensor);
+                 const std::vector<int64_t>& segments_per_tensor, const std::vector<int>& write_order);
 // Fails, naming both numbers, when `bytes` more do not fit in the filesystem holding `dir` (space
 // available to this user) or exceed the process's file-size limit (ulimit -f).
 void check_room(const std::string& dir, uint64_t bytes);
@@ -83,6 +86,14 @@ class CheckpointFile {
   // what it got (a failed load is fatal to the run).
   using Deliver = std::function<void(const float* values, int64_t element, int64_t n)>;
   void read_to(const std::string& dataset, int64_t first, int64_t count, const Deliver& deliver) const;
+  // The order to read these slices in (indices into `slices`: the file's order, whatever order
+  // the datasets were written in), and the file told to read ahead their bytes in that order and
+  // no others (a rank reads no other rank's slices).
+  struct Slice {
+    std::string dataset;
+    int64_t first, count;
+  };
+  std::vector<size_t> plan_reads(const std::vector<Slice>& slices) const;
   // The same into memory: out[0, count).
   void read_into(const std::string& dataset, int64_t first, int64_t count, float* out) const;
   std::vector<float> read(const std::string& dataset, int64_t first, int64_t count) const;
@@ -97,6 +108,9 @@ class CheckpointFile {
     std::vector<uint32_t> crcs;
   };
   const Tensor& tensor(const std::string& dataset) const;
+  const Tensor& checked_slice(const std::string& dataset, int64_t first, int64_t count) const;
+  // The segments [first, last) holding elements [first, first + count), count > 0.
+  static std::pair<size_t, size_t> segments_of(const Tensor& t, int64_t first, int64_t count);
 
   std::string path_;
   std::unique_ptr<DirectIoFile> file_;

@@ -215,6 +215,63 @@ TEST(DirectIoFile, FillsAndSinksCoverEachByteOnceInOrder) {
   }
 }
 
+// Read-ahead follows the planned ranges (a rank's own slices) and moves no other byte; a read off
+// the plan is served too, and reading then goes on through the file from there.
+TEST(DirectIoFile, ReadAheadFollowsThePlanAndNothingElse) {
+  const so::test::ScratchDir scratch("direct_io_plan");
+  const std::string path = scratch.path().string() + "/p.bin";
+  const size_t piece = so::DirectIoFile::kPieceBytes, size = 8 * piece;
+  std::vector<char> data(size);
+  std::mt19937 rng(7);
+  for (auto& c : data) c = static_cast<char>(rng());
+  { std::ofstream(path, std::ios::binary).write(data.data(), static_cast<std::streamsize>(size)); }
+  so::DirectIoFile in(path, so::DirectIoFile::Mode::Read);
+  if (!in.direct()) GTEST_SKIP() << scratch.path() << " has no O_DIRECT: nothing is read ahead";
+  // Two slices of 1 MiB + 100 bytes, unaligned, with a tensor's worth of other ranks' bytes between.
+  const std::vector<so::DirectIoFile::Range> mine = {{1000, (1u << 20) + 100}, {5 * piece + 3000, (1u << 20) + 100}};
+  in.will_read(mine);
+  for (const auto& r : mine) {
+    std::vector<char> got(r.bytes);
+    in.read_at(got.data(), r.bytes, r.offset, "test");
+    EXPECT_EQ(0, std::memcmp(got.data(), data.data() + r.offset, r.bytes)) << "at " << r.offset;
+  }
+  const uint64_t planned = in.direct_bytes_read();
+  EXPECT_LE(planned, 2 * ((1u << 20) + 2 * 4096)) << "read ahead past the planned slices";
+  EXPECT_GE(planned, 2 * ((1u << 20) + 100));
+  // Off the plan: the bytes are right, and what follows is read ahead from there.
+  std::vector<char> got(1u << 20);
+  in.read_at(got.data(), got.size(), 2 * piece + 10, "test");
+  EXPECT_EQ(0, std::memcmp(got.data(), data.data() + 2 * piece + 10, got.size()));
+  EXPECT_GE(in.direct_bytes_read() - planned, 2 * piece) << "no read-ahead after leaving the plan";
+}
+
+// Partial blocks are held back while direct writes run (a buffered write would wait on the inode
+// lock they hold) and land with sync() — or, unsynced, when the file closes.
+TEST(DirectIoFile, PartialBlocksLandWithSync) {
+  const so::test::ScratchDir scratch("direct_io_partial");
+  const std::string path = scratch.path().string() + "/w.bin";
+  const size_t size = 4 * 4096;
+  { std::ofstream(path, std::ios::binary).write(std::string(size, '\0').data(), static_cast<std::streamsize>(size)); }
+  const auto file = [&] {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  };
+  const std::string bytes(2 * 4096 + 200, 'x');  // a partial block, a whole one, a partial one
+  {
+    so::DirectIoFile out(path, so::DirectIoFile::Mode::Write);
+    if (!out.direct()) GTEST_SKIP() << scratch.path() << " has no O_DIRECT: every write is buffered";
+    out.write_at(bytes.data(), bytes.size(), 4096 - 100, "test");
+    out.write_at("ab", 2, 3 * 4096 + 1000, "test");
+    EXPECT_EQ(file().substr(4096 - 100, 100), std::string(100, '\0')) << "a partial block was written before sync";
+    out.sync("test");
+    const std::string after = file();
+    EXPECT_TRUE(after.substr(4096 - 100, bytes.size()) == bytes) << "the partial blocks are missing after sync";
+    EXPECT_EQ(after.substr(3 * 4096 + 1000, 2), "ab");
+    out.write_at("cd", 2, 100, "test");  // left for the destructor
+  }
+  EXPECT_EQ(file().substr(100, 2), "cd");
+}
+
 TEST(RunConfig, AcceptsTheDemoShape) {
   const RunConfig c = parse_run_config(demo_config(), "test.json");
   EXPECT_EQ(c.model.num_layers, 4);

@@ -11,9 +11,15 @@
 // The direct transfers run on an I/O thread through kBuffers aligned buffers, so the caller's
 // work (copying into a buffer, checksums, the next bucket) overlaps the device's: write_at
 // returns once its bytes are copied, and a write's failure is reported by a later write_at or by
-// sync(). Reads go by 4 MiB pieces of the file, and the kBuffers - 1 pieces after the one being
-// read are read ahead, so reading a file front to back in small calls (a checkpoint's tensors in
-// their order) keeps the device busy while the caller checks and copies. One caller at a time.
+// sync(). While writing directly, the partial blocks are kept and written by sync(), after the
+// direct writes: a buffered write takes the inode lock that a direct write in flight holds (ext4,
+// into blocks not yet allocated), so writing them in between stalled the caller for a whole 4 MiB
+// transfer each time (docs/perf.md); so each byte is written once (a checkpoint's writers own
+// disjoint bytes), or a held-back block could land over a later write. Reads go by extents of at most 4 MiB, and the kBuffers - 1
+// after the one being read are read ahead: the extents of the ranges will_read named, in that
+// order, or else the file's next ones — so a rank reading its own slices of each tensor reads no
+// other rank's bytes, and reading a file front to back in small calls keeps the device busy while
+// the caller checks and copies. One caller at a time.
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -39,7 +45,7 @@ class DirectIoFile {
   DirectIoFile(const std::string& path, Mode mode, bool allow_direct = true);
   DirectIoFile(const DirectIoFile&) = delete;
   DirectIoFile& operator=(const DirectIoFile&) = delete;
-  ~DirectIoFile();  // waits for queued writes (their errors are lost: call sync() to see them)
+  ~DirectIoFile();  // finishes the writes (their errors are lost: call sync() to see them)
 
   // Errors name `what`, the path and the offset.
   void write_at(const void* data, size_t bytes, uint64_t offset, const std::string& what);
@@ -54,8 +60,16 @@ class DirectIoFile {
   // its own. `src` is valid only during the call.
   using Sink = std::function<void(const char* src, size_t from, size_t n)>;
   void read_to(size_t bytes, uint64_t offset, const Sink& sink, const std::string& what);
-  void sync(const std::string& what);  // queued writes done, then fdatasync: every byte on the disk
+  // The reads to come, in their order: read-ahead follows these byte ranges until a read falls
+  // outside them, and then goes on through the file from there.
+  struct Range {
+    uint64_t offset;
+    size_t bytes;
+  };
+  void will_read(const std::vector<Range>& ranges);
+  void sync(const std::string& what);  // every write done, then fdatasync: every byte on the disk
   bool direct() const { return direct_fd_ >= 0; }
+  uint64_t direct_bytes_read() const { return direct_bytes_read_; }  // asked of the disk, read-ahead included
   const std::string& path() const { return path_; }
 
  private:
@@ -66,13 +80,25 @@ class DirectIoFile {
     bool busy = false;  // queued or in transfer
     long error = 0;     // errno of its transfer, 0: every byte moved
     size_t got = 0;     // bytes a read moved
-    uint64_t piece = kNoPiece;  // reads: which piece of the file the buffer holds or will hold
+    size_t extent = kNoExtent;  // reads: which of plan_ the buffer holds or will hold
   };
-  static constexpr uint64_t kNoPiece = ~uint64_t{0};
-  // The buffer of a piece, read (or being read) into; a new read takes a buffer outside the
-  // window of pieces [window, window + kBuffers) the caller reads now and next.
-  Request& fetch(uint64_t piece, uint64_t window);
-  void read_ahead(uint64_t piece);
+  static constexpr size_t kNoExtent = ~size_t{0};
+  struct Extent {  // one direct read: block-aligned, at most kPieceBytes
+    uint64_t at;
+    size_t bytes;
+  };
+  struct Pending {  // a write of partial blocks, kept for sync()
+    uint64_t at;
+    std::vector<char> bytes;
+  };
+  // The planned extent holding byte `at`, at or after the cursor; a new plan (the file from
+  // `at` on) when there is none.
+  size_t extent_of(uint64_t at);
+  void reset_plan();
+  // The buffer of extent k, read (or being read) into; a new read takes a buffer outside the
+  // window [cursor_, cursor_ + kBuffers) the caller reads now and next.
+  Request& fetch(size_t k);
+  void write_pending(const std::string& what);
   void submit(Request& r, size_t bytes, uint64_t at);
   void wait(Request& r);       // until r is not busy
   void drain();                // every request done
@@ -87,7 +113,11 @@ class DirectIoFile {
   int fd_ = -1, direct_fd_ = -1;
   uint64_t size_ = 0;  // of the file when opened for reading
   std::vector<Request> requests_;
-  std::vector<char> bounce_;  // partial blocks, and every write when nothing goes direct
+  std::vector<char> bounce_;  // small reads, and every transfer when nothing goes direct
+  std::vector<Pending> pending_;
+  std::vector<Extent> plan_;
+  size_t cursor_ = 0;  // the extent of plan_ read now
+  uint64_t direct_bytes_read_ = 0;
   int next_ = 0;  // the request the next write uses (round robin keeps them in order)
   std::mutex mu_;
   std::condition_variable cv_;
