@@ -387,7 +387,9 @@ std::vector<size_t> CheckpointFile::plan_reads(const std::vector<Slice>& slices)
 void CheckpointFile::read_to(const std::string& dataset, int64_t first, int64_t count, const Deliver& deliver) const {
   const Tensor& t = checked_slice(dataset, first, count);
   if (count == 0) return;
-  auto [seg, last] = segments_of(t, first, count);
+  const std::pair<size_t, size_t> span = segments_of(t, first, count);
+  size_t seg = span.first;
+  const size_t last = span.second;
   const int64_t lo = t.segments[seg].first, hi = t.segments[last - 1].first + t.segments[last - 1].count;
   uint32_t crc = 0;
   const std::string what = str_cat("checkpoint '", path_, "': dataset ", dataset);
