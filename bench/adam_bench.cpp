@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/bench_commands.h"
+#include "bench/device_timing.h"
 #include "bench/peer_process.h"
 #include "so/engine/optimizer_host_state.h"
 #include "so/core/cpu_affinity.h"
@@ -30,12 +31,6 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
 // Median seconds of fn over `iters` runs after `warmup` unrecorded ones.

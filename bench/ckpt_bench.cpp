@@ -21,6 +21,7 @@
 #include "so/core/error.h"
 #include "so/engine/engine.h"
 #include "so/io/atomic_file.h"
+#include "bench/device_timing.h"
 #include "so/io/direct_io_file.h"
 #include "so/model/param_layout.h"
 #include "so/train/checkpoint.h"
@@ -31,11 +32,6 @@ namespace so::bench {
 namespace po = boost::program_options;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 // The trainer three times on the same data: no saves, synchronous saves and asynchronous ones every
 // `every` steps. A save's cost is the time the steps from the saving one to the next save (or the

@@ -348,6 +348,18 @@ std::vector<float> Engine::read_grad(int id) {
 
 // ---- checkpoint snapshots --------------------------------------------------------------------
 
+namespace {
+// Device state as of the saving step to the host, waited for: queued after `ready` (recorded
+// behind the step's device updates); the caller keeps any later change out until it returns.
+void copy_saved_d2h(Backend& backend, Event& ready, Event& copied, void* dst, const void* src, size_t bytes) {
+  Stream& d2h = backend.stream(StreamKind::D2H);
+  backend.wait(d2h, ready);
+  backend.copy_d2h(dst, src, bytes, d2h);
+  backend.record(copied, d2h);
+  backend.synchronize(copied);
+}
+}  // namespace
+
 void Engine::copy_bucket_state(size_t b, float* out) {
   const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
   const OptimState parts[] = {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq};
@@ -355,14 +367,10 @@ void Engine::copy_bucket_state(size_t b, float* out) {
     for (int k = 0; k < 3; ++k) std::memcpy(out + k * n, state_ptr(begin, parts[k]), n * sizeof(float));
     return;
   }
-  // Device state: the saving step's updates are done once frozen_ready_ is, and nothing changes it
-  // again until before_state_change returns, so the D2H stream may read it then.
-  Stream& d2h = backend_.stream(StreamKind::D2H);
-  backend_.wait(d2h, *frozen_ready_);
-  for (int k = 0; k < 3; ++k) backend_.copy_d2h(out + k * n, state_ptr(begin, parts[k]), n * sizeof(float), d2h);
+  // Nothing changes device state again until before_state_change returns.
   std::unique_ptr<Event> copied = backend_.create_event();
-  backend_.record(*copied, d2h);
-  backend_.synchronize(*copied);
+  for (int k = 0; k < 3; ++k)
+    copy_saved_d2h(backend_, *frozen_ready_, *copied, out + k * n, state_ptr(begin, parts[k]), n * sizeof(float));
 }
 
 void Engine::reserve_snapshot_space() {
@@ -423,12 +431,7 @@ void Engine::FrozenBucket::copy(OptimState part, size_t byte_offset, size_t byte
   } else if (host_[k] != nullptr) {
     std::memcpy(dst, host_[k] + byte_offset, bytes);
   } else {
-    // As in copy_bucket_state: after the saving step's updates, before any later one.
-    Stream& d2h = backend_->stream(StreamKind::D2H);
-    backend_->wait(d2h, *state_ready_);
-    backend_->copy_d2h(dst, device_[k] + byte_offset, bytes, d2h);
-    backend_->record(*copied_, d2h);
-    backend_->synchronize(*copied_);
+    copy_saved_d2h(*backend_, *state_ready_, *copied_, dst, device_[k] + byte_offset, bytes);  // the lock keeps later changes out
   }
 }
 

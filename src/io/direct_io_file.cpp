@@ -83,7 +83,7 @@ DirectIoFile::~DirectIoFile() {
   }
   try {
     write_pending("closing");
-  } catch (const Error&) {  // unseen, as the header says: sync() is where failures are reported
+  } catch (const std::exception&) {  // unseen, as the header says: sync() is where failures are reported
   }
   if (direct_fd_ >= 0) ::close(direct_fd_);
   if (fd_ >= 0) ::close(fd_);
@@ -228,18 +228,19 @@ void DirectIoFile::will_read(const std::vector<Range>& ranges) {
     else
       spans.push_back({a, static_cast<size_t>(b - a)});
   }
-  for (const Extent& sp : spans)
-    for (uint64_t at = sp.at; at < sp.at + sp.bytes; at += kPieceBytes)
-      plan_.push_back({at, static_cast<size_t>(std::min<uint64_t>(kPieceBytes, sp.at + sp.bytes - at))});
+  for (const Extent& sp : spans) plan_extents(sp.at, sp.at + sp.bytes);
+}
+
+void DirectIoFile::plan_extents(uint64_t begin, uint64_t end) {
+  for (uint64_t at = begin; at < end; at += kPieceBytes)
+    plan_.push_back({at, static_cast<size_t>(std::min<uint64_t>(kPieceBytes, end - at))});
 }
 
 size_t DirectIoFile::extent_of(uint64_t at) {
   for (size_t k = cursor_; k < plan_.size(); ++k)
     if (plan_[k].at <= at && at < plan_[k].at + plan_[k].bytes) return cursor_ = k;
   reset_plan();  // off the plan: on through the file from here
-  const uint64_t file_end = align_up(size_);
-  for (uint64_t a = align_down(at); a < file_end; a += kPieceBytes)
-    plan_.push_back({a, static_cast<size_t>(std::min<uint64_t>(kPieceBytes, file_end - a))});
+  plan_extents(align_down(at), align_up(size_));
   return cursor_;
 }
 

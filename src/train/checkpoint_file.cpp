@@ -346,11 +346,14 @@ const CheckpointFile::Tensor& CheckpointFile::tensor(const std::string& dataset)
 }
 
 // Whole segments only: a checksum covers its segment, so a read starts and ends on their edges.
-std::pair<size_t, size_t> CheckpointFile::segments_of(const Tensor& t, int64_t first, int64_t count) {
+CheckpointFile::SegmentSpan CheckpointFile::segments_of(const Tensor& t, int64_t first, int64_t count) {
   const auto begin = t.segments.begin(), end = t.segments.end();
-  const size_t seg = std::partition_point(begin, end, [&](const Segment& s) { return s.first + s.count <= first; }) - begin;
-  const size_t last = std::partition_point(begin, end, [&](const Segment& s) { return s.first < first + count; }) - begin;
-  return {seg, last};
+  SegmentSpan s;
+  s.seg = std::partition_point(begin, end, [&](const Segment& g) { return g.first + g.count <= first; }) - begin;
+  const size_t last = std::partition_point(begin, end, [&](const Segment& g) { return g.first < first + count; }) - begin;
+  s.lo = t.segments[s.seg].first;
+  s.hi = t.segments[last - 1].first + t.segments[last - 1].count;
+  return s;
 }
 
 const CheckpointFile::Tensor& CheckpointFile::checked_slice(const std::string& dataset, int64_t first, int64_t count) const {
@@ -367,9 +370,8 @@ std::vector<size_t> CheckpointFile::plan_reads(const std::vector<Slice>& slices)
     const Slice& sl = slices[i];
     const Tensor& t = checked_slice(sl.dataset, sl.first, sl.count);
     if (sl.count > 0) {
-      const auto [seg, last] = segments_of(t, sl.first, sl.count);
-      const int64_t lo = t.segments[seg].first, hi = t.segments[last - 1].first + t.segments[last - 1].count;
-      ranges[i] = {t.data_offset + static_cast<uint64_t>(lo) * 4, static_cast<size_t>(hi - lo) * 4};
+      const SegmentSpan span = segments_of(t, sl.first, sl.count);
+      ranges[i] = {t.data_offset + static_cast<uint64_t>(span.lo) * 4, static_cast<size_t>(span.hi - span.lo) * 4};
     }
     at.push_back({ranges[i].offset, i});
   }
@@ -387,10 +389,9 @@ std::vector<size_t> CheckpointFile::plan_reads(const std::vector<Slice>& slices)
 void CheckpointFile::read_to(const std::string& dataset, int64_t first, int64_t count, const Deliver& deliver) const {
   const Tensor& t = checked_slice(dataset, first, count);
   if (count == 0) return;
-  const std::pair<size_t, size_t> span = segments_of(t, first, count);
-  size_t seg = span.first;
-  const size_t last = span.second;
-  const int64_t lo = t.segments[seg].first, hi = t.segments[last - 1].first + t.segments[last - 1].count;
+  const SegmentSpan span = segments_of(t, first, count);
+  size_t seg = span.seg;
+  const int64_t lo = span.lo, hi = span.hi;
   uint32_t crc = 0;
   const std::string what = str_cat("checkpoint '", path_, "': dataset ", dataset);
   file_->read_to(static_cast<size_t>(hi - lo) * 4, t.data_offset + static_cast<uint64_t>(lo) * 4,

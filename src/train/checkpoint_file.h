@@ -109,8 +109,13 @@ class CheckpointFile {
   };
   const Tensor& tensor(const std::string& dataset) const;
   const Tensor& checked_slice(const std::string& dataset, int64_t first, int64_t count) const;
-  // The segments [first, last) holding elements [first, first + count), count > 0.
-  static std::pair<size_t, size_t> segments_of(const Tensor& t, int64_t first, int64_t count);
+  // The segments holding elements [first, first + count), count > 0: the first one's index, and
+  // the elements [lo, hi) they cover.
+  struct SegmentSpan {
+    size_t seg = 0;
+    int64_t lo = 0, hi = 0;
+  };
+  static SegmentSpan segments_of(const Tensor& t, int64_t first, int64_t count);
 
   std::string path_;
   std::unique_ptr<DirectIoFile> file_;

@@ -95,6 +95,7 @@ class DirectIoFile {
   // `at` on) when there is none.
   size_t extent_of(uint64_t at);
   void reset_plan();
+  void plan_extents(uint64_t begin, uint64_t end);  // [begin, end) block-aligned, in kPieceBytes extents
   // The buffer of extent k, read (or being read) into; a new read takes a buffer outside the
   // window [cursor_, cursor_ + kBuffers) the caller reads now and next.
   Request& fetch(size_t k);

@@ -181,13 +181,13 @@ struct CudnnSdpa::Impl {
   // Messages name the call: "cuDNN SDPA forward|backward <shape>", built only when one fails.
   void run(Graph& g, cudaStream_t stream, std::unordered_map<int64_t, void*>& pack, void* workspace,
            const SdpaShape& s, const char* direction) {
-    SO_CHECK(g.workspace == 0 || workspace != nullptr, "cuDNN SDPA ", direction, " ", shape_text(s), ": needs ",
-             g.workspace, " bytes of workspace");
+    const auto what = [&] { return str_cat("cuDNN SDPA ", direction, " ", shape_text(s)); };  // called on failure only
+    SO_CHECK(g.workspace == 0 || workspace != nullptr, what(), ": needs ", g.workspace, " bytes of workspace");
     for (const auto& [uid, p] : pack)  // cuDNN's kernels load bf16 tensors 16 bytes at a time
-      SO_CHECK(uid == kStats || (reinterpret_cast<uintptr_t>(p) & 15u) == 0, "cuDNN SDPA ", direction, " ",
-               shape_text(s), ": tensor ", uid, " is not 16-byte aligned");
-    SO_CUDNN_CHECK(fe::detail::set_stream(handle, stream), "cuDNN SDPA ", direction, " ", shape_text(s));
-    SO_CUDNN_FE(g.graph->execute(handle, pack, workspace), "cuDNN SDPA ", direction, " ", shape_text(s));
+      SO_CHECK(uid == kStats || (reinterpret_cast<uintptr_t>(p) & 15u) == 0, what(), ": tensor ", uid,
+               " is not 16-byte aligned");
+    SO_CUDNN_CHECK(fe::detail::set_stream(handle, stream), what());
+    SO_CUDNN_FE(g.graph->execute(handle, pack, workspace), what());
   }
 };
 
