@@ -232,7 +232,7 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     comm.barrier();
     t0 = clock();
     state.iteration = state.steps_taken = 2 * r + 2;
-    CheckpointSave save(engine, comm, cfg, state, dir, 1);
+    CheckpointSave save(engine, comm, cfg, state, dir, 1, true);
     const double call = secs(t0, clock());
     const double step = optimizer_step();
     save.commit();

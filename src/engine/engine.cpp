@@ -108,7 +108,10 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
     oo.cast = cast;
     oo.pin_memory = off.pin_memory;
     oo.numa_node = numa_node;
-    oo.before_change = [this](size_t b, int64_t iteration) { before_state_change(b, iteration); };  // offloaded bucket i is engine bucket i
+    oo.change_state = [this](size_t b, int64_t iteration, const AdamArrays& a, bool unconditional_step,
+                             const AdamPass& pass) {  // offloaded bucket i is engine bucket i
+      change_state(b, iteration, a, unconditional_step, nullptr, pass);
+    };
     oo.host_sums = first_device_sum_;
     for (size_t b : forward_order_)
       if (b < first_device_bucket_) oo.forward_order.push_back(b);
@@ -367,7 +370,7 @@ void Engine::copy_bucket_state(size_t b, float* out) {
     for (int k = 0; k < 3; ++k) std::memcpy(out + k * n, state_ptr(begin, parts[k]), n * sizeof(float));
     return;
   }
-  // Nothing changes device state again until before_state_change returns.
+  // Nothing changes device state again until change_state's pass is issued.
   std::unique_ptr<Event> copied = backend_.create_event();
   for (int k = 0; k < 3; ++k)
     copy_saved_d2h(backend_, *frozen_ready_, *copied, out + k * n, state_ptr(begin, parts[k]), n * sizeof(float));
@@ -392,32 +395,70 @@ void Engine::allocate_snapshot_space() {
   }
 }
 
-void Engine::freeze_state() {
+void Engine::freeze_state(DeviceSnapshot device) {
   SO_CHECK(frozen_wanted_.load() == 0, "engine: a checkpoint snapshot is still being taken (",
            frozen_wanted_.load(), " buckets left)");
   // Nothing waits here: the CPU optimizer finishes the saving step's buckets beside the next
   // forward as usual, and the writer waits for each (with_frozen).
   frozen_offload_step_ = offload_ ? offload_->decided_iteration() : -1;
   if (!frozen_ready_) frozen_ready_ = backend_.create_event();
+  Stream& d2h = backend_.stream(StreamKind::D2H);
   backend_.record(*frozen_ready_, backend_.stream(StreamKind::Comm));
-  frozen_iteration_ = iteration_;  // before any bucket is wanted: see before_state_change
-  for (auto& f : frozen_) {
-    std::lock_guard<std::mutex> lock(f->mu);
-    f->wanted = true;
-    f->aside = false;
+  if (device == DeviceSnapshot::Staged) {
+    reserve_snapshot_space();
+    backend_.wait(d2h, *frozen_ready_);
+  }
+  frozen_iteration_ = iteration_;  // before any bucket is wanted: see change_state
+  const OptimState parts[] = {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq};
+  for (size_t b : forward_order_) {
+    Frozen& f = *frozen_[b];
+    const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
+    std::lock_guard<std::mutex> lock(f.mu);
+    f.wanted = true;
+    f.aside = f.staged = false;
+    if (device == DeviceSnapshot::Staged && !on_host(begin) && n > 0) {
+      for (int k = 0; k < 3; ++k) backend_.copy_d2h(f.copy + k * n, state_ptr(begin, parts[k]), n * sizeof(float), d2h);
+      if (!f.copied) f.copied = backend_.create_event();
+      backend_.record(*f.copied, d2h);
+      f.aside = f.staged = true;
+    }
   }
   frozen_wanted_ = static_cast<int64_t>(frozen_.size());
 }
 
-void Engine::before_state_change(size_t b, int64_t iteration) {
-  if (frozen_wanted_.load() == 0) return;
+void Engine::change_state(size_t b, int64_t iteration, AdamArrays a, bool unconditional_step, Stream* s,
+                          const AdamPass& pass) {
+  if (frozen_wanted_.load() == 0) return pass(a);
   // The saving step's own late changes (the CPU optimizer finalising its buckets) are part of the
   // snapshot; a bucket seen wanted here was set so after frozen_iteration_ (same lock).
   Frozen& f = *frozen_[b];
   reserve_snapshot_space();
-  std::lock_guard<std::mutex> lock(f.mu);  // a writer's copy of a piece finishes first
-  if (!f.wanted || f.aside || iteration <= frozen_iteration_.load()) return;
-  copy_bucket_state(b, f.copy);
+  std::unique_lock<std::mutex> lock(f.mu);  // a writer's copy of a piece finishes first
+  if (!f.wanted || iteration <= frozen_iteration_.load()) {
+    lock.unlock();
+    return pass(a);
+  }
+  if (f.aside) {
+    if (f.staged) {  // the pass goes after the bucket's staging copy (its stream waits, not the host)
+      if (s != nullptr)
+        backend_.wait(*s, *f.copied);
+      else
+        backend_.synchronize(*f.copied);
+    }
+    lock.unlock();
+    return pass(a);
+  }
+  const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
+  if (!unconditional_step || a.has_snapshot() || !on_host(begin) || s != nullptr) {
+    copy_bucket_state(b, f.copy);
+    f.aside = true;
+    lock.unlock();
+    return pass(a);
+  }
+  // The pass writes the old state aside itself; the writer reads it after the pass is done (the
+  // lock is held until then).
+  a.snapshot_p = f.copy, a.snapshot_m = f.copy + n, a.snapshot_v = f.copy + 2 * n;
+  pass(a);
   f.aside = true;
 }
 
@@ -425,8 +466,9 @@ void Engine::FrozenBucket::copy(OptimState part, size_t byte_offset, size_t byte
   const int k = static_cast<int>(part);
   SO_CHECK(byte_offset + bytes <= static_cast<size_t>(n_) * sizeof(float), "engine: frozen bytes [", byte_offset, ", ",
            byte_offset + bytes, ") of a ", n_, "-value bucket");
-  std::lock_guard<std::mutex> lock(frozen_->mu);  // before_state_change copies the bucket aside first, or after
+  std::lock_guard<std::mutex> lock(frozen_->mu);  // change_state puts the bucket aside first, or after
   if (frozen_->aside) {
+    if (frozen_->staged) backend_->synchronize(*frozen_->copied);
     std::memcpy(dst, reinterpret_cast<const char*>(frozen_->copy + k * n_) + byte_offset, bytes);
   } else if (host_[k] != nullptr) {
     std::memcpy(dst, host_[k] + byte_offset, bytes);
@@ -664,9 +706,11 @@ void Engine::after_backward(int unit) {
       backend_.ops().sum_squares(comm, sum, static_cast<char*>(grads_.data()) + sh.shard_begin * esz, sh.shard_size,
                                  opts_.dtype);
       if (b >= first_device_bucket_ && speculates_on_device(b)) {
-        before_state_change(b, iteration_);
-        timeline_.stream_span(comm, Lane::Comm, str_cat("adam (speculative, device) b", b), iteration_, [&] {
-          backend_.ops().adam(comm, AdamCall::Step, device_arrays(b, true), sh.shard_size, spec_hp_, 1.0f, sum);
+        // Guarded: the pass may leave the state as it is, so it cannot be what puts it aside.
+        change_state(b, iteration_, device_arrays(b, true), false, &comm, [&](const AdamArrays& a) {
+          timeline_.stream_span(comm, Lane::Comm, str_cat("adam (speculative, device) b", b), iteration_, [&] {
+            backend_.ops().adam(comm, AdamCall::Step, a, sh.shard_size, spec_hp_, 1.0f, sum);
+          });
         });
       }
     }
@@ -725,19 +769,22 @@ StepResult Engine::end_step() {
     const float* guard = bucket_sums_.as<float>() + (b - first);
     const bool speculated = speculates_on_device(b);
     if (speculated && (r.skipped || r.clip_coef != 1.0f)) {
-      before_state_change(b, iteration_);
       ++device_rollbacks_;
-      timeline_.stream_span(comm, Lane::Comm, str_cat(r.skipped ? "rollback (device) b" : "adam (redo, device) b", b),
-                            iteration_, [&] {
-                              ops.adam(comm, r.skipped ? AdamCall::Rollback : AdamCall::Redo, device_arrays(b, true),
-                                       n, spec_hp_, r.clip_coef, guard);
-                            });
+      change_state(b, iteration_, device_arrays(b, true), false, &comm, [&](const AdamArrays& a) {
+        timeline_.stream_span(comm, Lane::Comm,
+                              str_cat(r.skipped ? "rollback (device) b" : "adam (redo, device) b", b), iteration_,
+                              [&] {
+                                ops.adam(comm, r.skipped ? AdamCall::Rollback : AdamCall::Redo, a, n, spec_hp_,
+                                         r.clip_coef, guard);
+                              });
+      });
     } else if (!speculated && !r.skipped) {
-      before_state_change(b, iteration_);
       AdamWParams hp = spec_hp_;
       hp.grad_scale = r.clip_coef;
-      timeline_.stream_span(comm, Lane::Comm, str_cat("adam (device) b", b), iteration_,
-                            [&] { ops.adam(comm, AdamCall::Step, device_arrays(b, false), n, hp); });
+      change_state(b, iteration_, device_arrays(b, false), true, &comm, [&](const AdamArrays& a) {
+        timeline_.stream_span(comm, Lane::Comm, str_cat("adam (device) b", b), iteration_,
+                              [&] { ops.adam(comm, AdamCall::Step, a, n, hp); });
+      });
     }
     backend_.record(*stepped_ev_[b], comm);
   }

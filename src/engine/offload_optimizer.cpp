@@ -158,14 +158,14 @@ void OffloadOptimizer::finalize(size_t i, int64_t gen, const AdamWParams& hp, co
     // speculative state to the clipped one (redo), writing the device copy as it goes.
     if (d.skip || d.grad_scale != 1.0f) {
       settle_upload(i);
-      if (opts_.before_change) opts_.before_change(i, gen);
       ++rollbacks_;
-      const AdamArrays a = host_.arrays(offset(i), true);
       const double t0 = now_seconds();
-      if (d.skip)
-        adam_.rollback(a, s.bucket.size(), hp);
-      else
-        adam_.redo(a, s.bucket.size(), hp, d.grad_scale);
+      change_state(i, gen, host_.arrays(offset(i), true), false, [&](const AdamArrays& a) {
+        if (d.skip)
+          adam_.rollback(a, s.bucket.size(), hp);
+        else
+          adam_.redo(a, s.bucket.size(), hp, d.grad_scale);
+      });
       timeline_.host_span(Lane::Optimizer, str_cat(d.skip ? "rollback b" : "adam (redo, clipped) b", i), gen, t0,
                           now_seconds());
       upload(i, gen);
@@ -183,11 +183,19 @@ void OffloadOptimizer::finalize(size_t i, int64_t gen, const AdamWParams& hp, co
 // A step of bucket i; a speculative one keeps the old state for the exact rollback in the same pass.
 void OffloadOptimizer::apply(size_t i, const AdamWParams& hp, int64_t gen, bool speculative) {
   settle_upload(i);
-  if (opts_.before_change) opts_.before_change(i, gen);
   const double t0 = now_seconds();
-  adam_.step(host_.arrays(offset(i), speculative), slots_[i].bucket.size(), hp);
+  change_state(i, gen, host_.arrays(offset(i), speculative), true,
+               [&](const AdamArrays& a) { adam_.step(a, slots_[i].bucket.size(), hp); });
   timeline_.host_span(Lane::Optimizer, str_cat(speculative ? "adam (speculative) b" : "adam b", i), gen, t0,
                       now_seconds());
+}
+
+void OffloadOptimizer::change_state(size_t i, int64_t gen, const AdamArrays& a, bool unconditional_step,
+                                    const AdamPass& pass) {
+  if (opts_.change_state)
+    opts_.change_state(i, gen, a, unconditional_step, pass);
+  else
+    pass(a);
 }
 
 // New weights of bucket i to the device: bf16 made by GraceAdam, or fp32 cast on the device, or

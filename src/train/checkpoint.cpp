@@ -123,7 +123,7 @@ struct CheckpointSave::Impl {
 };
 
 CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainState& state,
-                               const std::string& dir, int keep)
+                               const std::string& dir, int keep, bool async)
     : impl_(std::make_unique<Impl>(engine, comm, keep)) {
   SO_CHECK(keep >= 1, "checkpoint: keep must be at least 1, is ", keep);
   Impl& s = *impl_;
@@ -131,7 +131,8 @@ CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const RunConf
   s.final_path = s.folder / step_file_name(state.steps_taken);
   s.partial = s.folder / str_cat(".", step_file_name(state.steps_taken), ".partial");
   const ParamLayout& layout = engine.layout();
-  engine.freeze_state();  // the state as of now, whatever the optimizer does next
+  // The state as of now, whatever the optimizer does next.
+  engine.freeze_state(async ? Engine::DeviceSnapshot::Staged : Engine::DeviceSnapshot::InPlace);
 
   std::vector<int64_t> counts;
   std::vector<int> write_order;  // the writer's: bucket by bucket
@@ -311,7 +312,7 @@ void wait_for_old_checkpoint_removal() { OldCheckpointRemover::instance().wait()
 
 std::string save_checkpoint(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainState& state,
                             const std::string& dir, int keep) {
-  return CheckpointSave(engine, comm, cfg, state, dir, keep).commit();
+  return CheckpointSave(engine, comm, cfg, state, dir, keep, false).commit();
 }
 
 // ---- loading -----------------------------------------------------------------------------------

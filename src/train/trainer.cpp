@@ -144,7 +144,8 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
       engine.reserve_snapshot_space();  // its pages faulted in now, not by the step after a save
       if (comm.rank() == 0)
         log_info(str_cat("asynchronous saves: ", mib(engine.snapshot_space_bytes()),
-                         " MiB of host memory per rank to copy aside the state the next step changes first"));
+                         " MiB of host memory per rank for the saved state: device state is staged there at each save, "
+                         "host state put aside there before the next step changes it"));
     }
   }
 
@@ -225,7 +226,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     state.data_position = sample;
     state.steps_taken = engine.steps_taken();
     state.last_step_redone = engine.last_step_redone();
-    in_flight = std::make_unique<CheckpointSave>(engine, comm, cfg, state, opts.save_dir, opts.keep);
+    in_flight = std::make_unique<CheckpointSave>(engine, comm, cfg, state, opts.save_dir, opts.keep, async);
     if (!async) commit();
   };
   for (int64_t step = state.iteration + 1; step <= cfg.steps; ++step) {

@@ -9,8 +9,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <limits>
+#include <thread>
 
 #include "parallel/communicator.h"
 #include "so/core/error.h"
@@ -268,15 +271,20 @@ TEST_F(OffloadEquivalence, Bf16CastSitesAndGradientAccumulationAgreeBitwise) {
 // An asynchronous checkpoint's snapshot (Engine::freeze_state / with_frozen) is the state of the
 // step that saved, although the freeze waits for nothing: the CPU optimizer is still redoing that
 // step's buckets (every step clips) when the first bucket is read, and the next step changes the
-// others (copied aside first) before they are read.
+// others before they are read. Host state is put aside first by a copy (exact-rollback
+// speculation: the step's snapshot is taken) or by the step's own pass (inverse rollback,
+// ZeRO-Offload); device state is copied aside before its step (in place) or staged at the freeze.
+// Staged, the D2H stream is also held up until the step is issued (opened from another thread a
+// while later): a device update not queued behind its bucket's staging copy would be staged instead.
 TEST_F(OffloadEquivalence, AsyncSnapshotIsTheSavingStepWhileTheOptimizerFinishesItAndMovesOn) {
   constexpr int kSaveAt = 4;
   const float always_clip = clip_ * 1e-3f;
   for (const Mode& md : {mode("superoffload r0.5", OffloadMode::SuperOffload, 0.5),
                          mode("superoffload r1 inverse", OffloadMode::SuperOffload, 1.0, RollbackMode::Inverse),
                          mode("zero-offload r1", OffloadMode::ZeroOffload, 1.0),
-                         mode("device", OffloadMode::None, 0)}) {
-    SCOPED_TRACE(md.name);
+                         mode("device", OffloadMode::None, 0)})
+  for (const Engine::DeviceSnapshot device : {Engine::DeviceSnapshot::InPlace, Engine::DeviceSnapshot::Staged}) {
+    SCOPED_TRACE(md.name + (device == Engine::DeviceSnapshot::Staged ? ", device state staged" : ", device state in place"));
     // overlap false: the reference, read after the optimizer drained; true: read at once, across
     // the next step.
     auto snapshot = [&](bool overlap) {
@@ -300,7 +308,10 @@ TEST_F(OffloadEquivalence, AsyncSnapshotIsTheSavingStepWhileTheOptimizerFinishes
       };
       for (int it = 1; it <= kSaveAt; ++it) step();
       if (!overlap) engine.finish();
-      engine.freeze_state();
+      const bool gated = overlap && device == Engine::DeviceSnapshot::Staged;
+      std::promise<void> gate;
+      if (gated) backend->host_func(backend->stream(StreamKind::D2H), [open = gate.get_future().share()] { open.wait(); });
+      engine.freeze_state(device);
       const size_t nb = engine.buckets().size();
       std::vector<std::vector<float>> parts(nb);
       auto read = [&](size_t b) {
@@ -310,9 +321,18 @@ TEST_F(OffloadEquivalence, AsyncSnapshotIsTheSavingStepWhileTheOptimizerFinishes
             f.copy(static_cast<OptimState>(k), 0, f.size() * sizeof(float), parts[b].data() + k * f.size());
         });
       };
-      read(0);  // the last bucket the optimizer finalises (it goes in forward order)
-      if (overlap) step();
-      for (size_t b = 1; b < nb; ++b) read(b);
+      if (gated) {
+        std::thread opener([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          gate.set_value();
+        });
+        step();
+        opener.join();
+      } else {
+        read(0);  // the last bucket the optimizer finalises (it goes in forward order)
+        if (overlap) step();
+      }
+      for (size_t b = gated ? 0 : 1; b < nb; ++b) read(b);
       engine.finish();
       std::vector<float> all;
       for (const auto& p : parts) all.insert(all.end(), p.begin(), p.end());

@@ -110,11 +110,13 @@ class Engine final : public ParamStore, public ModelHooks {
   // (between steps) waits for nothing; the writer's with_frozen(b, read) waits until bucket b's
   // state is final for the step that saved (the CPU optimizer may still be finishing it, as it
   // does beside the next forward), and the first change a later step makes to a bucket (the
-  // offload pipeline's step, the device step) first copies that bucket aside, unless with_frozen(b)
-  // took it already. with_frozen(b, read) calls read(frozen) once, with bucket b's state as of the
-  // saving step. Each copy() holds the bucket only while it copies its piece, so an optimizer step
-  // reaching a bucket the writer is still on waits for one piece (not the bucket's disk write),
-  // copies the bucket aside and goes on; the writer reads the rest from that copy. Until then the
+  // offload pipeline's step, the device step) first puts that bucket aside, unless with_frozen(b)
+  // took it already: a step over host-addressable state writes the old values aside in its own
+  // pass, other changes copy the bucket first (change_state). with_frozen(b, read) calls
+  // read(frozen) once, with bucket b's state as of the saving step. Each copy() holds the bucket
+  // only while it copies its piece, so an optimizer step reaching a bucket the writer is still on
+  // waits for one piece (not the bucket's disk write), puts the bucket aside and goes on; the
+  // writer reads the rest from that copy. Until then the
   // state is read where it lives — host arrays in place, device memory by a D2H copy straight into
   // the caller's buffer — and the writer's only copy is the one into its I/O buffer. Copies aside
   // go into host memory kept from one save to the next (reserve_snapshot_space), whose pages exist
@@ -136,7 +138,13 @@ class Engine final : public ParamStore, public ModelHooks {
     std::unique_ptr<Event> copied_;
   };
   using FrozenReader = std::function<void(const FrozenBucket& frozen)>;
-  void freeze_state();
+  // How a snapshot takes device-resident state: read in place by the writer (a synchronous save:
+  // nothing changes it before the writer has it), or staged to host memory at once, behind the
+  // saving step on the D2H stream and in the order the next step changes the buckets (an
+  // asynchronous save: the copies overlap what runs next, and each of the next step's device
+  // updates waits, on its stream, for its own bucket's copy only).
+  enum class DeviceSnapshot { InPlace, Staged };
+  void freeze_state(DeviceSnapshot device);
   void with_frozen(size_t b, const FrozenReader& read);
   // Room to copy every bucket of this rank aside once (12 bytes per owned parameter, pinned when
   // state lives on the device); trainers saving asynchronously reserve it before the first step.
@@ -202,9 +210,15 @@ class Engine final : public ParamStore, public ModelHooks {
   // Units u of the current pass: gather what u reads, prefetch the next unit's, drop the rest.
   void enter_unit(int unit, bool backward);
   void wait_stepped_weights(size_t b);  // unsharded: compute waits for bucket b's new weights
-  // A change of bucket b's state for step `iteration` is about to be made: copies the bucket's
-  // frozen state aside if it is still wanted and the change is of a step after the saving one.
-  void before_state_change(size_t b, int64_t iteration);
+  // Runs pass(a), a change of bucket b's state for step `iteration` (enqueued on `s` when given,
+  // done when it returns otherwise). If the bucket's frozen state is still wanted and the change is
+  // of a step after the saving one, the state is put aside first: by the pass itself, which is
+  // given the bucket's copy aside as a's snapshot, when it is an `unconditional_step` (AdamCall::Step
+  // writing every element whatever the gradients) on host-addressable state whose snapshot is free
+  // (the old state then costs the step one more write instead of a copy's read and write); by a
+  // copy before the pass otherwise.
+  void change_state(size_t b, int64_t iteration, AdamArrays a, bool unconditional_step, Stream* s,
+                    const AdamPass& pass);
   AdamArrays device_arrays(size_t b, bool with_snapshot);  // a device bucket's state, grads and weights
   void allocate_snapshot_space();
   void copy_bucket_state(size_t b, float* out);  // p, m, v of bucket b's shard: 3 x shard_size values
@@ -247,6 +261,9 @@ class Engine final : public ParamStore, public ModelHooks {
     bool wanted = false;
     bool aside = false;
     float* copy = nullptr;  // 3 x shard_size values in snapshot_space_
+    // Device state staged to the copy aside by freeze_state: done when `copied` is (D2H stream).
+    bool staged = false;
+    std::unique_ptr<Event> copied;
   };
   HostBuffer snapshot_space_;
   std::atomic<int64_t> frozen_iteration_{-1};  // the saving step: its own changes are part of the snapshot

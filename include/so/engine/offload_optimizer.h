@@ -57,9 +57,10 @@ class OffloadOptimizer {
     // rest on the device, as their gradients are final only at the end of backward: the worker
     // neither sums nor speculates on those (it would only lengthen the tail of the step).
     size_t host_sums = SIZE_MAX;
-    // Called on the optimizer thread before a bucket's state changes, with the step (iteration)
-    // the change belongs to (checkpoint snapshots copy it aside here); may be empty.
-    std::function<void(size_t, int64_t)> before_change;
+    // Runs each pass that changes a bucket's state, on the optimizer thread: change_state(i, gen, a,
+    // unconditional_step, pass) calls pass(a), or pass(a') with a' keeping the old state for a
+    // checkpoint snapshot (Engine::change_state); may be empty (then pass(a) is called directly).
+    std::function<void(size_t, int64_t, const AdamArrays&, bool, const AdamPass&)> change_state;
   };
   // buckets: the offloaded ones, covering [base, end) of the flat buffers; device_weights and
   // device_grads are the whole flat device buffers (model dtype).
@@ -125,6 +126,8 @@ class OffloadOptimizer {
   void process(size_t i, int64_t gen, const AdamWParams& hp, bool speculate);
   void finalize(size_t i, int64_t gen, const AdamWParams& hp, const StepDecision& d);
   void apply(size_t i, const AdamWParams& hp, int64_t gen, bool speculative);
+  // pass(a) through Options::change_state when there is one.
+  void change_state(size_t i, int64_t gen, const AdamArrays& a, bool unconditional_step, const AdamPass& pass);
   void upload(size_t i, int64_t gen);
   void settle_upload(size_t i);
   void publish_final(size_t i, int64_t gen);

@@ -2,6 +2,7 @@
 // AdamW over flat fp32 arrays. Kernels here update arrays and nothing else: they know nothing of
 // buckets, streams or devices. The scalar version is the reference every SIMD path must match.
 #include <cstdint>
+#include <functional>
 
 #include "so/core/dtype.h"
 
@@ -40,6 +41,10 @@ struct AdamArrays {
   // The same arrays from element i on.
   AdamArrays from(int64_t i) const;
 };
+
+// One optimizer pass (a step, rollback or redo) over the arrays it is given, issued by a caller
+// that may first redirect the arrays' snapshot (a checkpoint's copy of the old state).
+using AdamPass = std::function<void(const AdamArrays&)>;
 
 namespace optim {
 
