@@ -448,8 +448,7 @@ void Engine::change_state(size_t b, int64_t iteration, AdamArrays a, bool uncond
     lock.unlock();
     return pass(a);
   }
-  const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
-  if (!unconditional_step || a.has_snapshot() || !on_host(begin) || s != nullptr) {
+  if (!unconditional_step || a.has_snapshot() || s != nullptr) {
     copy_bucket_state(b, f.copy);
     f.aside = true;
     lock.unlock();
@@ -457,6 +456,7 @@ void Engine::change_state(size_t b, int64_t iteration, AdamArrays a, bool uncond
   }
   // The pass writes the old state aside itself; the writer reads it after the pass is done (the
   // lock is held until then).
+  const int64_t n = shards_.buckets[b].shard_size;
   a.snapshot_p = f.copy, a.snapshot_m = f.copy + n, a.snapshot_v = f.copy + 2 * n;
   pass(a);
   f.aside = true;
@@ -706,7 +706,6 @@ void Engine::after_backward(int unit) {
       backend_.ops().sum_squares(comm, sum, static_cast<char*>(grads_.data()) + sh.shard_begin * esz, sh.shard_size,
                                  opts_.dtype);
       if (b >= first_device_bucket_ && speculates_on_device(b)) {
-        // Guarded: the pass may leave the state as it is, so it cannot be what puts it aside.
         change_state(b, iteration_, device_arrays(b, true), false, &comm, [&](const AdamArrays& a) {
           timeline_.stream_span(comm, Lane::Comm, str_cat("adam (speculative, device) b", b), iteration_, [&] {
             backend_.ops().adam(comm, AdamCall::Step, a, sh.shard_size, spec_hp_, 1.0f, sum);

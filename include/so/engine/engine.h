@@ -210,13 +210,14 @@ class Engine final : public ParamStore, public ModelHooks {
   // Units u of the current pass: gather what u reads, prefetch the next unit's, drop the rest.
   void enter_unit(int unit, bool backward);
   void wait_stepped_weights(size_t b);  // unsharded: compute waits for bucket b's new weights
-  // Runs pass(a), a change of bucket b's state for step `iteration` (enqueued on `s` when given,
-  // done when it returns otherwise). If the bucket's frozen state is still wanted and the change is
-  // of a step after the saving one, the state is put aside first: by the pass itself, which is
-  // given the bucket's copy aside as a's snapshot, when it is an `unconditional_step` (AdamCall::Step
-  // writing every element whatever the gradients) on host-addressable state whose snapshot is free
-  // (the old state then costs the step one more write instead of a copy's read and write); by a
-  // copy before the pass otherwise.
+  // Runs pass(a), a change of bucket b's state for step `iteration`: enqueued on stream `s` (device
+  // state), or done on the host before it returns (s null: the CPU optimizer's host state). If the
+  // bucket's frozen state is still wanted and the change is of a step after the saving one: a
+  // staged bucket's pass waits for its staging copy; otherwise the state is put aside first, by the
+  // pass itself when it runs on the host and is an `unconditional_step` (AdamCall::Step writing
+  // every element whatever the gradients) whose snapshot is free, given the bucket's copy aside as
+  // a's snapshot (one more store per value instead of a copy's load and store); by a copy before
+  // the pass otherwise.
   void change_state(size_t b, int64_t iteration, AdamArrays a, bool unconditional_step, Stream* s,
                     const AdamPass& pass);
   AdamArrays device_arrays(size_t b, bool with_snapshot);  // a device bucket's state, grads and weights
