@@ -352,28 +352,28 @@ std::vector<float> Engine::read_grad(int id) {
 // ---- checkpoint snapshots --------------------------------------------------------------------
 
 namespace {
-// Device state as of the saving step to the host, waited for: queued after `ready` (recorded
-// behind the step's device updates); the caller keeps any later change out until it returns.
-void copy_saved_d2h(Backend& backend, Event& ready, Event& copied, void* dst, const void* src, size_t bytes) {
-  Stream& d2h = backend.stream(StreamKind::D2H);
-  backend.wait(d2h, ready);
-  backend.copy_d2h(dst, src, bytes, d2h);
-  backend.record(copied, d2h);
-  backend.synchronize(copied);
-}
+// A bucket's saved parts, in their order in its copy aside.
+constexpr OptimState kSavedParts[] = {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq};
 }  // namespace
+
+void Engine::queue_device_state(size_t b, float* out, Event& copied) {
+  const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
+  Stream& d2h = backend_.stream(StreamKind::D2H);
+  backend_.wait(d2h, *frozen_ready_);
+  for (int k = 0; k < 3; ++k) backend_.copy_d2h(out + k * n, state_ptr(begin, kSavedParts[k]), n * sizeof(float), d2h);
+  backend_.record(copied, d2h);
+}
 
 void Engine::copy_bucket_state(size_t b, float* out) {
   const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
-  const OptimState parts[] = {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq};
   if (on_host(begin)) {
-    for (int k = 0; k < 3; ++k) std::memcpy(out + k * n, state_ptr(begin, parts[k]), n * sizeof(float));
+    for (int k = 0; k < 3; ++k) std::memcpy(out + k * n, state_ptr(begin, kSavedParts[k]), n * sizeof(float));
     return;
   }
   // Nothing changes device state again until change_state's pass is issued.
   std::unique_ptr<Event> copied = backend_.create_event();
-  for (int k = 0; k < 3; ++k)
-    copy_saved_d2h(backend_, *frozen_ready_, *copied, out + k * n, state_ptr(begin, parts[k]), n * sizeof(float));
+  queue_device_state(b, out, *copied);
+  backend_.synchronize(*copied);
 }
 
 void Engine::reserve_snapshot_space() {
@@ -402,24 +402,18 @@ void Engine::freeze_state(DeviceSnapshot device) {
   // forward as usual, and the writer waits for each (with_frozen).
   frozen_offload_step_ = offload_ ? offload_->decided_iteration() : -1;
   if (!frozen_ready_) frozen_ready_ = backend_.create_event();
-  Stream& d2h = backend_.stream(StreamKind::D2H);
   backend_.record(*frozen_ready_, backend_.stream(StreamKind::Comm));
-  if (device == DeviceSnapshot::Staged) {
-    reserve_snapshot_space();
-    backend_.wait(d2h, *frozen_ready_);
-  }
+  if (device == DeviceSnapshot::Staged) reserve_snapshot_space();
   frozen_iteration_ = iteration_;  // before any bucket is wanted: see change_state
-  const OptimState parts[] = {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq};
-  for (size_t b : forward_order_) {
+  for (size_t b : forward_order_) {  // staged in the order the next step changes them
     Frozen& f = *frozen_[b];
-    const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
     std::lock_guard<std::mutex> lock(f.mu);
     f.wanted = true;
     f.aside = f.staged = false;
-    if (device == DeviceSnapshot::Staged && !on_host(begin) && n > 0) {
-      for (int k = 0; k < 3; ++k) backend_.copy_d2h(f.copy + k * n, state_ptr(begin, parts[k]), n * sizeof(float), d2h);
+    const BucketShard& sh = shards_.buckets[b];
+    if (device == DeviceSnapshot::Staged && !on_host(sh.shard_begin) && sh.shard_size > 0) {
       if (!f.copied) f.copied = backend_.create_event();
-      backend_.record(*f.copied, d2h);
+      queue_device_state(b, f.copy, *f.copied);
       f.aside = f.staged = true;
     }
   }
@@ -433,17 +427,16 @@ void Engine::change_state(size_t b, int64_t iteration, AdamArrays a, bool uncond
   // snapshot; a bucket seen wanted here was set so after frozen_iteration_ (same lock).
   Frozen& f = *frozen_[b];
   reserve_snapshot_space();
+  const int64_t n = shards_.buckets[b].shard_size;
   std::unique_lock<std::mutex> lock(f.mu);  // a writer's copy of a piece finishes first
-  if (!f.wanted || iteration <= frozen_iteration_.load()) {
+  if (!f.wanted || iteration <= frozen_iteration_.load() || n == 0) {  // nothing (more) to keep
     lock.unlock();
     return pass(a);
   }
   if (f.aside) {
-    if (f.staged) {  // the pass goes after the bucket's staging copy (its stream waits, not the host)
-      if (s != nullptr)
-        backend_.wait(*s, *f.copied);
-      else
-        backend_.synchronize(*f.copied);
+    if (f.staged) {  // device state: its pass goes after the staging copy (the stream waits, not the host)
+      SO_CHECK(s != nullptr, "engine: bucket ", b, " is staged device state but is changed off a stream");
+      backend_.wait(*s, *f.copied);
     }
     lock.unlock();
     return pass(a);
@@ -456,7 +449,6 @@ void Engine::change_state(size_t b, int64_t iteration, AdamArrays a, bool uncond
   }
   // The pass writes the old state aside itself; the writer reads it after the pass is done (the
   // lock is held until then).
-  const int64_t n = shards_.buckets[b].shard_size;
   a.snapshot_p = f.copy, a.snapshot_m = f.copy + n, a.snapshot_v = f.copy + 2 * n;
   pass(a);
   f.aside = true;
@@ -473,7 +465,12 @@ void Engine::FrozenBucket::copy(OptimState part, size_t byte_offset, size_t byte
   } else if (host_[k] != nullptr) {
     std::memcpy(dst, host_[k] + byte_offset, bytes);
   } else {
-    copy_saved_d2h(*backend_, *state_ready_, *copied_, dst, device_[k] + byte_offset, bytes);  // the lock keeps later changes out
+    // Queued behind the saving step's device updates; the lock keeps later changes out.
+    Stream& d2h = backend_->stream(StreamKind::D2H);
+    backend_->wait(d2h, *state_ready_);
+    backend_->copy_d2h(dst, device_[k] + byte_offset, bytes, d2h);
+    backend_->record(*copied_, d2h);
+    backend_->synchronize(*copied_);
   }
 }
 
@@ -501,9 +498,8 @@ void Engine::with_frozen(size_t b, const FrozenReader& read) {
   frozen.frozen_ = &f;
   frozen.state_ready_ = frozen_ready_.get();
   frozen.n_ = n;
-  const OptimState parts[] = {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq};
   for (int k = 0; k < 3; ++k) {
-    const char* state = reinterpret_cast<const char*>(state_ptr(begin, parts[k]));
+    const char* state = reinterpret_cast<const char*>(state_ptr(begin, kSavedParts[k]));
     (on_host(begin) ? frozen.host_[k] : frozen.device_[k]) = state;
   }
   if (!on_host(begin)) frozen.copied_ = backend_.create_event();

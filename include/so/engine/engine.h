@@ -106,19 +106,18 @@ class Engine final : public ParamStore, public ModelHooks {
   int64_t bucket_shard_begin(size_t b) const { return shards_.buckets[b].shard_begin; }
   int64_t bucket_shard_size(size_t b) const { return shards_.buckets[b].shard_size; }
 
-  // A snapshot of the optimizer state for an asynchronous checkpoint, taken lazily: freeze_state()
-  // (between steps) waits for nothing; the writer's with_frozen(b, read) waits until bucket b's
-  // state is final for the step that saved (the CPU optimizer may still be finishing it, as it
-  // does beside the next forward), and the first change a later step makes to a bucket (the
-  // offload pipeline's step, the device step) first puts that bucket aside, unless with_frozen(b)
-  // took it already: a step over host-addressable state writes the old values aside in its own
-  // pass, other changes copy the bucket first (change_state). with_frozen(b, read) calls
-  // read(frozen) once, with bucket b's state as of the saving step. Each copy() holds the bucket
-  // only while it copies its piece, so an optimizer step reaching a bucket the writer is still on
-  // waits for one piece (not the bucket's disk write), puts the bucket aside and goes on; the
-  // writer reads the rest from that copy. Until then the
-  // state is read where it lives — host arrays in place, device memory by a D2H copy straight into
-  // the caller's buffer — and the writer's only copy is the one into its I/O buffer. Copies aside
+  // A snapshot of the optimizer state for a checkpoint: freeze_state() (between steps) waits for
+  // nothing; the writer's with_frozen(b, read) waits until bucket b's state is final for the step
+  // that saved (the CPU optimizer may still be finishing it, as it does beside the next forward)
+  // and calls read(frozen) once, with bucket b's state as of the saving step. Device state is
+  // staged to host memory at the freeze or read in place (DeviceSnapshot). Host state is read in
+  // place until the first change a later step makes to the bucket (change_state) puts it aside,
+  // unless with_frozen(b) took it already: a CPU Adam step writes the old values aside in its own
+  // pass, other changes copy the bucket first. Each copy() holds the bucket only while it copies
+  // its piece, so an optimizer step reaching a bucket the writer is still on waits for one piece
+  // (not the bucket's disk write), puts the bucket aside and goes on; the writer reads the rest
+  // from that copy. Read in place, device memory goes by a D2H copy straight into the caller's
+  // buffer, and the writer's only copy is the one into its I/O buffer. Staged and put-aside copies
   // go into host memory kept from one save to the next (reserve_snapshot_space), whose pages exist
   // already: fresh pages cost a step more to fault in than the copy itself.
   class FrozenBucket {
@@ -223,6 +222,9 @@ class Engine final : public ParamStore, public ModelHooks {
   AdamArrays device_arrays(size_t b, bool with_snapshot);  // a device bucket's state, grads and weights
   void allocate_snapshot_space();
   void copy_bucket_state(size_t b, float* out);  // p, m, v of bucket b's shard: 3 x shard_size values
+  // The same of a device bucket, queued on the D2H stream behind the saving step's device updates;
+  // `copied` is recorded after it.
+  void queue_device_state(size_t b, float* out, Event& copied);
 
   Backend& backend_;
   const ParamLayout& layout_;

@@ -14,9 +14,10 @@
 // sync(). While writing directly, the partial blocks are kept and written by sync(), after the
 // direct writes: a buffered write takes the inode lock that a direct write in flight holds (ext4,
 // into blocks not yet allocated), so writing them in between stalled the caller for a whole 4 MiB
-// transfer each time (docs/perf.md); so each byte is written once (a checkpoint's writers own
-// disjoint bytes), or a held-back block could land over a later write. Reads go by extents of at most 4 MiB, and the kBuffers - 1
-// after the one being read are read ahead: the extents of the ranges will_read named, in that
+// transfer each time (docs/perf.md). Each byte must therefore be written once (a checkpoint's
+// writers own disjoint bytes): a kept block would land over a later write of the same bytes.
+// Reads go by extents of at most 4 MiB, and the kBuffers - 1 after the one being read are read
+// ahead: the extents of the ranges will_read named, in that
 // order, or else the file's next ones — so a rank reading its own slices of each tensor reads no
 // other rank's bytes, and reading a file front to back in small calls keeps the device busy while
 // the caller checks and copies. One caller at a time.

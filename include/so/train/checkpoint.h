@@ -36,9 +36,9 @@ constexpr int kCheckpointFormatVersion = 2;
 // host state is put aside only if the optimizer must change it before the writer has it; device
 // state is read in place, or for an `async` save staged to host memory behind the saving step),
 // rank 0 creates the file, and a thread on every rank starts writing this rank's slices. Training
-// may go on meanwhile (when `async`). commit() is collective: it waits for every rank's writes to be durable, then
-// publishes the checkpoint. Destroyed without a commit (an error, a crash), the save leaves only
-// its temporary file; `latest` still names the last committed checkpoint.
+// may go on meanwhile (when `async`). commit() is collective: it waits for every rank's writes to
+// be durable, then publishes the checkpoint. Destroyed without a commit (an error, a crash), the
+// save leaves only its temporary file; `latest` still names the last committed checkpoint.
 class CheckpointSave {
  public:
   CheckpointSave(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainState& state,
