@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -217,6 +218,8 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
   std::printf("\n");
 
   std::map<std::string, std::string> peer_notes;
+  const char* python_env = std::getenv("SO_PYTHON");
+  const std::string python = python_env != nullptr && *python_env != '\0' ? python_env : SO_PYTHON;
   for (int t : thread_counts) {
     const std::vector<int> use(cores.begin(), cores.begin() + t);
     GraceAdam ga(use, isa);
@@ -228,7 +231,7 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
         core_list += std::to_string(c);
       }
       auto proc = std::make_unique<PeerProcess>(
-          std::vector<std::string>{"python3", std::string(SO_BENCH_DIR) + "/peers/cpu_adam_peer.py", "--impl", impl,
+          std::vector<std::string>{python, std::string(SO_BENCH_DIR) + "/peers/cpu_adam_peer.py", "--impl", impl,
                                    "--threads", std::to_string(t), "--cores", core_list},
           600.0);
       peer_notes[impl] = proc->available() ? proc->banner() : "unavailable: " + proc->why();

@@ -34,6 +34,7 @@
 # CORES_PERC (cpuadam_cores_perc, 0.9), PROBE_START/PROBE_STEP/PROBE_MAX (layers: 28/8/400),
 # PROBE_STEPS (3), SLOT_S (seconds a looping stage may use: 540).
 set -uo pipefail
+python=${SO_PYTHON:?SO_PYTHON is not set: run through .gpu/run.sh (gpu_stage.sh sets it) or set it to an interpreter with PyTorch}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root" || exit 1
 build=${BUILD:-$root/build-gpu}
@@ -117,12 +118,12 @@ stage_profile() {  # the 1B step's kernels by op class, from nsys over steps 3..
     --steps 6 --profile-steps 3:5 --metrics "$results/profile-1b.jsonl" || return 1
   run_logged profile-1b-stats nsys stats --report cuda_gpu_kern_sum --format csv --output "$results/profile-1b" \
     "$results/profile-1b.nsys-rep" || return 1
-  run_logged profile-1b python3 jobs/local/kernel_split.py "$results/profile-1b_cuda_gpu_kern_sum.csv" \
+  run_logged profile-1b "$python" jobs/local/kernel_split.py "$results/profile-1b_cuda_gpu_kern_sum.csv" \
     --metrics "$results/profile-1b.jsonl" --steps 3:5
 }
 
 peak_tflops() {  # the nominal peak so_bench gpu-peaks reported, for the peers' MFU
-  python3 - "$results/peaks.log" <<'EOF' 2>/dev/null || echo 0
+  "$python" - "$results/peaks.log" <<'EOF' 2>/dev/null || echo 0
 import json, sys
 print(next(json.loads(l)["nominal_tflops"] for l in open(sys.argv[1]) if l.startswith('{"bench": "gpu-peaks"')))
 EOF
@@ -132,7 +133,7 @@ stage_peers() {  # stage_peers 1b|3b
   local size=$1 peak
   peak=$(peak_tflops)
   for peer in torch_train fsdp2_offload; do
-    run_logged "peer-$size-$peer" timeout 600 python3 bench/peers/$peer.py \
+    run_logged "peer-$size-$peer" timeout 600 "$python" bench/peers/$peer.py \
       --config "configs/runs/llama-$size-seq4096.json" --peak-tflops "$peak"
   done
 }
@@ -172,13 +173,13 @@ stage_trace() {
   # shellcheck disable=SC2046
   run_logged trace-superoffload-1b timeout 400 "$so_train" --config configs/runs/llama-1b-seq4096.json --steps 8 \
     $(offload_set superoffload) --trace "$results/trace-superoffload-1b.json" &&
-    run_logged trace-check python3 tests/cli/check_trace.py "$results/trace-superoffload-1b.json" --expect-speculation
+    run_logged trace-check "$python" tests/cli/check_trace.py "$results/trace-superoffload-1b.json" --expect-speculation
   run_logged step-exposed timeout 500 "$so_bench" step --config configs/runs/llama-1b-seq4096.json --steps 8 \
     --modes zero-offload:1,superoffload:1 --set "$offload.cpuadam_cores_perc=$cores_perc"
 }
 
 stage_summary() {
-  python3 - "$results" > "$results/summary.md" <<'EOF'
+  "$python" - "$results" > "$results/summary.md" <<'EOF'
 import glob, json, os, re, sys
 r = sys.argv[1]
 def lines(name):

@@ -19,7 +19,10 @@ if [ ! -f "$B/PROJECT_PATH" ]; then
 fi
 proj=$(cat "$B/PROJECT_PATH")
 if [ ! -e "$proj/CMakeLists.txt" ]; then mkdir -p "$(dirname "$proj")" && ln -sfn "$B$proj" "$proj"; fi
-site=$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)
+# The GPU machine has no project environment (scripts/python_env.sh): its PyTorch interpreter
+# stands in for it, for the peers and the stages' Python.
+export SO_PYTHON=${SO_PYTHON:-$(command -v python3)}
+site=$("$SO_PYTHON" -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)
 nv=$(find "$site/nvidia" -maxdepth 3 -type d -name lib 2>/dev/null | tr '\n' ':')
 export SO_SYSTEM_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 export LD_LIBRARY_PATH=$B/lib:$B/ompi/lib/x86_64-linux-gnu/openmpi/lib:/usr/local/cuda/lib64:$nv${LD_LIBRARY_PATH:-}

@@ -185,7 +185,7 @@ def slurm_script(sweep_path, out, n):
 # One sweep point per array task; the point runs through the GH200 template for its rank count
 # inside this allocation (submit with the --nodes the largest point needs).
 set -euo pipefail
-python3 {ROOT}/jobs/sweeps/sweep.py point {out} "$SLURM_ARRAY_TASK_ID" --launcher slurm
+{sys.executable} {ROOT}/jobs/sweeps/sweep.py point {out} "$SLURM_ARRAY_TASK_ID" --launcher slurm
 """
 
 

@@ -7,6 +7,7 @@
 # Losses and every tensor of both checkpoints must be identical bit for bit.
 # usage: async_save_snapshot.sh SO_TRAIN WORKDIR [--set key=value ...]
 set -euo pipefail
+python=${SO_PYTHON:?SO_PYTHON is not set: run under ctest, or set it to the interpreter scripts/python_env.sh makes}
 so_train=$1 work=$2
 shift 2
 rm -rf "$work" && mkdir -p "$work"
@@ -15,7 +16,7 @@ common=(--config configs/runs/tiny-demo.json --set data.seq_len=32 --set train_m
 "$so_train" "${common[@]}" --async-save off --save-dir "$work/sync" --metrics "$work/sync.jsonl" >/dev/null
 SO_CKPT_TEST_WRITER_DELAY=0.02 "$so_train" "${common[@]}" --async-save on --save-dir "$work/async" \
   --metrics "$work/async.jsonl" >/dev/null
-python3 - "$work/sync.jsonl" "$work/async.jsonl" <<'PY'
+"$python" - "$work/sync.jsonl" "$work/async.jsonl" <<'PY'
 import json, sys
 a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
 assert len(a) == 8 and a == b, f"losses differ:\n sync  {a}\n async {b}"

@@ -2,7 +2,7 @@
 """Crafted checkpoints: copies of a good one, each altered the way an attacker (or a broken tool)
 would, the metadata's CRC32C recomputed where the attack needs it to get past the checksum. Each
 must be refused by `so_ckpt verify` and by `so_train --resume` with exit code 1 (no crash) and an
-error naming what is wrong, and left unmodified. Exits 77 (skipped) when h5py or numpy is missing.
+error naming what is wrong, and left unmodified.
 
 usage: ckpt_crafted.py SO_TRAIN SO_CKPT WORKDIR"""
 import hashlib
@@ -12,12 +12,8 @@ import shutil
 import subprocess
 import sys
 
-try:
-    import h5py
-    import numpy as np
-except ImportError as e:
-    print(f"SKIPPED: {e}")
-    sys.exit(77)
+import h5py
+import numpy as np
 
 from crc32c import crc32c
 

@@ -3,20 +3,15 @@
 the manifest against the datasets, every /model tensor's segments against their CRC32C table
 (computed here in plain Python), and every /model tensor equal (bitwise) to what
 `so_ckpt export --hf --dtype fp32` wrote, read back here without the safetensors package (8-byte
-header length, JSON header, raw little-endian fp32). Exits 77 (skipped) when h5py or numpy is
-missing.
+header length, JSON header, raw little-endian fp32).
 
 usage: ckpt_h5py_interop.py CHECKPOINT.h5 EXPORTED_HF_DIR"""
 import json
 import struct
 import sys
 
-try:
-    import h5py
-    import numpy as np
-except ImportError as e:
-    print(f"SKIPPED: {e}")
-    sys.exit(77)
+import h5py
+import numpy as np
 
 from crc32c import crc32c
 

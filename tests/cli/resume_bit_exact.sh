@@ -4,6 +4,7 @@
 # weights and both Adam moments) must be identical bit for bit.
 # usage: resume_bit_exact.sh SO_TRAIN WORKDIR [--set key=value ...]
 set -euo pipefail
+python=${SO_PYTHON:?SO_PYTHON is not set: run under ctest, or set it to the interpreter scripts/python_env.sh makes}
 so_train=$1 work=$2
 shift 2
 rm -rf "$work" && mkdir -p "$work"
@@ -13,7 +14,7 @@ common=(--config configs/runs/tiny-demo.json --set data.seq_len=32 --set train_m
 "$so_train" "${common[@]}" --steps 4 --save-dir "$work/split" --save-every 4 --metrics "$work/split.jsonl" >/dev/null
 "$so_train" "${common[@]}" --steps 8 --save-dir "$work/split" --save-every 4 --resume "$work/split" \
   --metrics "$work/split.jsonl" >/dev/null
-python3 - "$work/straight.jsonl" "$work/split.jsonl" <<'PY'
+"$python" - "$work/straight.jsonl" "$work/split.jsonl" <<'PY'
 import json, sys
 a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
 la, lb = [r["loss"] for r in a], [r["loss"] for r in b]

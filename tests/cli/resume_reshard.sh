@@ -4,6 +4,7 @@
 # uninterrupted 2-rank run within 1e-6 relative (the global batch is the same everywhere).
 # usage: resume_reshard.sh MPIRUN SO_TRAIN WORKDIR [--set key=value ...]
 set -euo pipefail
+python=${SO_PYTHON:?SO_PYTHON is not set: run under ctest, or set it to the interpreter scripts/python_env.sh makes}
 mpirun=$1 so_train=$2 work=$3
 shift 3
 rm -rf "$work" && mkdir -p "$work"
@@ -20,7 +21,7 @@ run 2 2 --steps 4 --save-dir "$work/ckpt" --save-every 4
 run 1 4 --steps 8 --resume "$work/ckpt" --metrics "$work/np1.jsonl"
 run 4 1 --steps 8 --resume "$work/ckpt" --metrics "$work/np4.jsonl"
 run 4 2 --steps 8 --resume "$work/ckpt" --set sequence_parallel_size=2 --metrics "$work/dp2sp2.jsonl"
-python3 - "$work" <<'PY'
+"$python" - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
 ref = {r["step"]: r["loss"] for r in map(json.loads, open(f"{work}/straight.jsonl"))}

@@ -5,20 +5,20 @@
 #   SVE x3      -cpu max,sveN=on    SO_SIMD=sve, N = 128, 256, 512 bits (checked inside the test)
 #   scalar      -cpu max           SO_SIMD=scalar
 # usage: tests/cross/run_aarch64_tests.sh BUILD_DIR
-# Exit 77 (ctest: skipped) when the cross compiler, qemu or the GoogleTest sources are missing.
+# Fails, naming what is missing, when the cross compiler, qemu or the GoogleTest sources are.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build="${1:?usage: $0 BUILD_DIR}/aarch64"
 
 for tool in aarch64-linux-gnu-g++ qemu-aarch64; do
   if ! command -v "$tool" >/dev/null; then
-    echo "SKIP: $tool not found (scripts/install-deps.sh installs g++-aarch64-linux-gnu and qemu-user)"
-    exit 77
+    echo "FAILED: $tool not found (scripts/install-deps.sh installs g++-aarch64-linux-gnu and qemu-user)"
+    exit 1
   fi
 done
 if [ ! -f /usr/src/googletest/googletest/CMakeLists.txt ]; then
-  echo "SKIP: GoogleTest sources missing in /usr/src/googletest (Debian package googletest)"
-  exit 77
+  echo "FAILED: GoogleTest sources missing in /usr/src/googletest (Debian package googletest)"
+  exit 1
 fi
 
 mkdir -p "$build"

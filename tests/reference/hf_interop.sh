@@ -3,26 +3,22 @@
 # trains two steps and checkpoints; `so_ckpt export --hf` turns the checkpoint into a model
 # directory (fp32 in one file, bf16 sharded); PyPI transformers loads each export and gives the
 # loss so_train computes on the same tokens when it starts from that export (within 1e-5
-# relative). Skipped (exit 77) where python3 cannot import torch and transformers: CI does not
-# install them.
+# relative). Python is the project's environment ($SO_PYTHON, set by ctest).
 #   hf_interop.sh SO_TRAIN SO_CKPT OUT_DIR
 set -euo pipefail
 so_train=$1 so_ckpt=$2 out=$3
 here=$(cd "$(dirname "$0")" && pwd)
-if ! python3 -c "import torch, transformers" 2>/dev/null; then
-  echo "SKIPPED: python3 cannot import torch and transformers (PyPI); the interop check needs them"
-  exit 77
-fi
+python=${SO_PYTHON:?SO_PYTHON is not set: run under ctest, or set it to the interpreter scripts/python_env.sh makes}
 rm -rf "$out"
 mkdir -p "$out"
 config=tests/cli/configs/hf_dir_train.json  # one window of hf_models/tokens.sotokens
-tokens=$(python3 -c "import json; print(json.load(open('$here/hf_models/reference.json'))['tokens'])")
+tokens=$("$python" -c "import json; print(json.load(open('$here/hf_models/reference.json'))['tokens'])")
 
 # First-step loss (before any update) of so_train started from model directory $1.
 first_loss() {
   rm -f "$out/metrics.jsonl"  # so_train appends to a metrics file
   "$so_train" --config "$config" --set model.hf_dir="$1" --steps 1 --metrics "$out/metrics.jsonl" > /dev/null
-  python3 -c "import json; print(json.loads(open('$out/metrics.jsonl').readline())['loss'])"
+  "$python" -c "import json; print(json.loads(open('$out/metrics.jsonl').readline())['loss'])"
 }
 
 exports=()
@@ -39,4 +35,4 @@ for model in llama_untied_fp32 qwen3_tied_bf16; do
   done
 done
 (IFS=,; echo "{\"tokens\": $tokens, \"exports\": [${exports[*]}]}") > "$out/manifest.json"
-python3 "$here/check_hf_export.py" "$out/manifest.json" --rtol 1e-5
+"$python" "$here/check_hf_export.py" "$out/manifest.json" --rtol 1e-5
