@@ -285,6 +285,7 @@ CheckpointFile::CheckpointFile(const std::string& path) : path_(path) {
         }
         const uint64_t at = c.offset;
         const uint64_t bytes = table ? static_cast<uint64_t>(n_segments) * 24 : static_cast<uint64_t>(p.numel) * 4;
+        SO_CHECK(c.offset != HADDR_UNDEF, where, ": dataset ", name, " has no storage (never written)");
         SO_CHECK(at <= file_end && bytes <= file_end - at, where, ": dataset ", name, " (bytes ", at, " to ", at + bytes,
                  ") lies outside the file's ", file_end, " bytes (truncated, damaged superblock, or never written)");
         // Read by pieces in place (read_to), a dataset of a block or more must start on a whole

@@ -57,10 +57,10 @@ class H5File {
 
   // For a reader that reads a dataset's bytes itself (checkpoints, around the page cache): the
   // shape and absolute byte offset of a contiguous, unfiltered dataset stored as exactly `type`
-  // (`type_name` in errors).
+  // (`type_name` in errors); the offset is HADDR_UNDEF where no storage was allocated.
   struct Contiguous {
     std::vector<int64_t> shape;
-    uint64_t offset = 0;
+    haddr_t offset = HADDR_UNDEF;
   };
   Contiguous contiguous(const std::string& dataset, hid_t type, const char* type_name) const;
   // HDF5's own view of the file's end: the userblock plus the end of allocation its superblock
