@@ -9,6 +9,7 @@
 
 #include "parallel/collective_watchdog.h"
 #include "parallel/communicator.h"
+#include "parallel/fatal_signals.h"
 #include "parallel/mpi_check.h"
 #include "parallel/mpi_comm.h"
 #include "so/backend/backend.h"
@@ -247,6 +248,7 @@ class MpiCommunicator final : public Communicator {
 
 MpiSession::MpiSession(int* argc, char*** argv) {
   int provided = 0;
+  remember_fatal_signal_handlers();
   // Collectives run on the comm stream's worker thread while the main thread may make host-side
   // calls on other communicators at the same time.
   SO_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
@@ -255,6 +257,7 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   SO_CHECK(provided >= MPI_THREAD_MULTIPLE, "the MPI library provides thread level ", provided,
            "; so_train needs MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE, ")");
   if (size_ > 1) set_error_rank(rank_);
+  install_fatal_signal_handlers(rank_);  // after MPI_Init, which installs MPI's own
 }
 
 MpiSession::~MpiSession() { MPI_Finalize(); }

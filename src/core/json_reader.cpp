@@ -104,6 +104,11 @@ int64_t JsonReader::get_in(const std::string& key, int64_t fallback, int64_t lo,
   return v;
 }
 
+int64_t JsonReader::require_in(const std::string& key, int64_t lo, int64_t hi) {
+  if (!has(key)) fail(key, "is missing");
+  return get_in(key, 0, lo, hi);
+}
+
 JsonReader JsonReader::child(const std::string& key) {
   used_.insert(key);
   static const nlohmann::json empty = nlohmann::json::object();

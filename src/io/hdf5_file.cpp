@@ -23,6 +23,45 @@ void close_id(hid_t id) {
     default: H5Idec_ref(id); break;
   }
 }
+
+// HDF5 calls that may fail on a damaged file: the error is reported by us, not printed by HDF5.
+template <typename Fn>
+auto quietly(Fn&& fn) {
+  decltype(fn()) r;
+  H5E_BEGIN_TRY { r = fn(); }
+  H5E_END_TRY;
+  return r;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  if (shape.empty()) return "scalar";
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// The extent of a dataspace ({} for a scalar); `what` names it in errors.
+std::vector<int64_t> extent_of(hid_t space, const std::string& what) {
+  const H5S_class_t cls = quietly([&] { return H5Sget_simple_extent_type(space); });
+  SO_CHECK(cls == H5S_SCALAR || cls == H5S_SIMPLE, what, " has an empty or unreadable dataspace");
+  const int rank = H5Sget_simple_extent_ndims(space);
+  SO_CHECK(rank >= 0 && rank <= H5S_MAX_RANK, what, " has an unreadable rank");
+  std::vector<hsize_t> dims(static_cast<size_t>(rank));
+  SO_CHECK(H5Sget_simple_extent_dims(space, dims.data(), nullptr) == rank, what, " has unreadable dimensions");
+  return std::vector<int64_t>(dims.begin(), dims.end());
+}
+
+// Refuses, naming both, an extent other than `want` before anything is read into a buffer sized by it.
+void check_extent(hid_t space, const std::vector<int64_t>& want, const std::string& what) {
+  const std::vector<int64_t> got = extent_of(space, what);
+  SO_CHECK(got == want, what, " has shape ", shape_text(got), ", expected ", shape_text(want));
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
 }  // namespace
 
 H5Id& H5Id::operator=(H5Id&& o) noexcept {
@@ -43,35 +82,35 @@ H5File H5File::open_read(const std::string& path) {
   struct stat st {};
   SO_CHECK(::stat(path.c_str(), &st) == 0, "cannot open HDF5 file '", path, "': ", std::strerror(errno));
   SO_CHECK(S_ISREG(st.st_mode), "HDF5 file '", path, "' is not a regular file (a directory, FIFO or device)");
-  H5E_BEGIN_TRY { f.file_ = H5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)); }
-  H5E_END_TRY;
-  SO_CHECK(f.file_.valid(), "cannot open HDF5 file '", path, "' (missing, unreadable or not HDF5)");
+  f.file_ = H5Id(quietly([&] { return H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT); }));
+  SO_CHECK(f.file_.valid(), "cannot open HDF5 file '", path, "' (not HDF5, truncated or damaged)");
   return f;
 }
 
 bool H5File::exists(const std::string& object) const {
-  htri_t r;
-  H5E_BEGIN_TRY { r = H5Lexists(file_.get(), object.c_str(), H5P_DEFAULT); }
-  H5E_END_TRY;
-  return r > 0;
+  return quietly([&] { return H5Lexists(file_.get(), object.c_str(), H5P_DEFAULT); }) > 0;
+}
+
+bool H5File::has_attr(const std::string& object, const std::string& name) const {
+  return quietly([&] { return H5Aexists_by_name(file_.get(), object.c_str(), name.c_str(), H5P_DEFAULT); }) > 0;
 }
 
 H5Id H5File::open_dataset(const std::string& dataset) const {
-  H5Id d;
-  H5E_BEGIN_TRY { d = H5Id(H5Dopen2(file_.get(), dataset.c_str(), H5P_DEFAULT)); }
-  H5E_END_TRY;
+  H5Id d(quietly([&] { return H5Dopen2(file_.get(), dataset.c_str(), H5P_DEFAULT); }));
   SO_CHECK(d.valid(), path_, ": no dataset '", dataset, "'");
   return d;
+}
+
+H5Id H5File::open_attr(const std::string& object, const std::string& name) const {
+  H5Id a(quietly([&] { return H5Aopen_by_name(file_.get(), object.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT); }));
+  SO_CHECK(a.valid(), path_, ": no attribute '", name, "' on '", object, "'");
+  return a;
 }
 
 std::vector<int64_t> H5File::shape(const std::string& dataset) const {
   H5Id d = open_dataset(dataset);
   H5Id space(H5Dget_space(d.get()));
-  const int rank = H5Sget_simple_extent_ndims(space.get());
-  SO_CHECK(rank >= 0, path_, ": cannot read the shape of '", dataset, "'");
-  std::vector<hsize_t> dims(static_cast<size_t>(rank));
-  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  return std::vector<int64_t>(dims.begin(), dims.end());
+  return extent_of(space.get(), str_cat(path_, ": dataset '", dataset, "'"));
 }
 
 bool H5File::is_integer(const std::string& dataset) const {
@@ -93,92 +132,162 @@ std::string H5File::type_description(const std::string& dataset) const {
   }
 }
 
-namespace {
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-}  // namespace
-
-// Whole-dataset read converted by HDF5 to the native type T.
+// A whole dataset of class `cls` and exactly `shape`, converted by HDF5 to the native type T.
 template <typename T>
-static std::vector<T> read_all(const H5File& f, const H5Id& d, int64_t n, hid_t mem_type, const std::string& dataset,
-                               const char* type_name) {
-  std::vector<T> out(static_cast<size_t>(n));
-  SO_CHECK(H5Dread(d.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0, f.path(), ": reading '",
-           dataset, "' as ", type_name, " failed");
+static std::vector<T> read_whole(const H5File& f, H5Id d, const std::string& dataset, const std::vector<int64_t>& shape,
+                                 H5T_class_t cls, hid_t mem_type, const char* type_name) {
+  const std::string what = str_cat(f.path(), ": dataset '", dataset, "'");
+  H5Id type(H5Dget_type(d.get()));
+  SO_CHECK(H5Tget_class(type.get()) == cls, what, " holds ", f.type_description(dataset), ", not ",
+           cls == H5T_FLOAT ? "floats" : "integers");
+  H5Id space(H5Dget_space(d.get()));
+  check_extent(space.get(), shape, what);
+  std::vector<T> out(static_cast<size_t>(numel(shape)));
+  SO_CHECK(quietly([&] { return H5Dread(d.get(), mem_type, space.get(), space.get(), H5P_DEFAULT, out.data()); }) >= 0,
+           what, ": reading it as ", type_name, " failed (damaged file)");
   return out;
 }
 
-std::vector<float> H5File::read_f32(const std::string& dataset) const {
-  return read_all<float>(*this, open_dataset(dataset), numel(shape(dataset)), H5T_NATIVE_FLOAT, dataset, "float32");
+std::vector<float> H5File::read_f32(const std::string& dataset, const std::vector<int64_t>& shape) const {
+  return read_whole<float>(*this, open_dataset(dataset), dataset, shape, H5T_FLOAT, H5T_NATIVE_FLOAT, "float32");
 }
 
-std::vector<int32_t> H5File::read_i32(const std::string& dataset) const {
-  return read_all<int32_t>(*this, open_dataset(dataset), numel(shape(dataset)), H5T_NATIVE_INT32, dataset, "int32");
+std::vector<int32_t> H5File::read_i32(const std::string& dataset, const std::vector<int64_t>& shape) const {
+  return read_whole<int32_t>(*this, open_dataset(dataset), dataset, shape, H5T_INTEGER, H5T_NATIVE_INT32, "int32");
 }
 
 void H5File::read_i32_range(const std::string& dataset, int64_t offset, int64_t count, int32_t* out) const {
+  const std::string what = str_cat(path_, ": dataset '", dataset, "'");
   H5Id d = open_dataset(dataset);
+  H5Id type(H5Dget_type(d.get()));
+  SO_CHECK(H5Tget_class(type.get()) == H5T_INTEGER, what, " holds ", type_description(dataset), ", not integers");
   H5Id space(H5Dget_space(d.get()));
-  SO_CHECK(H5Sget_simple_extent_ndims(space.get()) == 1, path_, ": dataset '", dataset, "' must be 1-D");
+  const std::vector<int64_t> dims = extent_of(space.get(), what);
+  SO_CHECK(dims.size() == 1, what, " must be 1-D, has shape ", shape_text(dims));
+  SO_CHECK(offset >= 0 && count >= 0 && offset <= dims[0] && count <= dims[0] - offset, what, ": elements [", offset,
+           ", ", offset + count, ") lie outside its ", dims[0]);
+  if (count == 0) return;
   hsize_t start = static_cast<hsize_t>(offset), n = static_cast<hsize_t>(count);
-  SO_CHECK(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr) >= 0, path_,
-           ": bad range [", offset, ", ", offset + count, ") of '", dataset, "'");
+  SO_CHECK(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr) >= 0, what, ": bad range [",
+           offset, ", ", offset + count, ")");
   H5Id mem(H5Screate_simple(1, &n, nullptr));
-  SO_CHECK(H5Dread(d.get(), H5T_NATIVE_INT32, mem.get(), space.get(), H5P_DEFAULT, out) >= 0, path_,
-           ": reading [", offset, ", ", offset + count, ") of '", dataset, "' failed");
+  SO_CHECK(quietly([&] { return H5Dread(d.get(), H5T_NATIVE_INT32, mem.get(), space.get(), H5P_DEFAULT, out); }) >= 0,
+           what, ": reading [", offset, ", ", offset + count, ") failed (damaged file)");
+}
+
+std::string H5File::read_string(const std::string& dataset, size_t max_bytes) const {
+  const std::string what = str_cat(path_, ": dataset '", dataset, "'");
+  H5Id d = open_dataset(dataset);
+  H5Id type(H5Dget_type(d.get()));
+  SO_CHECK(H5Tget_class(type.get()) == H5T_STRING && H5Tis_variable_str(type.get()) == 0, what,
+           " is not a fixed-length string");
+  const size_t bytes = H5Tget_size(type.get());
+  SO_CHECK(bytes > 0 && bytes <= max_bytes, what, " is a string of ", bytes, " bytes (at most ", max_bytes, ")");
+  H5Id space(H5Dget_space(d.get()));
+  check_extent(space.get(), {}, what);
+  std::string out(bytes, '\0');
+  SO_CHECK(quietly([&] { return H5Dread(d.get(), type.get(), space.get(), space.get(), H5P_DEFAULT, out.data()); }) >= 0,
+           what, ": reading it failed (truncated or damaged file)");
+  return out.substr(0, out.find('\0'));
 }
 
 std::string H5File::read_string_attr(const std::string& object, const std::string& name) const {
-  H5Id attr;
-  H5E_BEGIN_TRY { attr = H5Id(H5Aopen_by_name(file_.get(), object.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT)); }
-  H5E_END_TRY;
-  SO_CHECK(attr.valid(), path_, ": no attribute '", name, "' on '", object, "'");
+  const std::string what = str_cat(path_, ": attribute '", name, "' of '", object, "'");
+  H5Id attr = open_attr(object, name);
   H5Id type(H5Aget_type(attr.get()));
-  SO_CHECK(H5Tget_class(type.get()) == H5T_STRING, path_, ": attribute '", name, "' is not a string");
+  SO_CHECK(H5Tget_class(type.get()) == H5T_STRING, what, " is not a string");
+  H5Id space(H5Aget_space(attr.get()));
+  check_extent(space.get(), {}, what);
   if (H5Tis_variable_str(type.get()) > 0) {
     H5Id mem(H5Tcopy(H5T_C_S1));
     H5Tset_size(mem.get(), H5T_VARIABLE);
     H5Tset_cset(mem.get(), H5Tget_cset(type.get()));
     char* s = nullptr;
-    SO_CHECK(H5Aread(attr.get(), mem.get(), &s) >= 0, path_, ": reading attribute '", name, "' failed");
+    SO_CHECK(quietly([&] { return H5Aread(attr.get(), mem.get(), &s); }) >= 0, what, ": reading it failed");
     std::string out = s ? s : "";
     H5free_memory(s);
     return out;
   }
-  const size_t size = H5Tget_size(type.get());
-  std::string out(size, '\0');
-  SO_CHECK(H5Aread(attr.get(), type.get(), out.data()) >= 0, path_, ": reading attribute '", name, "' failed");
+  std::string out(H5Tget_size(type.get()), '\0');
+  SO_CHECK(quietly([&] { return H5Aread(attr.get(), type.get(), out.data()); }) >= 0, what, ": reading it failed");
   return out.substr(0, out.find('\0'));
 }
 
 double H5File::read_double_attr(const std::string& object, const std::string& name) const {
-  H5Id attr;
-  H5E_BEGIN_TRY { attr = H5Id(H5Aopen_by_name(file_.get(), object.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT)); }
-  H5E_END_TRY;
-  SO_CHECK(attr.valid(), path_, ": no attribute '", name, "' on '", object, "'");
+  const std::string what = str_cat(path_, ": attribute '", name, "' of '", object, "'");
+  H5Id attr = open_attr(object, name);
+  H5Id type(H5Aget_type(attr.get()));
+  const H5T_class_t cls = H5Tget_class(type.get());
+  SO_CHECK(cls == H5T_FLOAT || cls == H5T_INTEGER, what, " is not a number");
+  H5Id space(H5Aget_space(attr.get()));
+  check_extent(space.get(), {}, what);
   double v = 0;
-  SO_CHECK(H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &v) >= 0, path_, ": reading attribute '", name, "' failed");
+  SO_CHECK(quietly([&] { return H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &v); }) >= 0, what, ": reading it failed");
+  return v;
+}
+
+int64_t H5File::read_int_attr(const std::string& object, const std::string& name) const {
+  const std::string what = str_cat(path_, ": attribute '", name, "' of '", object, "'");
+  H5Id attr = open_attr(object, name);
+  H5Id type(H5Aget_type(attr.get()));
+  SO_CHECK(H5Tget_class(type.get()) == H5T_INTEGER, what, " is not an integer");
+  // A 64-bit unsigned value past INT64_MAX would be clipped by the conversion, not refused.
+  SO_CHECK(H5Tget_size(type.get()) < 8 || H5Tget_sign(type.get()) != H5T_SGN_NONE, what,
+           " is a 64-bit unsigned integer");
+  H5Id space(H5Aget_space(attr.get()));
+  check_extent(space.get(), {}, what);
+  int64_t v = 0;
+  SO_CHECK(quietly([&] { return H5Aread(attr.get(), H5T_NATIVE_INT64, &v); }) >= 0, what, ": reading it failed");
   return v;
 }
 
 std::vector<std::string> H5File::members(const std::string& group) const {
-  H5Id g;
-  H5E_BEGIN_TRY { g = H5Id(H5Gopen2(file_.get(), group.c_str(), H5P_DEFAULT)); }
-  H5E_END_TRY;
+  H5Id g(quietly([&] { return H5Gopen2(file_.get(), group.c_str(), H5P_DEFAULT); }));
   SO_CHECK(g.valid(), path_, ": no group '", group, "'");
   H5G_info_t info;
-  H5Gget_info(g.get(), &info);
+  SO_CHECK(H5Gget_info(g.get(), &info) >= 0, path_, ": cannot list group '", group, "'");
   std::vector<std::string> names;
   for (hsize_t i = 0; i < info.nlinks; ++i) {
     const ssize_t len = H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    SO_CHECK(len >= 0, path_, ": cannot read the name of member ", i, " of group '", group, "'");
     std::string name(static_cast<size_t>(len), '\0');
-    H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), len + 1, H5P_DEFAULT);
+    H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), static_cast<size_t>(len) + 1,
+                       H5P_DEFAULT);
     names.push_back(name);
   }
   return names;
+}
+
+H5File::Contiguous H5File::contiguous(const std::string& dataset, hid_t type, const char* type_name) const {
+  const std::string what = str_cat(path_, ": dataset ", dataset);
+  H5Id d = open_dataset(dataset);
+  H5Id stored(H5Dget_type(d.get()));
+  SO_CHECK(H5Tequal(stored.get(), type) > 0, what, " is not ", type_name);
+  H5Id plist(H5Dget_create_plist(d.get()));
+  SO_CHECK(H5Pget_layout(plist.get()) == H5D_CONTIGUOUS && H5Pget_nfilters(plist.get()) == 0 &&
+               H5Pget_external_count(plist.get()) == 0,
+           what, " is not stored contiguously without filters in this file");
+  H5Id space(H5Dget_space(d.get()));
+  Contiguous c;
+  c.shape = extent_of(space.get(), what);
+  c.offset = H5Dget_offset(d.get());
+  return c;
+}
+
+uint64_t H5File::end_of_allocation() const {
+  haddr_t eoa = HADDR_UNDEF;
+  SO_CHECK(H5Fget_eoa(file_.get(), &eoa) >= 0 && eoa != HADDR_UNDEF, path_, ": cannot read HDF5's end of allocation");
+  // Addresses inside HDF5 are relative to the end of the userblock; dataset offsets are absolute.
+  H5Id fcpl(H5Fget_create_plist(file_.get()));
+  hsize_t userblock = 0;
+  SO_CHECK(H5Pget_userblock(fcpl.get(), &userblock) >= 0, path_, ": cannot read the userblock size");
+  return static_cast<uint64_t>(userblock) + eoa;
+}
+
+uint64_t H5File::size() const {
+  hsize_t bytes = 0;
+  SO_CHECK(H5Fget_filesize(file_.get(), &bytes) >= 0, path_, ": cannot read the file size");
+  return bytes;
 }
 
 }  // namespace so

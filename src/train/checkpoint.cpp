@@ -320,8 +320,12 @@ std::string save_checkpoint(Engine& engine, Communicator& comm, const RunConfig&
 std::string resolve_checkpoint(const std::string& file_or_dir) {
   const fs::path p(file_or_dir);
   std::error_code ec;
-  SO_CHECK(fs::exists(p, ec), "checkpoint '", file_or_dir, "' does not exist");
-  if (!fs::is_directory(p, ec)) return file_or_dir;
+  const fs::file_status st = fs::status(p, ec);
+  // Only a missing path "does not exist": a symlink loop or a denied directory says what it is.
+  SO_CHECK(!ec || ec == std::errc::no_such_file_or_directory, "checkpoint '", file_or_dir, "' cannot be opened: ",
+           ec == std::errc::too_many_symbolic_link_levels ? "a loop of symbolic links" : ec.message());
+  SO_CHECK(fs::exists(st), "checkpoint '", file_or_dir, "' does not exist");
+  if (!fs::is_directory(st)) return file_or_dir;
   const fs::path latest = p / kLatest;
   SO_CHECK(fs::is_regular_file(latest, ec), "checkpoint directory '", file_or_dir, "' has no '", kLatest, "' pointer");
   std::ifstream in(latest);

@@ -207,25 +207,22 @@ void parse_metadata(std::string_view text, const std::string& where, CheckpointS
   const nlohmann::json doc = parse_json_text(text, msource);
   JsonReader r(doc, msource);
   SO_CHECK(r.require<std::string>("format") == kFormat, where, " is not a so_train checkpoint");
-  summary.format_version = r.get_in("format_version", 0, kCheckpointFormatVersion, kCheckpointFormatVersion);
+  // Every field is required: a document missing one was not written by this format's writer.
+  summary.format_version = r.require_in("format_version", kCheckpointFormatVersion, kCheckpointFormatVersion);
   {
     JsonReader s = r.child("state");
-    summary.state.iteration = s.get_in("iteration", -1, 0, kMaxSteps);
-    summary.state.steps_taken = s.get_in("steps_taken", -1, 0, summary.state.iteration);
-    summary.state.data_position = s.get_in("data_position", -1, 0, int64_t{1} << 62);
+    summary.state.iteration = s.require_in("iteration", 0, kMaxSteps);
+    summary.state.steps_taken = s.require_in("steps_taken", 0, summary.state.iteration);
+    summary.state.data_position = s.require_in("data_position", 0, int64_t{1} << 62);
     summary.state.last_step_redone = s.require<bool>("last_step_redone");
-    for (const char* k : {"iteration", "steps_taken", "data_position"})
-      if (!s.has(k)) s.fail(k, "is missing");
     s.finish();
   }
-  summary.world_size = r.get_in("world_size", -1, 1, 1 << 24);
-  summary.zero_stage = r.get_in("zero_stage", -1, 0, 3);
-  for (const char* k : {"world_size", "zero_stage"})
-    if (!r.has(k)) r.fail(k, "is missing");
+  summary.world_size = r.require_in("world_size", 1, 1 << 24);
+  summary.zero_stage = r.require_in("zero_stage", 0, 3);
   {
     JsonReader c = r.child("checksum");
     if (c.require<std::string>("algorithm") != "crc32c") c.fail("algorithm", "is not crc32c");
-    c.get_in("chunk_elements", -1, kChunkElements, kChunkElements);
+    c.require_in("chunk_elements", kChunkElements, kChunkElements);
     c.finish();
   }
   for (const char* k : {"config", "model_config", "manifest"})
@@ -245,37 +242,26 @@ void parse_metadata(std::string_view text, const std::string& where, CheckpointS
 
 CheckpointFile::CheckpointFile(const std::string& path) : path_(path) {
   const std::string where = str_cat("checkpoint '", path, "'");
-  struct stat st {};
-  SO_CHECK(::stat(path.c_str(), &st) == 0, "cannot open ", where, ": ", std::strerror(errno));
-  SO_CHECK(S_ISREG(st.st_mode), where, " is not a regular file");
-  const auto file_size = static_cast<uint64_t>(st.st_size);
-  H5Id file(quietly([&] { return H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT); }));
-  SO_CHECK(file.valid(), "cannot open ", where, " (not an HDF5 file, or truncated)");
-  const hid_t f = file.get();
+  const H5File h5 = H5File::open_read(path);
+  // HDF5's view of where the file ends: a dataset beyond it is one h5py cannot read, whatever
+  // bytes lie there (a damaged superblock moves the end of allocation).
+  const uint64_t file_end = std::min(h5.size(), h5.end_of_allocation());
 
   // The metadata document, checked against its CRC32C before a field of it is read.
-  H5Id meta(quietly([&] { return H5Dopen2(f, kMetadata, H5P_DEFAULT); }));
-  SO_CHECK(meta.valid(), where, " has no ", kMetadata, " (not a so_train checkpoint of format ", kCheckpointFormatVersion,
-           ")");
-  H5Id mtype = check_id(H5Dget_type(meta.get()), "H5Dget_type");
-  SO_CHECK(H5Tget_class(mtype.get()) == H5T_STRING && H5Tis_variable_str(mtype.get()) == 0, where, ": ", kMetadata,
-           " is not a fixed-length string");
-  const size_t meta_bytes = H5Tget_size(mtype.get());
-  SO_CHECK(meta_bytes > 0 && static_cast<int64_t>(meta_bytes) <= kMaxMetadataBytes, where, ": ", kMetadata, " is ",
-           meta_bytes, " bytes (at most ", kMaxMetadataBytes, ")");
-  std::string text(meta_bytes, '\0');
-  SO_CHECK(quietly([&] { return H5Dread(meta.get(), mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()); }) >= 0,
-           where, ": reading ", kMetadata, " failed (truncated or damaged file)");
-  while (!text.empty() && text.back() == '\0') text.pop_back();
-  uint32_t want_crc = 0;
-  SO_CHECK(quietly([&] { return H5Aexists(meta.get(), "crc32c"); }) > 0, where, ": ", kMetadata, " has no crc32c");
-  H5Id attr = check_id(H5Aopen(meta.get(), "crc32c", H5P_DEFAULT), "opening /metadata crc32c");
-  SO_H5(H5Aread(attr.get(), H5T_NATIVE_UINT32, &want_crc), "reading /metadata crc32c of ", path);
+  SO_CHECK(h5.exists(kMetadata), where, " has no ", kMetadata, " (not a so_train checkpoint of format ",
+           kCheckpointFormatVersion, ")");
+  const std::string text = h5.read_string(kMetadata, kMaxMetadataBytes);
+  const int64_t want_crc = h5.read_int_attr(kMetadata, "crc32c");
   SO_CHECK(crc32c(text.data(), text.size()) == want_crc, where, ": ", kMetadata,
            " fails its checksum (the checkpoint is damaged)");
-
   parse_metadata(text, where, summary_, layout_);
   summary_.path = path;
+  // The root copies are what an h5py user reads first: they must say what /metadata says.
+  const std::string root_format = h5.read_string_attr("/", "format");
+  const int64_t root_version = h5.read_int_attr("/", "format_version");
+  SO_CHECK(root_format == kFormat && root_version == summary_.format_version, where, ": the root attributes say '",
+           root_format, "' version ", root_version, " but ", kMetadata, " says '", kFormat, "' version ",
+           summary_.format_version);
 
   for (const TensorGroup& g : kGroups)
     for (const ParamInfo& p : layout_.params) {
@@ -286,31 +272,22 @@ CheckpointFile::CheckpointFile(const std::string& path) : path_(path) {
       int64_t n_segments = 0;
       for (const bool table : {false, true}) {
         const std::string& name = table ? cname : dname;
-        H5Id ds(quietly([&] { return H5Dopen2(f, name.c_str(), H5P_DEFAULT); }));
-        SO_CHECK(ds.valid(), where, " has no dataset ", name);
-        H5Id type = check_id(H5Dget_type(ds.get()), "H5Dget_type");
-        SO_CHECK(H5Tequal(type.get(), table ? H5T_STD_U64LE : H5T_IEEE_F32LE) > 0, where, ": dataset ", name, " is not ",
-                 table ? "uint64 little-endian" : "float32 little-endian");
-        H5Id plist = check_id(H5Dget_create_plist(ds.get()), "H5Dget_create_plist");
-        SO_CHECK(H5Pget_layout(plist.get()) == H5D_CONTIGUOUS && H5Pget_nfilters(plist.get()) == 0, where, ": dataset ",
-                 name, " is not stored contiguously without filters (not written by so_train)");
-        H5Id space = check_id(H5Dget_space(ds.get()), "H5Dget_space");
-        const int rank = H5Sget_simple_extent_ndims(space.get());
-        SO_CHECK(rank >= 1 && rank <= 2, where, ": dataset ", name, " has rank ", rank);
-        std::vector<hsize_t> dims(static_cast<size_t>(rank));
-        H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+        SO_CHECK(h5.exists(name), where, " has no dataset ", name);
+        const H5File::Contiguous c = h5.contiguous(name, table ? H5T_STD_U64LE : H5T_IEEE_F32LE,
+                                                   table ? "uint64 little-endian" : "float32 little-endian");
+        const std::vector<int64_t>& dims = c.shape;
         if (table) {
-          SO_CHECK(rank == 2 && dims[1] == 3 && dims[0] >= 1 && dims[0] <= static_cast<hsize_t>(p.numel), where,
-                   ": checksum table ", name, " has the wrong shape");
-          n_segments = static_cast<int64_t>(dims[0]);
+          SO_CHECK(dims.size() == 2 && dims[1] == 3 && dims[0] >= 1 && dims[0] <= p.numel, where, ": checksum table ",
+                   name, " has the wrong shape");
+          n_segments = dims[0];
         } else {
-          SO_CHECK(std::vector<int64_t>(dims.begin(), dims.end()) == p.shape, where, ": dataset ", name,
-                   " has the wrong shape");
+          SO_CHECK(dims == p.shape, where, ": dataset ", name, " has the wrong shape");
         }
-        const haddr_t at = H5Dget_offset(ds.get());
+        const uint64_t at = c.offset;
         const uint64_t bytes = table ? static_cast<uint64_t>(n_segments) * 24 : static_cast<uint64_t>(p.numel) * 4;
-        SO_CHECK(at != HADDR_UNDEF && at <= file_size && bytes <= file_size - at, where, ": dataset ", name,
-                 " lies outside the ", file_size, "-byte file (truncated, or never written)");
+        SO_CHECK(c.offset != HADDR_UNDEF, where, ": dataset ", name, " has no storage (never written)");
+        SO_CHECK(at <= file_end && bytes <= file_end - at, where, ": dataset ", name, " (bytes ", at, " to ", at + bytes,
+                 ") lies outside the file's ", file_end, " bytes (truncated, damaged superblock, or never written)");
         // Read by pieces in place (read_to), a dataset of a block or more must start on a whole
         // value; so_train aligns them to the block (create_file).
         SO_CHECK(bytes < DirectIoFile::kBlock || at % 8 == 0, where, ": dataset ", name, " starts at byte ", at,

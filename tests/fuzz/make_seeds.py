@@ -3,6 +3,9 @@
   seeds/safetensors/*.safetensors   small valid files (F32, BF16, F16 tensors; metadata; empty)
   seeds/checkpoint_metadata/*.json  the /metadata document of a real checkpoint (tiny model),
                                     read with h5py from CHECKPOINT.h5 when one is given
+  seeds/checkpoint_metadata/*.bin   that document, a NUL and bytes choosing the HDF5 structure
+                                    (fuzz_checkpoint_metadata.cpp): /metadata of 2 elements, an
+                                    empty crc32c array, no root format, a superblock bit flipped
 The JSON config target's seeds are the repository's own configs (run_fuzzers.sh collects them).
 
 usage: make_seeds.py [CHECKPOINT.h5]"""
@@ -41,3 +44,5 @@ if len(sys.argv) > 1:
         text = f["metadata"][()].decode()
     with open(os.path.join(here, "seeds", "checkpoint_metadata", "tiny.json"), "w") as f:
         f.write(text)
+    with open(os.path.join(here, "seeds", "checkpoint_metadata", "tiny_structure.bin"), "wb") as f:
+        f.write(text.encode() + b"\0" + bytes([0, 4, 0x80, 2, 7, 1, 1, 1, 0x10]))

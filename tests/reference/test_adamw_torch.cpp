@@ -48,14 +48,15 @@ TEST_P(AdamWVsTorch, FiveStepsWithClippingMatchTorchToTheLastUlp) {
     hp.eps = f.read_double_attr(g, "eps");
     hp.weight_decay = f.read_double_attr(g, "weight_decay");
     const bool bf16_grads = f.read_string_attr(g, "grad_dtype") == "bf16";
-    const std::vector<float> p0 = f.read_f32(g + "/p0");
-    const auto n = static_cast<int64_t>(p0.size());
-    const std::vector<float> grads = f.read_f32(g + "/grads"), scales = f.read_f32(g + "/scales");
-    const auto steps = static_cast<int64_t>(scales.size());
-    ASSERT_EQ(static_cast<int64_t>(grads.size()), steps * n);
+    const std::vector<int64_t> grads_shape = f.shape(g + "/grads");  // [steps, n]
+    ASSERT_EQ(grads_shape.size(), 2u);
+    const int64_t steps = grads_shape[0], n = grads_shape[1];
+    const std::vector<float> p0 = f.read_f32(g + "/p0", {n});
+    const std::vector<float> grads = f.read_f32(g + "/grads", grads_shape), scales = f.read_f32(g + "/scales", {steps});
     for (const char* impl : {"fused", "default"}) {
-      const std::vector<float> tp = f.read_f32(g + "/" + impl + "/p"), tm = f.read_f32(g + "/" + impl + "/m"),
-                               tv = f.read_f32(g + "/" + impl + "/v");
+      const std::vector<float> tp = f.read_f32(g + "/" + impl + "/p", grads_shape),
+                               tm = f.read_f32(g + "/" + impl + "/m", grads_shape),
+                               tv = f.read_f32(g + "/" + impl + "/v", grads_shape);
       Worst w;
       for (int64_t t = 0; t < steps; ++t) {
         // torch's state before step t+1 (zero moments before the first).

@@ -112,7 +112,8 @@ class ReferenceTest : public testing::TestWithParam<Case> {
     for (const std::string& name : fx_->file.members(weights_group)) {
       const int id = model_->layout().find(name);
       EXPECT_GE(id, 0) << "fixture parameter " << name << " has no counterpart in so_train's layout";
-      if (id >= 0) engine->load_weight(id, fx_->file.read_f32(weights_group + "/" + name));
+      if (id >= 0)
+        engine->load_weight(id, fx_->file.read_f32(weights_group + "/" + name, model_->layout().params[id].shape));
     }
     EXPECT_EQ(fx_->file.members(weights_group).size(), model_->layout().params.size());
     return engine;
@@ -129,10 +130,10 @@ TEST_P(ReferenceTest, LossLogitsAndEveryGradient) {
   const int64_t T = fx_->B * fx_->S;
   engine->begin_step(0.0f);
   model_->zero_loss();
-  model_->forward_backward(to_batch(fx_->file.read_i32("/input_ids"), fx_->B, fx_->S), *engine, *engine,
+  model_->forward_backward(to_batch(fx_->file.read_i32("/input_ids", {fx_->B, fx_->S + 1}), fx_->B, fx_->S), *engine, *engine,
                            1.0f / static_cast<float>(T), true);
   const float loss = model_->read_loss();
-  const float ref_loss = fx_->file.read_f32("/loss")[0];
+  const float ref_loss = fx_->file.read_f32("/loss", {1})[0];
   EXPECT_LE(std::abs(loss - ref_loss) / ref_loss, tol().loss) << "loss " << loss << " vs torch " << ref_loss;
   RecordProperty("loss_rel_error", std::to_string(std::abs(loss - ref_loss) / ref_loss));
 
@@ -141,7 +142,7 @@ TEST_P(ReferenceTest, LossLogitsAndEveryGradient) {
   const int64_t V = c.vocab_size, H = c.hidden_size, K = 4;
   const std::vector<float> hn = test::download(*backend_, model_->final_hidden(), T * H, GetParam().dtype);
   const std::vector<float> w_out = engine->read_weight(model_->layout().lm_head);
-  const std::vector<float> ref_logits = fx_->file.read_f32("/logits");
+  const std::vector<float> ref_logits = fx_->file.read_f32("/logits", {fx_->B, K, V});
   std::vector<float> logits;
   for (int64_t b = 0; b < fx_->B; ++b)
     for (int64_t t = 0; t < K; ++t)
@@ -157,7 +158,8 @@ TEST_P(ReferenceTest, LossLogitsAndEveryGradient) {
   for (const std::string& name : fx_->file.members("/grads")) {
     const int id = model_->layout().find(name);
     ASSERT_GE(id, 0) << name;
-    const double err = test::rel_error(engine->read_grad(id), fx_->file.read_f32("/grads/" + name));
+    const double err = test::rel_error(engine->read_grad(id),
+                                       fx_->file.read_f32("/grads/" + name, model_->layout().params[id].shape));
     EXPECT_LE(err, tol().grad) << "gradient of " << name;
     if (err > worst) worst = err, worst_name = name;
   }
@@ -177,10 +179,10 @@ TEST_P(ReferenceTest, TenAdamWStepsMatchTorch) {
   const float clip = static_cast<float>(f.read_double_attr("/train", "grad_clip"));
   auto engine = make_engine(adam, clip, "/weights");
 
-  const std::vector<int32_t> ids = f.read_i32("/train/input_ids");
-  const std::vector<float> ref_losses = f.read_f32("/train/losses");
-  const std::vector<float> ref_norms = f.read_f32("/train/grad_norms");
-  const int64_t steps = static_cast<int64_t>(ref_losses.size()), per = fx_->B * (fx_->S + 1);
+  const int64_t steps = f.read_int_attr("/train", "steps"), per = fx_->B * (fx_->S + 1);
+  const std::vector<int32_t> ids = f.read_i32("/train/input_ids", {steps, fx_->B, fx_->S + 1});
+  const std::vector<float> ref_losses = f.read_f32("/train/losses", {steps});
+  const std::vector<float> ref_norms = f.read_f32("/train/grad_norms", {steps});
   std::vector<float> losses;
   for (int64_t s = 0; s < steps; ++s) {
     std::vector<int32_t> step_ids(ids.begin() + s * per, ids.begin() + (s + 1) * per);
@@ -199,7 +201,7 @@ TEST_P(ReferenceTest, TenAdamWStepsMatchTorch) {
   if (GetParam().dtype == DType::F32) {
     for (const std::string& name : f.members("/train/final_weights")) {
       const int id = model_->layout().find(name);
-      EXPECT_LE(test::rel_error(engine->read_weight(id), f.read_f32("/train/final_weights/" + name)), 1e-4) << name;
+      EXPECT_LE(test::rel_error(engine->read_weight(id), f.read_f32("/train/final_weights/" + name, model_->layout().params[id].shape)), 1e-4) << name;
     }
   }
   std::printf("[%s] 10-step losses: first %.6f (torch %.6f), last %.6f (torch %.6f)\n",

@@ -25,6 +25,8 @@ class JsonReader {
   T require(const std::string& key);
   // An integer in [lo, hi] (fallback when absent): never narrowed silently.
   int64_t get_in(const std::string& key, int64_t fallback, int64_t lo, int64_t hi);
+  // The same for a key that must be present (a missing one fails, naming it).
+  int64_t require_in(const std::string& key, int64_t lo, int64_t hi);
   JsonReader child(const std::string& key);  // the key must hold an object
   // Marks a key as accepted without reading it (a documented no-op setting).
   void accept(const std::string& key);

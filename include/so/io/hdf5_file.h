@@ -1,6 +1,8 @@
 #pragma once
 // Thin RAII layer over the HDF5 C API: every hid_t has an owner, every failure names the file
-// and the object. Used for fixtures, HDF5 token datasets and (later) checkpoints.
+// and the object. The one way this project reads HDF5 (fixtures, token datasets, checkpoints):
+// every read states the element class, rank and extent it expects, and anything else is refused
+// by name before a byte is read, so no buffer is ever sized by one thing and filled by another.
 #include <hdf5.h>
 
 #include <cstdint>
@@ -28,24 +30,48 @@ class H5Id {
 
 class H5File {
  public:
+  // A regular file HDF5 can open read-only (a FIFO, directory or device is refused first).
   static H5File open_read(const std::string& path);
   const std::string& path() const { return path_; }
 
   bool exists(const std::string& object) const;
+  bool has_attr(const std::string& object, const std::string& name) const;
+  // The dataset's extent ({} for a scalar); an empty (null) dataspace is refused.
   std::vector<int64_t> shape(const std::string& dataset) const;
   // The stored element type: whether it is an integer type, and in words ("32-bit float", ...).
   bool is_integer(const std::string& dataset) const;
   std::string type_description(const std::string& dataset) const;
-  std::vector<float> read_f32(const std::string& dataset) const;
-  std::vector<int32_t> read_i32(const std::string& dataset) const;
+
+  // Whole datasets of exactly `shape`, floats (read_f32) or integers (read_i32), converted by HDF5.
+  std::vector<float> read_f32(const std::string& dataset, const std::vector<int64_t>& shape) const;
+  std::vector<int32_t> read_i32(const std::string& dataset, const std::vector<int64_t>& shape) const;
   // Reads count elements starting at flat element `offset` of a 1-D integer dataset.
   void read_i32_range(const std::string& dataset, int64_t offset, int64_t count, int32_t* out) const;
+  // A scalar fixed-length string dataset of at most max_bytes, up to its first NUL.
+  std::string read_string(const std::string& dataset, size_t max_bytes) const;
+  // Scalar attributes: a string (fixed or variable length), a number, an integer.
   std::string read_string_attr(const std::string& object, const std::string& name) const;
   double read_double_attr(const std::string& object, const std::string& name) const;
+  int64_t read_int_attr(const std::string& object, const std::string& name) const;
   std::vector<std::string> members(const std::string& group) const;
+
+  // For a reader that reads a dataset's bytes itself (checkpoints, around the page cache): the
+  // shape and absolute byte offset of a contiguous, unfiltered dataset stored as exactly `type`
+  // (`type_name` in errors); the offset is HADDR_UNDEF where no storage was allocated.
+  struct Contiguous {
+    std::vector<int64_t> shape;
+    haddr_t offset = HADDR_UNDEF;
+  };
+  Contiguous contiguous(const std::string& dataset, hid_t type, const char* type_name) const;
+  // HDF5's own view of the file's end: the userblock plus the end of allocation its superblock
+  // records. Bytes beyond it are not part of the file to HDF5 (h5py cannot read them).
+  uint64_t end_of_allocation() const;
+  // The file's size on disk.
+  uint64_t size() const;
 
  private:
   H5Id open_dataset(const std::string& dataset) const;
+  H5Id open_attr(const std::string& object, const std::string& name) const;
   std::string path_;
   H5Id file_;
 };
