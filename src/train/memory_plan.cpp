@@ -285,7 +285,10 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
     if (zero)
       plan.device.push_back({"ZeRO buckets in flight (gathered weights + full gradients)", zero,
                              str_cat("most at once, replaying stage ", stage, "'s schedule")});
-    if (cuda_ws) plan.device.push_back({"CUDA attention workspace", cuda_ws, m.backend ? "" : "estimated for another machine (cuDNN sizes it there)"});
+    if (cuda_ws)
+      plan.device.push_back({"CUDA attention workspace", cuda_ws,
+                             m.backend ? "one, kept by the compute stream from the first step"
+                                       : "estimated for another machine (cuDNN sizes it there)"});
   }
   for (const PlanTerm& t : plan.device) plan.device_peak += t.bytes;
 

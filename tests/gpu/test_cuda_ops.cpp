@@ -684,6 +684,50 @@ TEST(AttentionChoice, ReportedPerShapeAndForcedModesHold) {
   }
 }
 
+// cuDNN's deterministic backward needs a large workspace; the host enqueues backward after backward
+// far faster than the GPU runs them. One workspace per stream, kept: after many back-to-back calls
+// the pool's peak is the tensors plus one workspace (two for a moment while it grows from the
+// forward's size to the backward's), and one stays allocated. A workspace allocated per call, freed
+// in stream order, would leave one alive per queued call.
+TEST(AttentionWorkspace, OneKeptHoweverFarTheHostRunsAhead) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  BackendOptions o;
+  o.type = "cuda";
+  o.attention = "cudnn";
+  o.deterministic_attention = true;
+  std::unique_ptr<Backend> be = create_backend(o);
+  const int64_t B = 1, S = 4096, Hq = 16, Hkv = 4, D = 128;
+  Ops& ops = be->ops();
+  try {
+    std::printf("  %s\n", ops.attention_implementation(B, S, Hq, Hkv, D, DType::BF16).c_str());
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();  // no cuDNN on this machine
+  }
+  const size_t ws = ops.attention_workspace_bytes(B, S, Hq, Hkv, D, DType::BF16);
+  ASSERT_GE(ws, size_t{16} << 20) << "the shape was chosen for a large workspace; got " << ws << " bytes";
+  const size_t qb = static_cast<size_t>(B * S * Hq * D) * 2, kb = static_cast<size_t>(B * S * Hkv * D) * 2;
+  std::vector<DeviceBuffer> t;
+  for (size_t bytes : {qb, kb, kb, qb, qb, qb, kb, kb, static_cast<size_t>(B * Hq * S) * 4})
+    t.push_back(be->alloc(bytes, "attention tensor"));  // q k v out dout dq dk dv lse, zeros
+  Stream& s = be->stream(StreamKind::Compute);
+  be->synchronize(s);
+  const size_t tensors = be->memory_stats().in_use;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  ops.attention_forward(s, t[3].data(), t[8].as<float>(), t[0].data(), t[1].data(), t[2].data(), B, S, Hq, Hkv, D,
+                        scale, DType::BF16);
+  constexpr int kCalls = 40;
+  for (int i = 0; i < kCalls; ++i)
+    ops.attention_backward(s, t[5].data(), t[6].data(), t[7].data(), t[4].data(), t[0].data(), t[1].data(),
+                           t[2].data(), t[3].data(), t[8].as<float>(), B, S, Hq, Hkv, D, scale, DType::BF16);
+  be->synchronize(s);
+  const MemoryStats m = be->memory_stats();
+  const size_t kept = (ws + be->allocation_granularity() - 1) / be->allocation_granularity() * be->allocation_granularity();
+  std::printf("  tensors %zu MiB, workspace %zu MiB, peak %zu MiB after %d backward calls\n", tensors >> 20, ws >> 20,
+              m.peak >> 20, kCalls);
+  EXPECT_EQ(m.in_use, tensors + kept) << "one workspace stays allocated for the stream";
+  EXPECT_LE(m.peak, tensors + 2 * kept) << "more than one attention workspace was alive at once";
+}
+
 INSTANTIATE_TEST_SUITE_P(Small, CudaOps, testing::ValuesIn(small_cases()),
                          [](const testing::TestParamInfo<OpCase>& i) { return i.param.name; });
 INSTANTIATE_TEST_SUITE_P(Large, CudaOps, testing::ValuesIn(large_cases()),

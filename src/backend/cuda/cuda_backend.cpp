@@ -150,10 +150,15 @@ void CudaBackend::make_current() const {
   if (current != device_) SO_CUDA_CHECK(cudaSetDevice(device_));
 }
 
-DeviceBuffer CudaBackend::alloc(size_t bytes, const char* tag) {
+DeviceBuffer CudaBackend::alloc_uninitialized(size_t bytes, const char* tag) {
   if (bytes == 0) return DeviceBuffer(this, nullptr, 0);
   make_current();
-  DeviceBuffer buf(this, allocator_->allocate(bytes, tag), bytes);
+  return DeviceBuffer(this, allocator_->allocate(bytes, tag), bytes);
+}
+
+DeviceBuffer CudaBackend::alloc(size_t bytes, const char* tag) {
+  DeviceBuffer buf = alloc_uninitialized(bytes, tag);
+  if (!buf) return buf;
   // Zeroed before returning, on the private stream: the memory is then ready for any stream.
   std::lock_guard<std::mutex> lock(util_mu_);
   const cudaError_t set = cudaMemsetAsync(buf.data(), 0, bytes, util_stream_->get());

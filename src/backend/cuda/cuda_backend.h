@@ -39,6 +39,9 @@ class CudaBackend final : public Backend {
 
   // Zero-filled, like the CPU backend's: callers rely on it (e.g. Adam moments start at zero).
   DeviceBuffer alloc(size_t bytes, const char* tag) override;
+  // Neither zeroed nor synchronised with the host: for workspaces every user writes before it
+  // reads (cuDNN's, the ops' scratch), which can be gigabytes.
+  DeviceBuffer alloc_uninitialized(size_t bytes, const char* tag);
   MemoryStats memory_stats() const override { return allocator_->stats(); }
   size_t allocation_granularity() const override { return CudaAllocator::kBlockAlign; }
 
