@@ -553,12 +553,14 @@ std::vector<OpCase> large_cases() {
 // ---- the tests ---------------------------------------------------------------------------------
 
 // The CUDA backend's attention as the ctest entry asks (tests/gpu/cuda_tests.cmake): auto by
-// default, SO_TEST_ATTENTION=cudnn|flash, SO_TEST_DETERMINISTIC_ATTENTION=0 for cuDNN's atomics.
+// default, SO_TEST_ATTENTION=cudnn|flash; deterministic (RunToRunBitwise needs it) unless
+// SO_TEST_DETERMINISTIC_ATTENTION=0 asks for cuDNN's atomics.
 std::unique_ptr<Backend> backend_of_type(const char* type) {
   BackendOptions o;
   o.type = type;
   if (const char* a = std::getenv("SO_TEST_ATTENTION")) o.attention = a;
-  if (const char* d = std::getenv("SO_TEST_DETERMINISTIC_ATTENTION")) o.deterministic_attention = std::string(d) != "0";
+  const char* d = std::getenv("SO_TEST_DETERMINISTIC_ATTENTION");
+  o.deterministic_attention = d == nullptr || std::string(d) != "0";
   return create_backend(o);
 }
 

@@ -55,6 +55,11 @@ const std::string& load_cudnn() {
     if (v < 90000) return str_cat("cuDNN ", fe::detail::convert_version_to_str(v), " is older than 9.0");
     // 9.10.0 and 9.10.1 have SDPA bugs the frontend itself refuses.
     if (v == 91000 || v == 91001) return str_cat("cuDNN ", fe::detail::convert_version_to_str(v), " has known SDPA bugs");
+    // The deterministic backward on Hopper: from cuDNN 9.25 the frontend can order the dQ
+    // accumulation (workspace B*Hq*S*D*4, linear in S) instead of materialising dP (B*Hq*S^2*2),
+    // but takes that path only when this limit is below dP's size: 0 asks for it at every S (read
+    // when a graph is built; the atomic backward ignores it). A limit set by the user is kept.
+    ::setenv("CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT", "0", /*overwrite=*/0);
     return std::string();
   }();
   return error;
