@@ -48,7 +48,8 @@ double tensor_bf16_flops_per_clock(int major, int minor) {
 // 1070.5 against the datasheet's 989.4 at 1830). Matched on the device name; 0 = not listed.
 double datasheet_bf16_tflops(const std::string& name) {
   const auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  if (has("GH200") || has("H200")) return 989.4;
+  if (has("H200") && has("NVL")) return 835.5;  // H200 NVL (PCIe card, 600 W): 1671 sparse
+  if (has("GH200") || has("H200")) return 989.4;  // H200 SXM, GH200: 1979 sparse
   if (has("H100") && has("PCIe")) return 756.5;
   if (has("H100") && has("NVL")) return 835.5;
   if (has("H100")) return 989.4;  // SXM5 (80GB HBM3)

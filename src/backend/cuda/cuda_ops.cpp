@@ -1,5 +1,6 @@
 #include "cuda_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <utility>
@@ -89,6 +90,15 @@ const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, 
     const SdpaShape shape{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
     if (!sdpa_) sdpa_ = std::make_unique<CudnnSdpa>(deterministic_attention_);
     why = sdpa_->check_support(shape);
+    if (why.empty()) {
+      // Held for the whole run (attention_workspace): one that cannot fit the pool is refused here,
+      // named, rather than failing at the first backward.
+      const MemoryStats m = backend_.memory_stats();
+      const size_t ws = std::max(sdpa_->forward_workspace(shape), sdpa_->backward_workspace(shape));
+      if (m.capacity > 0 && ws > m.capacity - std::min(m.capacity, m.in_use))
+        why = str_cat("its workspace of ", ws >> 20, " MiB does not fit the ", (m.capacity - std::min(m.capacity, m.in_use)) >> 20,
+                      " MiB left of the device pool");
+    }
     if (why.empty() && deterministic_attention_ && attention_mode_ == "auto") {
       // The deterministic backward's workspace grows as S^2 on Hopper: past a share of the
       // device, the flash kernels (deterministic and O(S)) serve instead.

@@ -49,6 +49,8 @@ std::string shape_text(const SdpaShape& s) {
 // libcudnn.so.9 loaded once per process; "" or why it could not be.
 const std::string& load_cudnn() {
   static const std::string error = [] {
+    // The frontend dlopens the CUDA runtime itself, trying 12 before 13: ours, the one we link.
+    ::setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", str_cat("libcudart.so.", CUDART_VERSION / 1000).c_str(), /*overwrite=*/0);
     fe::cudnn_dlhandle = ::dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
     if (fe::cudnn_dlhandle == nullptr) return str_cat("cuDNN 9 is not installed where the loader looks (", ::dlerror(), ")");
     const size_t v = fe::detail::get_backend_version();
@@ -209,6 +211,11 @@ std::string CudnnSdpa::version() const {
 std::string CudnnSdpa::check_support(const SdpaShape& s) {
   if (std::string refusal = cudnn_sdpa_shape_refusal(s); !refusal.empty()) return refusal;
   if (const std::string& error = load_cudnn(); !error.empty()) return error;
+  int major = 0;
+  SO_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, impl_->device));
+  if (major == 9 && s.S % 128 == 64 && fe::detail::get_backend_version() < 92600)
+    return str_cat("S=", s.S, " is 64 mod 128, where cuDNN ", version(),
+                   "'s Hopper backward can return NaN (fixed in cuDNN 9.26)");
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     impl_->get(s, false, deterministic_);
