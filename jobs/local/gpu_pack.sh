@@ -3,12 +3,14 @@
 # cuBLAS, cuDNN and NCCL (the toolkit, or PyTorch's NVIDIA wheels) but none of our Debian
 # libraries and no package access — the lent GPU machines (docs/perf.md, "GPU runs").
 #   jobs/local/gpu_pack.sh [BUILD_DIR]      (default: build)  ->  .gpu/bundle.tar.xz + .gpu/run.sh
-# The bundle holds the committed source tree (tests read its configs, fixtures and data), the build
-# tree's executables and CTest files (no objects, not the sanitizer tree), every shared library they need except those the
-# GPU machine brings, and Open MPI's tree under a relocatable prefix. On the GPU machine, from a
-# copy of the repository that carries .gpu/ (device tool: carry [".gpu"]):
+# The bundle holds the build tree's executables and CTest files (no objects, not the sanitizer
+# tree; debug info stripped), every shared library they need except those the GPU machine
+# brings, and Open MPI's tree under a relocatable prefix. The sources are not in it: the device
+# tool carries the tracked tree beside it, and the two must fit its 64 MiB carry together, so this
+# fails above 60 MiB of bundle + tracked files. On the GPU machine, from that copy of
+# the repository at the bundle's commit (device tool: carry [".gpu"]):
 #   bash .gpu/run.sh env ctest-gpu peaks ops ...     (jobs/local/gpu_stage.sh: the stages)
-# .gpu/ is kept out of git (.git/info/exclude). About 45 MB.
+# .gpu/ is kept out of git (.git/info/exclude).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "${1:-$root/build}" 2>/dev/null && pwd) || { echo "gpu_pack.sh: no build directory '${1:-build}'" >&2; exit 2; }
@@ -21,35 +23,47 @@ esac
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 tree=$stage/tree
-mkdir -p "$tree$root" "$tree/lib"
+mkdir -p "$tree/build" "$tree/lib"
 echo "$root" > "$tree/PROJECT_PATH"
-git -C "$root" rev-parse HEAD > "$tree/COMMIT"
-# 1. The committed sources at HEAD (uncommitted changes are not packed: commit first).
-git -C "$root" archive HEAD | tar -x -C "$tree$root"
-# 2. The build tree's executables, scripts and CTest files: no objects, archives or test outputs.
 rel=${build#"$root"/}
-(cd "$build" && find . -type f ! -name '*.o' ! -name '*.a' ! -path '*/CMakeFiles/*' ! -path './Testing/*' ! -path './sanitize/*' \
-    ! -name '*.log' ! -name '*.h5' ! -name '*.safetensors' \( -perm -u+x -size -60M -o -size -2M \) -print0 |
-  tar --null -T - -c) | tar -x -C "$tree$root" --transform "s,^\./,$rel/,"
-# 3. Shared libraries, but those the GPU machine has (CUDA, NVIDIA's, the C and C++ runtimes).
+echo "$rel" > "$tree/BUILD_DIR"  # where the build sits under the project root (CTest's paths)
+git -C "$root" rev-parse HEAD > "$tree/COMMIT"
+# 1. The build tree's executables, scripts and CTest files: no objects, archives or test outputs,
+#    nothing large but executables; what is left out for its size is named.
+candidates=(-type f ! -name '*.o' ! -name '*.a' ! -path '*/CMakeFiles/*' ! -path './Testing/*' ! -path './sanitize/*'
+            ! -name '*.log' ! -name '*.h5' ! -name '*.safetensors')
+small=(\( -perm -u+x -size -60M -o -size -2M \))
+(cd "$build" && find . "${candidates[@]}" ! "${small[@]}" -printf 'gpu_pack.sh: skipped for size: %p (%s bytes)\n')
+(cd "$build" && find . "${candidates[@]}" "${small[@]}" -print0 | tar --null -T - -c) | tar -x -C "$tree/build"
+# 2. Shared libraries, but those the GPU machine has (CUDA, NVIDIA's, the C and C++ runtimes).
 machine_has='linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread|librt\.so|libcuda\.so|libcudart|libcublas|libnccl|libcudnn|libnvidia|libstdc\+\+|libgcc_s'
 ompi=/usr/lib/x86_64-linux-gnu/openmpi
-elves=$(find "$tree$root/$rel" -type f -perm -u+x -exec sh -c 'head -c4 "$1" | grep -q ELF && echo "$1"' _ {} \;)
+elves=$(find "$tree/build" -type f -perm -u+x -exec sh -c 'head -c4 "$1" | grep -q ELF && echo "$1"' _ {} \;)
 for f in $elves $(find "$ompi" -name '*.so') /usr/bin/orted /usr/bin/orterun; do
   { ldd "$f" 2>/dev/null || true; } | awk '/=> \//{print $3}'
 done | sort -u | grep -Ev "$machine_has" | while read -r lib; do cp -L "$lib" "$tree/lib/"; done
-# 4. Open MPI's tree (plugins, help files) under a prefix the stage runner points OPAL_PREFIX at.
+# 3. Open MPI's tree (plugins, help files) under a prefix the stage runner points OPAL_PREFIX at.
 mkdir -p "$tree/ompi/lib/x86_64-linux-gnu" "$tree/ompi/share" "$tree/ompi/bin"
 cp -a "$ompi" "$tree/ompi/lib/x86_64-linux-gnu/"
 cp -a /usr/share/openmpi "$tree/ompi/share/"
 cp -L /usr/bin/orted /usr/bin/orterun "$tree/ompi/bin/"
 ln -s orterun "$tree/ompi/bin/mpirun"
+# 4. Debug info off every ELF file (symbols stay: backtraces still name functions).
+find "$tree" -type f -exec sh -c 'head -c4 "$1" | grep -q ELF && strip --strip-debug "$1"' _ {} \; 2>/dev/null || true
 mkdir -p "$out"
 if [ "$out" = "$root/.gpu" ]; then
   mkdir -p "$root/.git/info"
   grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >> "$root/.git/info/exclude"
 fi
-tar -C "$tree" -c . | xz -T2 -1 > "$out/bundle.tar.xz"
+tar -C "$tree" -c . | xz -T2 -9 > "$out/bundle.tar.xz"
 cp "$root/jobs/local/gpu_stage.sh" "$out/run.sh"
-echo "gpu_pack.sh: $(du -h "$out/bundle.tar.xz" | cut -f1) in $out/bundle.tar.xz (commit $(cut -c1-12 "$tree/COMMIT"))"
+# The device tool carries the tracked tree and .gpu/ in 64 MiB: kept under 60 for what else travels.
+bundle=$(stat -c %s "$out/bundle.tar.xz")
+tracked=$(git -C "$root" ls-files -z | (cd "$root" && xargs -0 stat -c %s 2>/dev/null) | awk '{t += $1} END {print t + 0}')
+mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
+echo "gpu_pack.sh: $(mib "$bundle") MiB in $out/bundle.tar.xz (commit $(cut -c1-12 "$tree/COMMIT")) + $(mib "$tracked") MiB of tracked files = $(mib $((bundle + tracked))) MiB to carry"
+if [ $((bundle + tracked)) -gt $((60 * 1048576)) ]; then
+  echo "gpu_pack.sh: over the 60 MiB kept for the device tool's 64 MiB carry" >&2
+  exit 1
+fi
 echo "on the GPU machine: bash .gpu/run.sh env ctest-gpu STAGE...   (jobs/local/gpu_stage.sh)"

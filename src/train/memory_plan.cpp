@@ -264,12 +264,17 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
     size_t bytes = static_cast<size_t>(at.B * at.Hq * at.S) * 4;  // the flash backward's fp32 rowsum(dout * out)
     if (m.backend) {
       bytes = m.backend->ops().attention_workspace_bytes(at.B, at.S, at.Hq, at.Hkv, at.D, cfg.dtype);
-    } else if (cfg.dtype == DType::BF16 && m.deterministic_attention) {
-      // Another machine: cuDNN's deterministic backward holds B x Hq x ceil64(S)^2 bf16 on Hopper,
-      // and the backend takes it only within kDeterministicAttentionShare of the device (cuda_ops.cpp).
+    } else if (cfg.dtype == DType::BF16) {
+      // Another machine, bf16: cuDNN's backward (the frontend's sizes) accumulates dQ in fp32 and
+      // keeps a row sum, B x Hq x S x (D + 1) fp32 — with atomics, and deterministic on Hopper from
+      // cuDNN 9.25 (ordered dQ). That machine's cuDNN may be older: deterministic then holds dP,
+      // B x Hq x ceil64(S)^2 bf16, which the backend takes only within kDeterministicAttentionShare
+      // of the device (cuda_ops.cpp, else our kernels' row sum).
+      bytes = static_cast<size_t>(at.B * at.Hq * at.S) * static_cast<size_t>(at.D + 1) * 4;
       const size_t s64 = static_cast<size_t>((at.S + 63) / 64 * 64);
       const size_t det = static_cast<size_t>(at.B * at.Hq) * s64 * s64 * 2;
-      if (m.device_bytes == 0 || det <= m.device_bytes / kDeterministicAttentionShare) bytes = det;
+      if (m.deterministic_attention && (m.device_bytes == 0 || det <= m.device_bytes / kDeterministicAttentionShare))
+        bytes = std::max(bytes, det);
     }
     cuda_ws = round_up(bytes, a);
   }
@@ -285,7 +290,10 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
     if (zero)
       plan.device.push_back({"ZeRO buckets in flight (gathered weights + full gradients)", zero,
                              str_cat("most at once, replaying stage ", stage, "'s schedule")});
-    if (cuda_ws) plan.device.push_back({"CUDA attention workspace", cuda_ws, m.backend ? "" : "estimated for another machine (cuDNN sizes it there)"});
+    if (cuda_ws)
+      plan.device.push_back({"CUDA attention workspace", cuda_ws,
+                             m.backend ? "one, kept by the compute stream from the first step"
+                                       : "estimated for another machine (cuDNN sizes it there)"});
   }
   for (const PlanTerm& t : plan.device) plan.device_peak += t.bytes;
 

@@ -247,7 +247,7 @@ void parse_backend(JsonReader r, RunConfig& c) {
   c.backend.attention = r.get<std::string>("attention", "auto");
   if (c.backend.attention != "auto" && c.backend.attention != "cudnn" && c.backend.attention != "flash")
     r.fail("attention", "is '" + c.backend.attention + "'; supported: auto, cudnn, flash");
-  c.backend.deterministic_attention = r.get<bool>("deterministic_attention", true);
+  c.backend.deterministic_attention = r.get<bool>("deterministic_attention", false);
   r.finish();
 }
 

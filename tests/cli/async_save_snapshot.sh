@@ -11,7 +11,9 @@ python=${SO_PYTHON:?SO_PYTHON is not set: run under ctest, or set it to the inte
 so_train=$1 work=$2
 shift 2
 rm -rf "$work" && mkdir -p "$work"
+# Two runs compared bit for bit: on a CUDA backend attention must be deterministic (not the default).
 common=(--config configs/runs/tiny-demo.json --set data.seq_len=32 --set train_micro_batch_size_per_gpu=4
+        --set backend.deterministic_attention=true
         --set steps_per_print=1 --set gradient_clipping=0.05 --steps 8 --save-every 4 --keep 3 "$@")
 "$so_train" "${common[@]}" --async-save off --save-dir "$work/sync" --metrics "$work/sync.jsonl" >/dev/null
 SO_CKPT_TEST_WRITER_DELAY=0.02 "$so_train" "${common[@]}" --async-save on --save-dir "$work/async" \

@@ -8,7 +8,9 @@ python=${SO_PYTHON:?SO_PYTHON is not set: run under ctest, or set it to the inte
 so_train=$1 work=$2
 shift 2
 rm -rf "$work" && mkdir -p "$work"
+# Two runs compared bit for bit: on a CUDA backend attention must be deterministic (not the default).
 common=(--config configs/runs/tiny-demo.json --set data.seq_len=32 --set train_micro_batch_size_per_gpu=4
+        --set backend.deterministic_attention=true
         --set steps_per_print=1 --set scheduler.params.warmup_num_steps=2 "$@")
 "$so_train" "${common[@]}" --steps 8 --save-dir "$work/straight" --save-every 8 --metrics "$work/straight.jsonl" >/dev/null
 "$so_train" "${common[@]}" --steps 4 --save-dir "$work/split" --save-every 4 --metrics "$work/split.jsonl" >/dev/null

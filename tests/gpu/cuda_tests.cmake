@@ -3,7 +3,8 @@
 #   test_cuda_training  tiny model on the GPU vs the CPU; offload modes bitwise on the GPU
 #   gpu.test_reference  the Transformers fixtures on the GPU (cases of test_reference)
 #   gpu.test_memory_plan  offloaded checkpoints, MLP tiles and the planned peak on the GPU
-#   gpu.memcheck/racecheck  compute-sanitizer over the quick op cases
+#   gpu.memcheck/racecheck  compute-sanitizer over the quick op cases (our flash attention);
+#   gpu.memcheck_cudnn      the same memcheck of the attention cases through cuDNN
 # No MPI in this binary (plain gtest main): ~300 cases, each its own process.
 so_add_gtest(test_cuda_ops LABELS gpu SOURCES test_cuda_ops.cpp LIBS so_backend GTest::gtest_main)
 # The attention cases once more under each attention kernel: SO_ATTENTION_KERNEL is read once per
@@ -59,10 +60,20 @@ set_tests_properties(gpu.test_memory_plan PROPERTIES LABELS gpu SKIP_REGULAR_EXP
 
 # compute-sanitizer over the Small op cases (memcheck: out-of-bounds, misaligned and uninitialised
 # device accesses; racecheck: shared-memory hazards). Exit 77 (skipped) without the tool or a GPU.
+# Our flash kernels are what these check (auto would hand bf16 attention to cuDNN, whose kernels
+# are not ours to fix); cuDNN's path gets one memcheck entry of its own (its calls into our
+# buffers: sizes, alignment, the kept workspace).
 foreach(tool memcheck racecheck)
   add_test(NAME gpu.${tool}
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/run_sanitizer.sh ${tool} $<TARGET_FILE:test_cuda_ops>
                    "Small/CudaOps.MatchesCpu/*:Ops/CudaBadIds.*"
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-  set_tests_properties(gpu.${tool} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800)
+  set_tests_properties(gpu.${tool} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800
+                       ENVIRONMENT SO_TEST_ATTENTION=flash)
 endforeach()
+add_test(NAME gpu.memcheck_cudnn
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/run_sanitizer.sh memcheck $<TARGET_FILE:test_cuda_ops>
+                 "Small/CudaOps.MatchesCpu/*attention*"
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(gpu.memcheck_cudnn PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 1800
+                     ENVIRONMENT SO_TEST_ATTENTION=cudnn)

@@ -553,12 +553,14 @@ std::vector<OpCase> large_cases() {
 // ---- the tests ---------------------------------------------------------------------------------
 
 // The CUDA backend's attention as the ctest entry asks (tests/gpu/cuda_tests.cmake): auto by
-// default, SO_TEST_ATTENTION=cudnn|flash, SO_TEST_DETERMINISTIC_ATTENTION=0 for cuDNN's atomics.
+// default, SO_TEST_ATTENTION=cudnn|flash; deterministic (RunToRunBitwise needs it) unless
+// SO_TEST_DETERMINISTIC_ATTENTION=0 asks for cuDNN's atomics.
 std::unique_ptr<Backend> backend_of_type(const char* type) {
   BackendOptions o;
   o.type = type;
   if (const char* a = std::getenv("SO_TEST_ATTENTION")) o.attention = a;
-  if (const char* d = std::getenv("SO_TEST_DETERMINISTIC_ATTENTION")) o.deterministic_attention = std::string(d) != "0";
+  const char* d = std::getenv("SO_TEST_DETERMINISTIC_ATTENTION");
+  o.deterministic_attention = d == nullptr || std::string(d) != "0";
   return create_backend(o);
 }
 
@@ -681,6 +683,145 @@ TEST(AttentionChoice, ReportedPerShapeAndForcedModesHold) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("backend.attention is cudnn"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("S=128"), std::string::npos) << e.what();
+  }
+}
+
+// cuDNN's deterministic backward needs a large workspace; the host enqueues backward after backward
+// far faster than the GPU runs them. One workspace per stream, kept: after many back-to-back calls
+// the pool's peak is the tensors plus one workspace (two for a moment while it grows from the
+// forward's size to the backward's), and one stays allocated. A workspace allocated per call, freed
+// in stream order, would leave one alive per queued call.
+TEST(AttentionWorkspace, OneKeptHoweverFarTheHostRunsAhead) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  BackendOptions o;
+  o.type = "cuda";
+  o.attention = "cudnn";
+  o.deterministic_attention = true;
+  std::unique_ptr<Backend> be = create_backend(o);
+  const int64_t B = 1, S = 4096, Hq = 16, Hkv = 4, D = 128;
+  Ops& ops = be->ops();
+  try {
+    std::printf("  %s\n", ops.attention_implementation(B, S, Hq, Hkv, D, DType::BF16).c_str());
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();  // no cuDNN on this machine
+  }
+  const size_t ws = ops.attention_workspace_bytes(B, S, Hq, Hkv, D, DType::BF16);
+  ASSERT_GE(ws, size_t{16} << 20) << "the shape was chosen for a large workspace; got " << ws << " bytes";
+  const size_t qb = static_cast<size_t>(B * S * Hq * D) * 2, kb = static_cast<size_t>(B * S * Hkv * D) * 2;
+  std::vector<DeviceBuffer> t;
+  for (size_t bytes : {qb, kb, kb, qb, qb, qb, kb, kb, static_cast<size_t>(B * Hq * S) * 4})
+    t.push_back(be->alloc(bytes, "attention tensor"));  // q k v out dout dq dk dv lse, zeros
+  Stream& s = be->stream(StreamKind::Compute);
+  be->synchronize(s);
+  const size_t tensors = be->memory_stats().in_use;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  ops.attention_forward(s, t[3].data(), t[8].as<float>(), t[0].data(), t[1].data(), t[2].data(), B, S, Hq, Hkv, D,
+                        scale, DType::BF16);
+  constexpr int kCalls = 40;
+  for (int i = 0; i < kCalls; ++i)
+    ops.attention_backward(s, t[5].data(), t[6].data(), t[7].data(), t[4].data(), t[0].data(), t[1].data(),
+                           t[2].data(), t[3].data(), t[8].as<float>(), B, S, Hq, Hkv, D, scale, DType::BF16);
+  be->synchronize(s);
+  const MemoryStats m = be->memory_stats();
+  const size_t kept = (ws + be->allocation_granularity() - 1) / be->allocation_granularity() * be->allocation_granularity();
+  std::printf("  tensors %zu MiB, workspace %zu MiB, peak %zu MiB after %d backward calls\n", tensors >> 20, ws >> 20,
+              m.peak >> 20, kCalls);
+  EXPECT_EQ(m.in_use, tensors + kept) << "one workspace stays allocated for the stream";
+  EXPECT_LE(m.peak, tensors + 2 * kept) << "more than one attention workspace was alive at once";
+}
+
+// Long context through cuDNN, at Ulysses' shapes (the whole sequence, a rank's share of heads):
+// one forward and backward at S = 2^20 with q, out, dout and dq above 2^31 elements (every index
+// 64-bit), cuDNN against our flash kernels on the same inputs. Minutes of GPU time, ~40 GB.
+TEST(AttentionLongContext, CudnnMatchesFlashAtAMillionTokens) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t B = 1, S = int64_t{1} << 20, Hq = 17, Hkv = 1, D = 128;
+  const size_t nq = static_cast<size_t>(B * S * Hq * D), nk = static_cast<size_t>(B * S * Hkv * D),
+               nl = static_cast<size_t>(B * Hq * S);
+  ASSERT_GT(nq, size_t{1} << 31);
+  const auto backend = [](const char* attention) {
+    BackendOptions o;
+    o.type = "cuda";
+    o.attention = attention;
+    return create_backend(o);
+  };
+  std::unique_ptr<Backend> cudnn = backend("cudnn"), flash = backend("flash");
+  try {
+    std::printf("  %s\n", cudnn->ops().attention_implementation(B, S, Hq, Hkv, D, DType::BF16).c_str());
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();  // no cuDNN on this machine
+  }
+  // q k v out dout dq dk dv (bf16) and lse (fp32) on each backend; inputs filled in chunks.
+  const size_t sizes[] = {nq * 2, nk * 2, nk * 2, nq * 2, nq * 2, nq * 2, nk * 2, nk * 2, nl * 4};
+  std::vector<DeviceBuffer> t[2];
+  Backend* be[2] = {cudnn.get(), flash.get()};
+  for (int i = 0; i < 2; ++i)
+    for (size_t bytes : sizes) t[i].push_back(be[i]->alloc(bytes, "long-context attention tensor"));
+  constexpr size_t kChunk = size_t{1} << 26;  // elements per host round trip
+  std::vector<uint16_t> host(kChunk);
+  for (int input : {0, 1, 2, 4}) {  // q k v dout: uniform in [-1, 1) from a fixed LCG
+    uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(input + 1);
+    const size_t n = sizes[input] / 2;
+    for (size_t at = 0; at < n; at += kChunk) {
+      const size_t m = std::min(kChunk, n - at);
+      for (size_t j = 0; j < m; ++j) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        host[j] = f32_to_bf16(static_cast<float>(static_cast<int64_t>(state >> 40) - (1 << 23)) / (1 << 23)).bits;
+      }
+      for (int i = 0; i < 2; ++i) {
+        Stream& s = be[i]->stream(StreamKind::Compute);
+        be[i]->copy_h2d(static_cast<uint16_t*>(t[i][input].data()) + at, host.data(), m * 2, s);
+        be[i]->synchronize(s);
+      }
+    }
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int i = 0; i < 2; ++i) {
+    Stream& s = be[i]->stream(StreamKind::Compute);
+    std::vector<DeviceBuffer>& x = t[i];
+    be[i]->ops().attention_forward(s, x[3].data(), x[8].as<float>(), x[0].data(), x[1].data(), x[2].data(), B, S, Hq,
+                                   Hkv, D, scale, DType::BF16);
+    be[i]->ops().attention_backward(s, x[5].data(), x[6].data(), x[7].data(), x[4].data(), x[0].data(), x[1].data(),
+                                    x[2].data(), x[3].data(), x[8].as<float>(), B, S, Hq, Hkv, D, scale, DType::BF16);
+    be[i]->synchronize(s);
+  }
+  // ||cudnn - flash|| / ||flash|| per output, read back in chunks; bf16 outputs of two fp32-accumulating
+  // implementations (the op_tolerances.h attention bounds, at a length no CPU reference reaches).
+  const struct {
+    const char* name;
+    int index;
+    double bound;
+  } outputs[] = {{"out", 3, 1e-2}, {"lse", 8, 1e-5}, {"dq", 5, 3e-2}, {"dk", 6, 3e-2}, {"dv", 7, 3e-2}};
+  for (const auto& o : outputs) {
+    const bool f32 = o.index == 8;
+    const size_t n = sizes[o.index] / (f32 ? 4 : 2), es = f32 ? 4 : 2;
+    std::vector<char> a(kChunk * es), b(kChunk * es);
+    double diff = 0, ref = 0;
+    size_t nonfinite = 0;
+    for (size_t at = 0; at < n; at += kChunk) {
+      const size_t m = std::min(kChunk, n - at);
+      for (int i = 0; i < 2; ++i) {
+        Stream& s = be[i]->stream(StreamKind::D2H);
+        be[i]->copy_d2h((i == 0 ? a : b).data(), static_cast<const char*>(t[i][o.index].data()) + at * es, m * es, s);
+        be[i]->synchronize(s);
+      }
+      for (size_t j = 0; j < m; ++j) {
+        float x, y;
+        if (f32) {
+          std::memcpy(&x, a.data() + 4 * j, 4), std::memcpy(&y, b.data() + 4 * j, 4);
+        } else {
+          bf16 hx, hy;
+          std::memcpy(&hx.bits, a.data() + 2 * j, 2), std::memcpy(&hy.bits, b.data() + 2 * j, 2);
+          x = bf16_to_f32(hx), y = bf16_to_f32(hy);
+        }
+        if (!std::isfinite(x) || !std::isfinite(y)) ++nonfinite;
+        diff += (static_cast<double>(x) - y) * (static_cast<double>(x) - y), ref += static_cast<double>(y) * y;
+      }
+    }
+    const double err = std::sqrt(diff / ref);
+    std::printf("  %-4s %zu elements: rel error %.3e (bound %.0e), %zu not finite\n", o.name, n, err, o.bound, nonfinite);
+    EXPECT_EQ(nonfinite, 0u) << o.name;
+    EXPECT_LE(err, o.bound) << o.name << ": ||cudnn - flash|| / ||flash|| at S = 2^20";
   }
 }
 

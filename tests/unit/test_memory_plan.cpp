@@ -231,6 +231,31 @@ TEST(MemoryPlan, AsyncCheckpointCopiesAreWhatTheEngineReserves) {
   EXPECT_EQ(engine.snapshot_space_bytes(), term.bytes);
 }
 
+// Planning for another CUDA machine sizes cuDNN's backward workspace from the shape: the fp32 dQ
+// accumulator and row sums of its atomic backward (the default), and dP as well when deterministic
+// attention may meet a cuDNN before 9.25, if it is within the device's share.
+TEST(MemoryPlan, CudnnWorkspaceOfAnotherMachine) {
+  RunConfig cfg = run_config("");
+  cfg.dtype = DType::BF16;
+  const LlamaModel::AttentionShape at = LlamaModel::attention_shape(cfg.model, model_options(cfg, 2, 1), 1);
+  const auto workspace = [&](const MachineProfile& m) {
+    for (const PlanTerm& t : plan_memory(cfg, 1, 0, m).device)
+      if (t.name == "CUDA attention workspace") return t.bytes;
+    ADD_FAILURE() << "no CUDA attention workspace term on " << m.name;
+    return size_t{0};
+  };
+  const auto rounded = [](size_t bytes) { return (bytes + 511) / 512 * 512; };
+  MachineProfile m = machine_profile("h100-80", 0);
+  ASSERT_FALSE(m.deterministic_attention);
+  const size_t dq = static_cast<size_t>(at.B * at.Hq * at.S * (at.D + 1)) * 4;
+  EXPECT_EQ(workspace(m), rounded(dq));
+  m.deterministic_attention = true;
+  const size_t s64 = static_cast<size_t>((at.S + 63) / 64 * 64);
+  EXPECT_EQ(workspace(m), rounded(std::max(dq, static_cast<size_t>(at.B * at.Hq) * s64 * s64 * 2)));
+  m.device_bytes = 1 << 20;  // dP past the share: our kernels take deterministic attention there
+  EXPECT_EQ(workspace(m), rounded(dq));
+}
+
 TEST(MemoryPlan, NamesTheFirstTermOverCapacity) {
   RunConfig cfg = run_config("");
   MachineProfile m;

@@ -14,9 +14,11 @@
 namespace so {
 
 // The engine's lanes. Compute runs the model; the copy lanes move gradients down (D2H) and
-// weights up (H2D) while compute continues; Comm runs collectives.
-enum class StreamKind { Compute = 0, D2H = 1, H2D = 2, Comm = 3 };
-constexpr int kNumStreamKinds = 4;
+// weights up (H2D) while compute continues; Comm runs collectives; Snapshot copies checkpoint
+// state to the host at the lowest priority, off the D2H lane, so that a save's copies never queue
+// ahead of the next step's (ordered against the updates by events).
+enum class StreamKind { Compute = 0, D2H = 1, H2D = 2, Comm = 3, Snapshot = 4 };
+constexpr int kNumStreamKinds = 5;
 const char* stream_kind_name(StreamKind k);
 
 class Stream {
@@ -102,10 +104,13 @@ struct BackendOptions {
   // CUDA backend: "auto" (cuDNN's fused SDPA where it takes the shape, else our flash kernels),
   // "cudnn" (required: an error where it does not) or "flash".
   std::string attention = "auto";
-  // cuDNN's backward without atomics, so that runs and resumes repeat bit for bit. Where its
-  // workspace (about B*Hq*S^2*2 bytes on Hopper) would exceed 1/kDeterministicAttentionShare of the
-  // device, "auto" uses the flash kernels (deterministic too) and says so.
-  bool deterministic_attention = true;
+  // false (the default, as PyTorch, Megatron and DeepSpeed run it): cuDNN's fastest backward, whose
+  // dQ sums in varying order. true: cuDNN's backward without atomics, so that runs and resumes
+  // repeat bit for bit — from cuDNN 9.25 on Hopper its ordered-dQ path (workspace linear in S),
+  // before that the dP path (about B*Hq*S^2*2 bytes); where the workspace would exceed
+  // 1/kDeterministicAttentionShare of the device, "auto" uses the flash kernels (deterministic
+  // too) and says so.
+  bool deterministic_attention = false;
 };
 inline constexpr size_t kDeterministicAttentionShare = 16;
 

@@ -26,7 +26,7 @@ struct MachineProfile {
   size_t alignment = 64;    // the device allocator's rounding (CPU backend 64, CUDA 512)
   bool cuda = false;        // CUDA kernels draw workspaces from the pool too
   Backend* backend = nullptr;  // this run's (machine_profile_of): its ops size their own workspaces
-  bool deterministic_attention = true;  // other CUDA machines: as backend.deterministic_attention
+  bool deterministic_attention = false;  // other CUDA machines: as backend.deterministic_attention
 };
 
 // gh200-96, gh200-144, h100-80; host_bytes_per_rank 0 = the node's host memory shared by its GPUs

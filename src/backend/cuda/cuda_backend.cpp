@@ -48,7 +48,8 @@ double tensor_bf16_flops_per_clock(int major, int minor) {
 // 1070.5 against the datasheet's 989.4 at 1830). Matched on the device name; 0 = not listed.
 double datasheet_bf16_tflops(const std::string& name) {
   const auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  if (has("GH200") || has("H200")) return 989.4;
+  if (has("H200") && has("NVL")) return 835.5;  // H200 NVL (PCIe card, 600 W): 1671 sparse
+  if (has("GH200") || has("H200")) return 989.4;  // H200 SXM, GH200: 1979 sparse
   if (has("H100") && has("PCIe")) return 756.5;
   if (has("H100") && has("NVL")) return 835.5;
   if (has("H100")) return 989.4;  // SXM5 (80GB HBM3)
@@ -87,7 +88,8 @@ CudaBackend::CudaBackend(const BackendOptions& opts) : device_(opts.device < 0 ?
   // Lower number = higher priority. Comm and H2D get the highest: their work gates compute (a
   // layer cannot start before its weights are up and gathered), and priority lets their kernels
   // (NCCL's, the casts after an upload) claim SMs as compute kernels drain instead of queueing
-  // behind a whole GEMM. Compute and D2H (gradients leaving, off the critical path) get the lowest.
+  // behind a whole GEMM. Compute, D2H (gradients leaving, off the critical path) and Snapshot
+  // (checkpoint copies, which wait for nothing but the writer) get the lowest.
   int least = 0, greatest = 0;
   SO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   for (int k = 0; k < kNumStreamKinds; ++k) {
@@ -150,10 +152,15 @@ void CudaBackend::make_current() const {
   if (current != device_) SO_CUDA_CHECK(cudaSetDevice(device_));
 }
 
-DeviceBuffer CudaBackend::alloc(size_t bytes, const char* tag) {
+DeviceBuffer CudaBackend::alloc_uninitialized(size_t bytes, const char* tag) {
   if (bytes == 0) return DeviceBuffer(this, nullptr, 0);
   make_current();
-  DeviceBuffer buf(this, allocator_->allocate(bytes, tag), bytes);
+  return DeviceBuffer(this, allocator_->allocate(bytes, tag), bytes);
+}
+
+DeviceBuffer CudaBackend::alloc(size_t bytes, const char* tag) {
+  DeviceBuffer buf = alloc_uninitialized(bytes, tag);
+  if (!buf) return buf;
   // Zeroed before returning, on the private stream: the memory is then ready for any stream.
   std::lock_guard<std::mutex> lock(util_mu_);
   const cudaError_t set = cudaMemsetAsync(buf.data(), 0, bytes, util_stream_->get());

@@ -1,5 +1,5 @@
 #pragma once
-// The CUDA backend: device memory from a caching allocator, the engine's four lanes as CUDA
+// The CUDA backend: device memory from a caching allocator, the engine's lanes as CUDA
 // streams, events as CUDA events, ops as CUDA kernels and cuBLASLt GEMMs.
 //
 // Errors follow the CPU backend's contract: whatever fails asynchronously (a kernel fault, a bad
@@ -39,6 +39,9 @@ class CudaBackend final : public Backend {
 
   // Zero-filled, like the CPU backend's: callers rely on it (e.g. Adam moments start at zero).
   DeviceBuffer alloc(size_t bytes, const char* tag) override;
+  // Neither zeroed nor synchronised with the host: for workspaces every user writes before it
+  // reads (cuDNN's, the ops' scratch), which can be gigabytes.
+  DeviceBuffer alloc_uninitialized(size_t bytes, const char* tag);
   MemoryStats memory_stats() const override { return allocator_->stats(); }
   size_t allocation_granularity() const override { return CudaAllocator::kBlockAlign; }
 

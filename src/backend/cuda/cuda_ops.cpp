@@ -1,10 +1,12 @@
 #include "cuda_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <utility>
 
 #include "cuda_attention.h"
+#include "cuda_backend.h"
 #include "cuda_check.h"
 #include "cudnn_sdpa.h"
 #include "cuda_gemm.h"
@@ -14,7 +16,7 @@
 
 namespace so::cuda {
 
-CudaOps::CudaOps(Backend& backend, CublasLtGemm& gemm, DeviceError* device_error, const std::string& attention,
+CudaOps::CudaOps(CudaBackend& backend, CublasLtGemm& gemm, DeviceError* device_error, const std::string& attention,
                  bool deterministic_attention)
     : backend_(backend),
       gemm_(gemm),
@@ -24,13 +26,20 @@ CudaOps::CudaOps(Backend& backend, CublasLtGemm& gemm, DeviceError* device_error
 
 CudaOps::~CudaOps() = default;
 
-void* CudaOps::scratch(Stream& s, size_t bytes) {
-  DeviceBuffer& buf = scratch_[static_cast<int>(s.kind())];
+void* CudaOps::grown(DeviceBuffer& buf, Stream& s, size_t bytes, const char* tag) {
   if (buf.bytes() < bytes) {
     if (buf) backend_.release_after(std::move(buf), s);  // kernels already enqueued on s may still use it
-    buf = backend_.alloc(bytes, "ops scratch");
+    buf = backend_.alloc_uninitialized(bytes, tag);
   }
   return buf.data();
+}
+
+void* CudaOps::scratch(Stream& s, size_t bytes) {
+  return grown(scratch_[static_cast<int>(s.kind())], s, bytes, "ops scratch");
+}
+
+void* CudaOps::attention_workspace(Stream& s, size_t bytes) {
+  return grown(attention_workspace_[static_cast<int>(s.kind())], s, bytes, "attention workspace");
 }
 
 void CudaOps::gemm(Stream& s, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -81,6 +90,15 @@ const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, 
     const SdpaShape shape{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
     if (!sdpa_) sdpa_ = std::make_unique<CudnnSdpa>(deterministic_attention_);
     why = sdpa_->check_support(shape);
+    if (why.empty()) {
+      // Held for the whole run (attention_workspace): one that cannot fit the pool is refused here,
+      // named, rather than failing at the first backward.
+      const MemoryStats m = backend_.memory_stats();
+      const size_t ws = std::max(sdpa_->forward_workspace(shape), sdpa_->backward_workspace(shape));
+      if (m.capacity > 0 && ws > m.capacity - std::min(m.capacity, m.in_use))
+        why = str_cat("its workspace of ", ws >> 20, " MiB does not fit the ", (m.capacity - std::min(m.capacity, m.in_use)) >> 20,
+                      " MiB left of the device pool");
+    }
     if (why.empty() && deterministic_attention_ && attention_mode_ == "auto") {
       // The deterministic backward's workspace grows as S^2 on Hopper: past a share of the
       // device, the flash kernels (deterministic and O(S)) serve instead.
@@ -119,10 +137,7 @@ void CudaOps::attention_forward(Stream& s, void* out, float* lse, const void* q,
                                 int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
   if (attention_choice(B, S, Hq, Hkv, D, dt).cudnn) {
     const SdpaShape shape{B, S, Hq, Hkv, D, scale};
-    const size_t bytes = sdpa_->forward_workspace(shape);
-    DeviceBuffer workspace = bytes > 0 ? backend_.alloc(bytes, "cuDNN attention workspace") : DeviceBuffer{};
-    sdpa_->forward(raw(s), shape, out, lse, q, k, v, workspace.data());
-    if (workspace) backend_.release_after(std::move(workspace), s);
+    sdpa_->forward(raw(s), shape, out, lse, q, k, v, attention_workspace(s, sdpa_->forward_workspace(shape)));
     return;
   }
   cuda::attention_forward(raw(s), out, lse, q, k, v, B, S, Hq, Hkv, D, scale, dt);
@@ -133,19 +148,14 @@ void CudaOps::attention_backward(Stream& s, void* dq, void* dk, void* dv, const 
                                  int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
   if (attention_choice(B, S, Hq, Hkv, D, dt).cudnn) {
     const SdpaShape shape{B, S, Hq, Hkv, D, scale};
-    const size_t bytes = sdpa_->backward_workspace(shape);
-    DeviceBuffer workspace = bytes > 0 ? backend_.alloc(bytes, "cuDNN attention workspace") : DeviceBuffer{};
-    sdpa_->backward(raw(s), shape, dq, dk, dv, dout, q, k, v, out, lse, workspace.data());
-    if (workspace) backend_.release_after(std::move(workspace), s);
+    sdpa_->backward(raw(s), shape, dq, dk, dv, dout, q, k, v, out, lse,
+                    attention_workspace(s, sdpa_->backward_workspace(shape)));
     return;
   }
-  // Its own buffer (rowsum(dout * out) in fp32, B*Hq*S floats), drawn from the caching allocator
-  // and handed back in stream order rather than kept as scratch.
+  // rowsum(dout * out) in fp32, B*Hq*S floats.
   const size_t bytes = attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
-  DeviceBuffer workspace = bytes > 0 ? backend_.alloc(bytes, "attention backward workspace") : DeviceBuffer{};
   cuda::attention_backward(raw(s), dq, dk, dv, dout, q, k, v, out, lse, B, S, Hq, Hkv, D, scale, dt,
-                           workspace.data(), workspace.bytes());
-  if (workspace) backend_.release_after(std::move(workspace), s);
+                           attention_workspace(s, bytes), bytes);
 }
 
 void CudaOps::swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) {

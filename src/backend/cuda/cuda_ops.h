@@ -19,13 +19,14 @@
 namespace so::cuda {
 
 class CublasLtGemm;
+class CudaBackend;
 class CudnnSdpa;
 
 class CudaOps final : public Ops {
  public:
   // device_error: a device-visible pointer into host-mapped memory owned by the backend.
   // attention, deterministic_attention: BackendOptions'.
-  CudaOps(Backend& backend, CublasLtGemm& gemm, DeviceError* device_error, const std::string& attention,
+  CudaOps(CudaBackend& backend, CublasLtGemm& gemm, DeviceError* device_error, const std::string& attention,
           bool deterministic_attention);
   ~CudaOps() override;
 
@@ -63,11 +64,17 @@ class CudaOps final : public Ops {
             const float* guard) override;
 
  private:
-  // At least `bytes` of scratch for kernels enqueued on s. One buffer per stream kind, kept between
-  // calls (no allocation, no host callback per op) and grown when too small, the old one released
-  // in stream order. Streams run concurrently, so they never share scratch; ops on one stream must
-  // be issued from one host thread at a time (as for any stream-ordered use).
+  // At least `bytes` of buf for kernels enqueued on s: kept between calls (no allocation, no host
+  // callback per op), grown when too small (the old one released in stream order), never zeroed.
+  // Streams run concurrently, so each buffer serves one stream kind; ops on one stream must be
+  // issued from one host thread at a time (as for any stream-ordered use).
+  void* grown(DeviceBuffer& buf, Stream& s, size_t bytes, const char* tag);
+  // The small reductions' scratch.
   void* scratch(Stream& s, size_t bytes);
+  // Attention's (cuDNN's up to B*Hq*S^2*2 bytes, our backward's B*Hq*S*4): one per stream, kept,
+  // so however far the host runs ahead only one is alive — the planner's single term
+  // (attention_workspace_bytes). A per-call allocation would leave one alive per queued call.
+  void* attention_workspace(Stream& s, size_t bytes);
 
   // Attention by cuDNN's fused SDPA or our flash kernels, decided per shape on first use and kept,
   // so that a forward and its backward always agree.
@@ -77,10 +84,10 @@ class CudaOps final : public Ops {
   };
   const AttentionChoice& attention_choice(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt);
 
-  Backend& backend_;
+  CudaBackend& backend_;
   CublasLtGemm& gemm_;
   DeviceError* device_error_;
-  std::array<DeviceBuffer, kNumStreamKinds> scratch_;
+  std::array<DeviceBuffer, kNumStreamKinds> scratch_, attention_workspace_;
   std::string attention_mode_;  // auto | cudnn | flash
   bool deterministic_attention_;
   std::unique_ptr<CudnnSdpa> sdpa_;

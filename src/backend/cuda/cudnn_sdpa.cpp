@@ -49,12 +49,19 @@ std::string shape_text(const SdpaShape& s) {
 // libcudnn.so.9 loaded once per process; "" or why it could not be.
 const std::string& load_cudnn() {
   static const std::string error = [] {
+    // The frontend dlopens the CUDA runtime itself, trying 12 before 13: ours, the one we link.
+    ::setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", str_cat("libcudart.so.", CUDART_VERSION / 1000).c_str(), /*overwrite=*/0);
     fe::cudnn_dlhandle = ::dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
     if (fe::cudnn_dlhandle == nullptr) return str_cat("cuDNN 9 is not installed where the loader looks (", ::dlerror(), ")");
     const size_t v = fe::detail::get_backend_version();
     if (v < 90000) return str_cat("cuDNN ", fe::detail::convert_version_to_str(v), " is older than 9.0");
     // 9.10.0 and 9.10.1 have SDPA bugs the frontend itself refuses.
     if (v == 91000 || v == 91001) return str_cat("cuDNN ", fe::detail::convert_version_to_str(v), " has known SDPA bugs");
+    // The deterministic backward on Hopper: from cuDNN 9.25 the frontend can order the dQ
+    // accumulation (workspace B*Hq*S*D*4, linear in S) instead of materialising dP (B*Hq*S^2*2),
+    // but takes that path only when this limit is below dP's size: 0 asks for it at every S (read
+    // when a graph is built; the atomic backward ignores it). A limit set by the user is kept.
+    ::setenv("CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT", "0", /*overwrite=*/0);
     return std::string();
   }();
   return error;
@@ -204,6 +211,11 @@ std::string CudnnSdpa::version() const {
 std::string CudnnSdpa::check_support(const SdpaShape& s) {
   if (std::string refusal = cudnn_sdpa_shape_refusal(s); !refusal.empty()) return refusal;
   if (const std::string& error = load_cudnn(); !error.empty()) return error;
+  int major = 0;
+  SO_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, impl_->device));
+  if (major == 9 && s.S % 128 == 64 && fe::detail::get_backend_version() < 92600)
+    return str_cat("S=", s.S, " is 64 mod 128, where cuDNN ", version(),
+                   "'s Hopper backward can return NaN (fixed in cuDNN 9.26)");
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     impl_->get(s, false, deterministic_);

@@ -31,8 +31,9 @@ std::string cudnn_sdpa_shape_refusal(const SdpaShape& s);
 // executing microseconds. Calls are serialised (the handle's stream is set per call).
 class CudnnSdpa {
  public:
-  // deterministic_backward: cuDNN's backward without atomics (bitwise repeatable; on Hopper it
-  // needs a workspace of about B*Hq*S^2*2 bytes, see backward_workspace).
+  // deterministic_backward: cuDNN's backward without atomics (bitwise repeatable; on Hopper from
+  // cuDNN 9.25 its ordered-dQ path, B*Hq*S*D*4 bytes of workspace, before that about B*Hq*S^2*2,
+  // see backward_workspace).
   explicit CudnnSdpa(bool deterministic_backward);
   ~CudnnSdpa();
   CudnnSdpa(const CudnnSdpa&) = delete;
