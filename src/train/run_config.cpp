@@ -231,6 +231,11 @@ void parse_train(JsonReader r, RunConfig& c) {
   if (c.offload_checkpoints && !c.activation_checkpointing)
     r.fail("activation_offload", "is true but train.activation_checkpointing is false: only checkpoints are offloaded");
   if (c.peak_tflops < 0) r.fail("peak_tflops", "must not be negative");
+  if (r.has("weight_decay_exclude")) {
+    c.decay.exclude = r.get<std::vector<std::string>>("weight_decay_exclude", {});
+    c.decay.exclude_given = true;
+  }
+  c.decay.decay_embeddings = r.get<bool>("decay_embeddings", c.decay.decay_embeddings);
   c.collective_timeout_s = r.get<double>("collective_timeout_s", c.collective_timeout_s);
   if (!(c.collective_timeout_s >= 0 && c.collective_timeout_s <= 1e7))
     r.fail("collective_timeout_s", str_cat("is ", c.collective_timeout_s, "; must be seconds in [0, 1e7] (0: no limit)"));
@@ -334,6 +339,11 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
   if (c.data.type == "text" && c.model.vocab_size < kByteVocabSize)
     r.fail("model", str_cat("vocab_size is ", c.model.vocab_size, " but byte-level text data needs at least ",
                             kByteVocabSize));
+  try {  // the patterns against this model's parameter names, before anything is allocated
+    decay_groups(ParamLayout::for_model(c.model), c.decay, c.adam.weight_decay);
+  } catch (const Error& e) {
+    r.fail("train.weight_decay_exclude", e.what());
+  }
   if (c.data.seq_len > c.model.max_position_embeddings)
     r.fail("data.seq_len", str_cat("(", c.data.seq_len, ") exceeds the model's max_position_embeddings (",
                                    c.model.max_position_embeddings, ")"));

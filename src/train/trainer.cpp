@@ -13,6 +13,7 @@
 #include "so/model/hf_model.h"
 #include "so/model/llama_model.h"
 #include "so/train/checkpoint.h"
+#include "so/train/decay_groups.h"
 #include "so/train/memory_plan.h"
 #include "so/train/metrics.h"
 #include "so/train/rank_agreement.h"
@@ -110,6 +111,8 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   eo.bucket_size = cfg.bucket_size;
   eo.grad_clip = cfg.grad_clip;
   eo.adam = cfg.adam;
+  const DecayGroups decay = decay_groups(model.layout(), cfg.decay, cfg.adam.weight_decay);
+  eo.no_decay = decay.no_decay;
   eo.offload = cfg.offload;
   eo.zero_stage = cfg.zero_stage;
   eo.optimizer_cores = cores.optimizer;
@@ -168,6 +171,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     log_info(str_cat("model ", cfg.model_source, ": ", cfg.model.model_type, ", ", cfg.model.num_parameters() / 1e6,
                      "M parameters, ", cfg.model.num_layers, " layers, ", engine.buckets().size(), " buckets, ",
                      dtype_name(cfg.dtype)));
+    log_info(decay.description);
     if (!auto_choice.empty()) log_info(auto_choice);
     log_info(str_cat("attention: ", attention));
     log_info(str_cat("backend ", backend->name(), ": ", mib(backend->memory_stats().in_use), " MiB allocated (",

@@ -36,6 +36,7 @@
 #include "so/backend/backend.h"
 #include "so/backend/host_buffer.h"
 #include "so/engine/bucket.h"
+#include "so/engine/decay_runs.h"
 #include "so/engine/offload_config.h"
 #include "so/engine/offload_optimizer.h"
 #include "so/engine/shard_layout.h"
@@ -53,6 +54,9 @@ struct EngineOptions {
   int64_t bucket_size = int64_t{1} << 22;  // elements
   float grad_clip = 0.0f;                  // max global norm; 0 = off
   AdamWParams adam;                        // lr is given per step
+  // Per parameter id: 1 = stepped without weight decay (HF Trainer's second parameter group:
+  // norms, biases). Empty: every parameter decays with adam.weight_decay.
+  std::vector<char> no_decay;
   OffloadConfig offload;
   std::vector<int> optimizer_cores;  // GraceAdam's pool; empty = one unpinned thread
   int numa_node = -1;                // for offloaded host state; -1 = local
@@ -241,6 +245,7 @@ class Engine final : public ParamStore, public ModelHooks {
   int64_t device_end_ = 0;          // device-resident optimizer state covers shard elements [0, this)
   BucketUnits units_;                              // which buckets each unit reads, and back
   std::vector<size_t> forward_order_;              // buckets in the order the forward first reads them
+  std::vector<std::vector<DecayRun>> decay_runs_;  // per bucket: its shard's weight-decay groups
 
   DeviceBuffer weights_, grads_;                // model dtype, this rank's shards (all elements unsharded)
   DeviceBuffer master_, exp_avg_, exp_avg_sq_;  // fp32, shard elements [0, device_end_)

@@ -11,6 +11,7 @@
 #include "so/engine/offload_config.h"
 #include "so/model/model_config.h"
 #include "so/optim/adamw.h"
+#include "so/train/decay_groups.h"
 #include "so/train/lr_schedule.h"
 
 namespace so {
@@ -39,6 +40,7 @@ struct RunConfig {
   int sequence_parallel_size = 1;
   float grad_clip = 0.0f;
   AdamWParams adam;
+  DecayGroupsConfig decay;  // which parameters adam.weight_decay applies to
   LrSchedule schedule;
   int zero_stage = 0;
   int64_t bucket_size = int64_t{1} << 22;
