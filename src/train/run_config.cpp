@@ -75,30 +75,111 @@ void parse_optimizer(JsonReader r, RunConfig& c) {
   r.finish();
 }
 
+// DeepSpeed's OneCycle (deepspeed/runtime/lr_schedules.py), its parameter names and defaults.
+void parse_one_cycle(JsonReader& p, LrSchedule& s) {
+  s.cycle_min_lr = p.require<double>("cycle_min_lr");
+  s.cycle_max_lr = p.require<double>("cycle_max_lr");
+  s.decay_lr_rate = p.get<double>("decay_lr_rate", 0.0);
+  s.cycle_first_step_size = static_cast<double>(p.get_in("cycle_first_step_size", 2000, 1, kMaxSteps));
+  // DeepSpeed takes None (null) for "as long as the first half".
+  const auto given = [&](const char* k) { return p.has(k) && !p.raw().at(k).is_null(); };
+  s.cycle_second_step_size = given("cycle_second_step_size")
+                                 ? static_cast<double>(p.get_in("cycle_second_step_size", 0, 1, kMaxSteps))
+                                 : s.cycle_first_step_size;
+  p.accept("cycle_second_step_size");
+  s.decay_step_size = p.get_in("decay_step_size", 0, 0, kMaxSteps);
+  if (!(s.cycle_min_lr >= 0)) p.fail("cycle_min_lr", str_cat("is ", s.cycle_min_lr, "; it must be >= 0"));
+  if (!(s.cycle_max_lr >= s.cycle_min_lr))
+    p.fail("cycle_max_lr", str_cat("is ", s.cycle_max_lr, ", below cycle_min_lr (", s.cycle_min_lr, ")"));
+  if (!(s.decay_lr_rate >= 0)) p.fail("decay_lr_rate", str_cat("is ", s.decay_lr_rate, "; it must be >= 0"));
+  // A staircase is refused rather than ignored.
+  for (const char* k : {"cycle_first_stair_count", "cycle_second_stair_count"}) {
+    if (given(k) && p.get<int64_t>(k, 0) != 0)
+      p.fail(k, "asks for a staircase cycle, which so_train does not implement; give 0 or leave it out");
+    p.accept(k);
+  }
+  // Momentum cycling changes Adam's beta1 every step; so_train keeps the configured betas.
+  if (p.get<bool>("cycle_momentum", true))
+    p.fail("cycle_momentum", "is true (DeepSpeed's default: beta1 cycled between cycle_max_mom and cycle_min_mom); "
+                             "so_train keeps optimizer.params.betas fixed: set cycle_momentum false");
+  for (const char* k : {"cycle_min_mom", "cycle_max_mom", "decay_mom_rate"}) p.accept(k);
+}
+
+// DeepSpeed's LRRangeTest.
+void parse_range_test(JsonReader& p, LrSchedule& s) {
+  s.range_min_lr = p.get<double>("lr_range_test_min_lr", 1e-3);
+  s.range_step_size = static_cast<double>(p.get_in("lr_range_test_step_size", 2000, 1, kMaxSteps));
+  s.range_step_rate = p.get<double>("lr_range_test_step_rate", 1.0);
+  s.range_staircase = p.get<bool>("lr_range_test_staircase", false);
+  if (!(s.range_min_lr > 0)) p.fail("lr_range_test_min_lr", str_cat("is ", s.range_min_lr, "; it must be > 0"));
+  if (!(s.range_step_rate >= 0))
+    p.fail("lr_range_test_step_rate", str_cat("is ", s.range_step_rate, "; it must be >= 0"));
+}
+
+// Warmup-stable-decay with transformers.get_wsd_schedule's names: the stable phase given, or what
+// num_training_steps leaves of it.
+void parse_wsd(JsonReader& p, LrSchedule& s) {
+  s.warmup_steps = p.get_in("num_warmup_steps", 0, 0, kMaxSteps);
+  if (!p.has("num_decay_steps")) p.fail("num_decay_steps", "is required");
+  s.decay_steps = p.get_in("num_decay_steps", 0, 0, kMaxSteps);
+  if (p.has("num_stable_steps") == p.has("num_training_steps"))
+    p.fail("num_stable_steps", "or num_training_steps: give exactly one (the stable phase, or the whole run it is the rest of)");
+  if (p.has("num_stable_steps")) {
+    s.stable_steps = p.get_in("num_stable_steps", 0, 0, kMaxSteps);
+  } else {
+    const int64_t total = p.get_in("num_training_steps", 0, 0, kMaxSteps);
+    s.stable_steps = total - s.warmup_steps - s.decay_steps;
+    if (s.stable_steps < 0)
+      p.fail("num_training_steps", str_cat("is ", total, ", fewer than num_warmup_steps + num_decay_steps (", s.warmup_steps,
+                                           " + ", s.decay_steps, "): the phases do not fit"));
+  }
+  const auto shape = [&](const char* key, const char* fallback) {
+    const std::string v = p.get<std::string>(key, fallback);
+    if (v != "linear" && v != "cosine" && v != "1-sqrt") p.fail(key, "is '" + v + "'; choose linear, cosine or 1-sqrt");
+    return v;
+  };
+  s.warmup_type = shape("warmup_type", "linear");
+  s.decay_type = shape("decay_type", "cosine");
+  s.min_lr_ratio = p.get<double>("min_lr_ratio", 0.0);
+  if (!(s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1))
+    p.fail("min_lr_ratio", str_cat("is ", s.min_lr_ratio, "; it must be in [0, 1] (a fraction of optimizer.params.lr)"));
+  s.num_cycles = p.get<double>("num_cycles", 0.5);
+  if (!(s.num_cycles > 0)) p.fail("num_cycles", str_cat("is ", s.num_cycles, "; it must be > 0"));
+}
+
 void parse_scheduler(JsonReader r, RunConfig& c) {
   LrSchedule& s = c.schedule;
   s.type = r.require<std::string>("type");
-  if (s.type != "WarmupLR" && s.type != "WarmupCosineLR" && s.type != "WarmupDecayLR")
-    r.fail("type", "is '" + s.type + "'; supported: WarmupLR, WarmupCosineLR, WarmupDecayLR");
+  if (s.type != "WarmupLR" && s.type != "WarmupCosineLR" && s.type != "WarmupDecayLR" && s.type != "OneCycle" &&
+      s.type != "LRRangeTest" && s.type != "WSD")
+    r.fail("type", "is '" + s.type + "'; supported: WarmupLR, WarmupCosineLR, WarmupDecayLR, OneCycle, LRRangeTest, WSD");
   JsonReader p = r.child("params");
-  s.warmup_steps = p.get_in("warmup_num_steps", 1000, 0, kMaxSteps);
-  s.warmup_type = p.get<std::string>("warmup_type", "log");
-  if (s.warmup_type != "log" && s.warmup_type != "linear") p.fail("warmup_type", "must be 'log' or 'linear'");
-  if (s.type == "WarmupCosineLR") {
-    s.total_steps = p.get_in("total_num_steps", -1, 1, kMaxSteps);
-    if (s.total_steps < 0) p.fail("total_num_steps", "is required");
-    s.warmup_min_ratio = p.get<double>("warmup_min_ratio", 0.0);
-    s.cos_min_ratio = p.get<double>("cos_min_ratio", 0.0001);
+  if (s.type == "OneCycle") {
+    parse_one_cycle(p, s);
+  } else if (s.type == "LRRangeTest") {
+    parse_range_test(p, s);
+  } else if (s.type == "WSD") {
+    parse_wsd(p, s);
   } else {
-    s.warmup_min_lr = p.get<double>("warmup_min_lr", 0.0);
-    s.warmup_max_lr = p.get<double>("warmup_max_lr", 0.001);
-    if (s.type == "WarmupDecayLR") {
+    s.warmup_steps = p.get_in("warmup_num_steps", 1000, 0, kMaxSteps);
+    s.warmup_type = p.get<std::string>("warmup_type", "log");
+    if (s.warmup_type != "log" && s.warmup_type != "linear") p.fail("warmup_type", "must be 'log' or 'linear'");
+    if (s.type == "WarmupCosineLR") {
       s.total_steps = p.get_in("total_num_steps", -1, 1, kMaxSteps);
       if (s.total_steps < 0) p.fail("total_num_steps", "is required");
+      s.warmup_min_ratio = p.get<double>("warmup_min_ratio", 0.0);
+      s.cos_min_ratio = p.get<double>("cos_min_ratio", 0.0001);
+    } else {
+      s.warmup_min_lr = p.get<double>("warmup_min_lr", 0.0);
+      s.warmup_max_lr = p.get<double>("warmup_max_lr", 0.001);
+      if (s.type == "WarmupDecayLR") {
+        s.total_steps = p.get_in("total_num_steps", -1, 1, kMaxSteps);
+        if (s.total_steps < 0) p.fail("total_num_steps", "is required");
+      }
     }
+    if (s.type != "WarmupLR" && s.total_steps < s.warmup_steps)
+      p.fail("total_num_steps", "is smaller than warmup_num_steps");
   }
-  if (s.type != "WarmupLR" && s.total_steps < s.warmup_steps)
-    p.fail("total_num_steps", "is smaller than warmup_num_steps");
   p.accept("last_batch_iteration");
   p.finish();
   r.finish();
