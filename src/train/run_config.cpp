@@ -297,6 +297,8 @@ void parse_train(JsonReader r, RunConfig& c) {
   c.peak_tflops = r.get<double>("peak_tflops", 0.0);
   c.activation_checkpointing = r.get<bool>("activation_checkpointing", false);
   c.loss_chunk_tokens = r.get_in("loss_chunk_tokens", 0, 0, INT32_MAX);
+  c.z_loss = r.get<float>("z_loss", 0.0f);
+  if (!(c.z_loss >= 0.0f)) r.fail("z_loss", str_cat("is ", c.z_loss, "; a z-loss coefficient must be >= 0 (0: off)"));
   // Either a value or "auto" (the memory planner decides); any other string is named.
   const auto is_auto = [&](const char* key, const char* choices) {
     if (!r.has(key) || !r.raw()[key].is_string()) return false;

@@ -58,6 +58,7 @@ struct RunConfig {
   int64_t mlp_tile_tokens = 0;
   bool mlp_tile_auto = false;
   int64_t loss_chunk_tokens = 0;
+  float z_loss = 0.0f;  // train.z_loss: OLMo's z-loss coefficient (0 = off)
   BackendOptions backend;
 };
 
