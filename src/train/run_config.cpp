@@ -297,6 +297,12 @@ void parse_train(JsonReader r, RunConfig& c) {
   c.peak_tflops = r.get<double>("peak_tflops", 0.0);
   c.activation_checkpointing = r.get<bool>("activation_checkpointing", false);
   c.loss_chunk_tokens = r.get_in("loss_chunk_tokens", 0, 0, INT32_MAX);
+  NanPolicyConfig& np = c.nan_policy;
+  np.max_consecutive_skips = r.get_in("max_consecutive_skipped_steps", np.max_consecutive_skips, 0, kMaxSteps);
+  np.spike_factor = r.get<double>("loss_spike_factor", np.spike_factor);
+  if (!(np.spike_factor == 0 || np.spike_factor > 1))
+    r.fail("loss_spike_factor", str_cat("is ", np.spike_factor, "; give a factor > 1 (a loss above it x the recent mean), or 0: off"));
+  np.spike_window = r.get_in("loss_spike_window", np.spike_window, 1, 1 << 20);
   c.z_loss = r.get<float>("z_loss", 0.0f);
   if (!(c.z_loss >= 0.0f)) r.fail("z_loss", str_cat("is ", c.z_loss, "; a z-loss coefficient must be >= 0 (0: off)"));
   // Either a value or "auto" (the memory planner decides); any other string is named.
@@ -392,7 +398,7 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
   c.sequence_parallel_size = static_cast<int>(r.get_in("sequence_parallel_size", 1, 1, 1 << 20));
   c.grad_clip = r.get<float>("gradient_clipping", 0.0f);
   if (c.grad_clip < 0) r.fail("gradient_clipping", "must not be negative");  // (get<float> refused a non-float)
-  c.log_every = r.get<int64_t>("steps_per_print", c.log_every);
+  c.log_every = r.get_in("steps_per_print", c.log_every, 1, kMaxSteps);
   {
     JsonReader bf = r.child("bf16");
     c.dtype = bf.get<bool>("enabled", false) ? DType::BF16 : DType::F32;

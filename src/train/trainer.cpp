@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "parallel/collective_watchdog.h"
+#include "so/core/clock.h"
 #include "so/core/cpu_affinity.h"
 #include "so/core/error.h"
 #include "so/core/log.h"
@@ -16,6 +17,7 @@
 #include "so/train/decay_groups.h"
 #include "so/train/memory_plan.h"
 #include "so/train/metrics.h"
+#include "so/train/nan_policy.h"
 #include "so/train/rank_agreement.h"
 
 namespace so {
@@ -186,7 +188,8 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     log_info(engine.describe());
   }
 
-  MetricsSink sink(lead ? opts.metrics_path : "");
+  MetricsSink sink(lead ? opts.metrics_path : "", opts.quiet);
+  const double run_start = now_seconds();
   TrainSummary summary;
   double tokens_per_s_sum = 0.0, step_sum = 0.0, exposed_sum = 0.0, busy_sum = 0.0;
   // A step's timing is known once the next step's forward has started (the optimizer of an
@@ -204,6 +207,8 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     m.mfu = peak > 0 ? m.tflops / peak : 0.0;
     m.mfu_noncausal = peak > 0 ? m.tokens_per_s * flops_noncausal / 1e12 / peak : 0.0;
     m.mfu_gemm = gemm_peak > 0 ? m.tflops / gemm_peak : 0.0;
+    m.elapsed_s = now_seconds() - run_start;
+    m.eta_s = m.elapsed_s / static_cast<double>(m.step - first_step + 1) * static_cast<double>(cfg.steps - m.step);
     sink.write(m, cfg.steps, lead && (m.step % cfg.log_every == 0 || m.step == 1 || m.step == cfg.steps));
     std::fflush(stdout);
     tokens_per_s_sum += m.tokens_per_s;
@@ -232,6 +237,19 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     state.last_step_redone = engine.last_step_redone();
     in_flight = std::make_unique<CheckpointSave>(engine, comm, cfg, state, opts.save_dir, opts.keep, async);
     if (!async) commit();
+  };
+  StepGuard guard(cfg.nan_policy);
+  // A diverged run stops with an error, its state saved first when saving is on: the steps it skipped
+  // changed nothing, so that state is the last good one.
+  auto stop_diverged = [&](const std::string& why) {
+    std::string saved;
+    if (!opts.save_dir.empty()) {
+      save(false);
+      saved = str_cat("; saved to ", opts.save_dir);
+    }
+    engine.finish();
+    if (pending) emit(*pending);
+    throw Error(str_cat(why, saved));
   };
   for (int64_t step = state.iteration + 1; step <= cfg.steps; ++step) {
     if (step == opts.profile_first) backend->profile_range(true);
@@ -272,6 +290,9 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     summary.last_loss = loss;
     summary.losses.push_back(loss_sum);
     summary.steps = step;
+    const StepGuard::Verdict verdict = guard.observe(step, loss_sum, r.skipped);
+    if (lead && !verdict.warning.empty()) log_warn(verdict.warning);
+    if (!verdict.stop.empty()) stop_diverged(verdict.stop);
 
     if (opts.save_dir.empty()) continue;
     // Every rank learns of a signal, and of every writer being done, at the same step boundary,

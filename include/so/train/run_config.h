@@ -13,6 +13,7 @@
 #include "so/optim/adamw.h"
 #include "so/train/decay_groups.h"
 #include "so/train/lr_schedule.h"
+#include "so/train/nan_policy.h"
 
 namespace so {
 
@@ -59,6 +60,7 @@ struct RunConfig {
   bool mlp_tile_auto = false;
   int64_t loss_chunk_tokens = 0;
   float z_loss = 0.0f;  // train.z_loss: OLMo's z-loss coefficient (0 = off)
+  NanPolicyConfig nan_policy;
   BackendOptions backend;
 };
 
