@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <initializer_list>
 
 #include "so/core/error.h"
 #include "so/optim/simd_isa.h"
@@ -331,6 +332,27 @@ void parse_train(JsonReader r, RunConfig& c) {
   r.finish();
 }
 
+// DeepSpeed's csv_monitor section (deepspeed/monitor/config.py: enabled, output_path, job_name).
+void parse_csv_monitor(JsonReader r, CsvMonitorConfig& m) {
+  m.enabled = r.get<bool>("enabled", m.enabled);
+  m.output_path = r.get<std::string>("output_path", m.output_path);
+  m.job_name = r.get<std::string>("job_name", m.job_name);
+  if (m.job_name.empty()) r.fail("job_name", "is empty; it names the directory the CSV files go to");
+  r.finish();
+}
+
+// DeepSpeed's other monitors and its FLOPs profiler write what so_train cannot (TensorBoard event
+// files, wandb and Comet runs, a per-module profile): a section that leaves them off (DeepSpeed's
+// default) has nothing to honour and is accepted, its keys checked; one that turns them on is refused.
+void parse_unsupported_monitor(JsonReader r, const char* section, const char* what,
+                               std::initializer_list<const char*> keys) {
+  if (r.get<bool>("enabled", false))
+    r.fail("enabled", str_cat("is true; so_train does not write ", what, " (csv_monitor writes the loss and learning ",
+                              "rate as DeepSpeed's CSV files), so ", section, " must stay disabled"));
+  for (const char* k : keys) r.accept(k);
+  r.finish();
+}
+
 void parse_backend(JsonReader r, RunConfig& c) {
   c.backend.type = r.get<std::string>("type", "auto");
   if (c.backend.type != "auto" && c.backend.type != "cpu" && c.backend.type != "cuda")
@@ -423,6 +445,19 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
   parse_data(r.child("data"), c);
   parse_train(r.child("train"), c);
   parse_backend(r.child("backend"), c);
+  if (r.has("csv_monitor")) parse_csv_monitor(r.child("csv_monitor"), c.csv_monitor);
+  if (r.has("tensorboard"))
+    parse_unsupported_monitor(r.child("tensorboard"), "tensorboard", "TensorBoard event files", {"output_path", "job_name"});
+  if (r.has("wandb"))
+    parse_unsupported_monitor(r.child("wandb"), "wandb", "Weights & Biases runs", {"team", "group", "project"});
+  if (r.has("comet"))
+    parse_unsupported_monitor(r.child("comet"), "comet", "Comet experiments",
+                              {"samples_log_interval", "project", "workspace", "api_key", "experiment_name",
+                               "experiment_key", "online", "mode"});
+  if (r.has("flops_profiler"))
+    parse_unsupported_monitor(r.child("flops_profiler"), "flops_profiler", "DeepSpeed's per-module FLOPs profile",
+                              {"recompute_fwd_factor", "profile_step", "module_depth", "top_modules", "detailed",
+                               "output_file"});
   r.finish();
 
   if (c.data.type == "text" && c.model.vocab_size < kByteVocabSize)

@@ -14,6 +14,7 @@
 #include "so/model/hf_model.h"
 #include "so/model/llama_model.h"
 #include "so/train/checkpoint.h"
+#include "so/train/csv_monitor.h"
 #include "so/train/decay_groups.h"
 #include "so/train/memory_plan.h"
 #include "so/train/metrics.h"
@@ -189,6 +190,8 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   }
 
   MetricsSink sink(lead ? opts.metrics_path : "", opts.quiet);
+  CsvMonitor monitor(cfg.csv_monitor, lead);
+  if (!monitor.directory().empty()) log_info(str_cat("csv_monitor: DeepSpeed's CSV files in ", monitor.directory()));
   const double run_start = now_seconds();
   TrainSummary summary;
   double tokens_per_s_sum = 0.0, step_sum = 0.0, exposed_sum = 0.0, busy_sum = 0.0;
@@ -254,6 +257,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   for (int64_t step = state.iteration + 1; step <= cfg.steps; ++step) {
     if (step == opts.profile_first) backend->profile_range(true);
     const double lr = cfg.schedule.lr_at(engine.steps_taken());
+    const int64_t samples_before = sample;
     engine.begin_step(lr, static_cast<int>(batch.accumulation));
     model.zero_loss();
     // Data-parallel ranks read disjoint samples: each global micro-batch is dp_size x micro_batch
@@ -290,6 +294,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     summary.last_loss = loss;
     summary.losses.push_back(loss_sum);
     summary.steps = step;
+    monitor.step_events(samples_before, loss_sum, sample, cfg.schedule.lr_at(engine.steps_taken()));
     const StepGuard::Verdict verdict = guard.observe(step, loss_sum, r.skipped);
     if (lead && !verdict.warning.empty()) log_warn(verdict.warning);
     if (!verdict.stop.empty()) stop_diverged(verdict.stop);
