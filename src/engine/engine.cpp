@@ -511,7 +511,7 @@ void Engine::with_frozen(size_t b, const FrozenReader& read) {
 
 // ---- the step ---------------------------------------------------------------------------------
 
-void Engine::begin_step(double lr, int micro_batches) {
+void Engine::begin_step(double lr, int micro_batches, std::optional<std::pair<double, double>> betas) {
   SO_CHECK(micro_batches > 0, "engine: a step needs at least one micro-batch, got ", micro_batches);
   ++iteration_;
   micro_batches_ = micro_batches;
@@ -522,6 +522,7 @@ void Engine::begin_step(double lr, int micro_batches) {
   Stream& compute = backend_.stream(StreamKind::Compute);
   spec_hp_ = opts_.adam;
   spec_hp_.lr = lr;
+  if (betas) spec_hp_.beta1 = betas->first, spec_hp_.beta2 = betas->second;
   spec_hp_.step = steps_ + 1;
   speculating_ = opts_.offload.mode == OffloadMode::SuperOffload &&
                  (opts_.offload.speculation == Speculation::Always || !last_step_redone_);

@@ -34,18 +34,25 @@ double wsd_factor(const LrSchedule& s, int64_t step) {
   return s.min_lr_ratio;
 }
 
+// OneCycle's _get_scale_factor() with last_batch_iteration = step - 1: 0 -> 1 -> 0 over the cycle.
+double one_cycle_scale(const LrSchedule& s, int64_t step) {
+  const double total = s.cycle_first_step_size + s.cycle_second_step_size;
+  const double ratio = s.cycle_first_step_size / total;
+  const double batch = static_cast<double>(step);
+  const double cycle = std::floor(1.0 + batch / total);
+  const double x = 1.0 + batch / total - cycle;
+  return x <= ratio ? x / ratio : (x - 1.0) / (ratio - 1.0);
+}
+
+bool in_cycle(const LrSchedule& s, int64_t step) {
+  return static_cast<double>(step - 1) < s.cycle_first_step_size + s.cycle_second_step_size;
+}
+
 // DeepSpeed's OneCycle.get_lr() with last_batch_iteration = step - 1.
 double one_cycle(const LrSchedule& s, int64_t step) {
   const double total = s.cycle_first_step_size + s.cycle_second_step_size;
   const int64_t last = step - 1;
-  if (static_cast<double>(last) < total) {
-    const double ratio = s.cycle_first_step_size / total;
-    const double batch = static_cast<double>(step);
-    const double cycle = std::floor(1.0 + batch / total);
-    const double x = 1.0 + batch / total - cycle;
-    const double scale = x <= ratio ? x / ratio : (x - 1.0) / (ratio - 1.0);
-    return s.cycle_min_lr + (s.cycle_max_lr - s.cycle_min_lr) * scale;
-  }
+  if (in_cycle(s, step)) return s.cycle_min_lr + (s.cycle_max_lr - s.cycle_min_lr) * one_cycle_scale(s, step);
   if (s.decay_step_size == 0) return s.cycle_min_lr;
   const double decay_interval = (static_cast<double>(last) - total + 1.0) / static_cast<double>(s.decay_step_size);
   return s.cycle_min_lr / (1.0 + s.decay_lr_rate * decay_interval);
@@ -57,6 +64,14 @@ double range_test(const LrSchedule& s, int64_t step) {
   return s.range_min_lr * (1.0 + s.range_step_rate * (s.range_staircase ? std::floor(interval) : interval));
 }
 }  // namespace
+
+std::optional<std::pair<double, double>> LrSchedule::betas_at(int64_t step) const {
+  if (type != "OneCycle" || !cycle_momentum) return std::nullopt;
+  constexpr double kBeta2 = 0.99;  // DeepSpeed's OneCycle sets betas to (momentum, 0.99)
+  if (step == 0) return std::make_pair(cycle_min_mom, kBeta2);
+  if (!in_cycle(*this, step)) return std::make_pair(cycle_max_mom, kBeta2);  // decay_mom_rate 0: no decay
+  return std::make_pair(cycle_max_mom - (cycle_max_mom - cycle_min_mom) * one_cycle_scale(*this, step), kBeta2);
+}
 
 double LrSchedule::lr_at(int64_t step) const {
   if (type == "constant") return base_lr;

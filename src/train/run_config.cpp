@@ -99,11 +99,16 @@ void parse_one_cycle(JsonReader& p, LrSchedule& s) {
       p.fail(k, "asks for a staircase cycle, which so_train does not implement; give 0 or leave it out");
     p.accept(k);
   }
-  // Momentum cycling changes Adam's beta1 every step; so_train keeps the configured betas.
-  if (p.get<bool>("cycle_momentum", true))
-    p.fail("cycle_momentum", "is true (DeepSpeed's default: beta1 cycled between cycle_max_mom and cycle_min_mom); "
-                             "so_train keeps optimizer.params.betas fixed: set cycle_momentum false");
-  for (const char* k : {"cycle_min_mom", "cycle_max_mom", "decay_mom_rate"}) p.accept(k);
+  s.cycle_momentum = p.get<bool>("cycle_momentum", true);  // DeepSpeed's default
+  s.cycle_min_mom = p.get<double>("cycle_min_mom", s.cycle_min_mom);
+  s.cycle_max_mom = p.get<double>("cycle_max_mom", s.cycle_max_mom);
+  if (!(s.cycle_min_mom >= 0 && s.cycle_max_mom < 1 && s.cycle_min_mom <= s.cycle_max_mom))
+    p.fail("cycle_min_mom", str_cat("is ", s.cycle_min_mom, " and cycle_max_mom ", s.cycle_max_mom,
+                                    "; Adam's beta1 needs 0 <= cycle_min_mom <= cycle_max_mom < 1"));
+  // DeepSpeed multiplies beta1 by (1 + rate x steps) after the cycle: it passes 1, and Adam breaks.
+  if (p.get<double>("decay_mom_rate", 0.0) != 0.0 && s.cycle_momentum)
+    p.fail("decay_mom_rate", "is not 0: DeepSpeed's momentum decay grows beta1 by (1 + rate x steps) until it passes 1; "
+                             "give 0 (beta1 stays at cycle_max_mom after the cycle)");
 }
 
 // DeepSpeed's LRRangeTest.

@@ -258,7 +258,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     if (step == opts.profile_first) backend->profile_range(true);
     const double lr = cfg.schedule.lr_at(engine.steps_taken());
     const int64_t samples_before = sample;
-    engine.begin_step(lr, static_cast<int>(batch.accumulation));
+    engine.begin_step(lr, static_cast<int>(batch.accumulation), cfg.schedule.betas_at(engine.steps_taken()));
     model.zero_loss();
     // Data-parallel ranks read disjoint samples: each global micro-batch is dp_size x micro_batch
     // consecutive samples, this rank taking its share; sequence-parallel ranks take their slice

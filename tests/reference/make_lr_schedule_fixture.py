@@ -9,7 +9,8 @@ optimizer step, so step k runs with get_lr() at last_batch_iteration = k - 1. Ea
 real torch optimizer, and the lr it holds at each optimizer.step() is what is stored.
 
 Layout: one group per case, attrs scheduler_json (the DeepSpeed-style "scheduler" section as
-so_train reads it) and lr (optimizer.params.lr); dataset lr [STEPS] float64.
+so_train reads it) and lr (optimizer.params.lr); datasets lr [STEPS] and betas [STEPS, 2] float64
+(the optimizer's (0.9, 0.999) unless the schedule sets them: OneCycle's cycle_momentum).
 
 Usage (from the repository root, with the project's Python, $SO_PYTHON):
     python tests/reference/make_lr_schedule_fixture.py [--out tests/reference/fixtures/lr_schedules.h5]
@@ -27,10 +28,11 @@ STEPS = 120  # past the end of every schedule: the tails are compared too
 
 
 class OneCycle:
-    """DeepSpeed's OneCycle, learning rate only (cycle_momentum false)."""
+    """DeepSpeed's OneCycle (momentum decay left out: so_train refuses a non-zero decay_mom_rate)."""
 
     def __init__(self, optimizer, cycle_min_lr, cycle_max_lr, decay_lr_rate=0.0, cycle_first_step_size=2000,
-                 cycle_second_step_size=None, decay_step_size=0, last_batch_iteration=-1):
+                 cycle_second_step_size=None, decay_step_size=0, cycle_momentum=True, cycle_min_mom=0.8,
+                 cycle_max_mom=0.9, last_batch_iteration=-1):
         self.optimizer = optimizer
         first = float(cycle_first_step_size)
         second = float(cycle_second_step_size) if cycle_second_step_size is not None else first
@@ -44,7 +46,20 @@ class OneCycle:
         if last_batch_iteration == -1:
             for lr, group in zip(self.min_lrs, optimizer.param_groups):
                 group["lr"] = lr
+        self.cycle_momentum = cycle_momentum and "betas" in optimizer.defaults
+        if self.cycle_momentum:
+            self.min_moms = [(cycle_min_mom, 0.99)] * len(optimizer.param_groups)
+            self.max_moms = [(cycle_max_mom, 0.99)] * len(optimizer.param_groups)
+            if last_batch_iteration == -1:
+                for momentum, group in zip(self.min_moms, optimizer.param_groups):
+                    group["betas"] = momentum
         self.last_batch_iteration = last_batch_iteration
+
+    def get_mom(self):
+        if self.last_batch_iteration < self.total_size:
+            scale = self._get_scale_factor()
+            return [(hi[0] - (hi[0] - lo[0]) * scale, lo[1]) for lo, hi in zip(self.min_moms, self.max_moms)]
+        return self.max_moms
 
     def _get_scale_factor(self):
         batch_iteration = self.last_batch_iteration + 1
@@ -67,6 +82,9 @@ class OneCycle:
         self.last_batch_iteration += 1
         for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
             group["lr"] = lr
+        if self.cycle_momentum:
+            for group, momentum in zip(self.optimizer.param_groups, self.get_mom()):
+                group["betas"] = momentum
 
 
 class LRRangeTest:
@@ -112,6 +130,9 @@ CASES = {
         "decay_step_size": 5, "decay_lr_rate": 0.1, "cycle_momentum": False}}),
     "one_cycle_symmetric_no_decay": (1.0, {"type": "OneCycle", "params": {
         "cycle_min_lr": 3e-4, "cycle_max_lr": 3e-3, "cycle_first_step_size": 25, "cycle_momentum": False}}),
+    "one_cycle_momentum": (1.0, {"type": "OneCycle", "params": {  # cycle_momentum: DeepSpeed's default true
+        "cycle_min_lr": 1e-4, "cycle_max_lr": 1e-2, "cycle_first_step_size": 15, "cycle_second_step_size": 25,
+        "cycle_min_mom": 0.85, "cycle_max_mom": 0.95}}),
     "range_test_continuous": (1.0, {"type": "LRRangeTest", "params": {
         "lr_range_test_min_lr": 1e-4, "lr_range_test_step_size": 10, "lr_range_test_step_rate": 0.5}}),
     "range_test_staircase": (1.0, {"type": "LRRangeTest", "params": {
@@ -124,21 +145,22 @@ def scheduler(optimizer, section):
     p = dict(section["params"])
     if section["type"] == "WSD":
         return transformers.get_wsd_schedule(optimizer, **p)
-    p.pop("cycle_momentum", None)
     return (OneCycle if section["type"] == "OneCycle" else LRRangeTest)(optimizer, **p)
 
 
-def lrs(base_lr, section):
+def run(base_lr, section):
+    """The lr and betas each optimizer step runs with."""
     w = torch.nn.Parameter(torch.zeros(1))
-    opt = torch.optim.SGD([w], lr=base_lr)
+    opt = torch.optim.AdamW([w], lr=base_lr, betas=(0.9, 0.999))
     sched = scheduler(opt, section)
-    out = []
+    lr, betas = [], []
     for _ in range(STEPS):
-        out.append(opt.param_groups[0]["lr"])  # the lr this optimizer step runs with
+        lr.append(opt.param_groups[0]["lr"])
+        betas.append(opt.param_groups[0]["betas"])
         w.grad = torch.zeros(1)
         opt.step()
         sched.step()
-    return np.asarray(out, np.float64)
+    return np.asarray(lr, np.float64), np.asarray(betas, np.float64)
 
 
 def main():
@@ -152,7 +174,7 @@ def main():
             g = f.create_group(name)
             g.attrs["scheduler_json"] = json.dumps(section)
             g.attrs["lr"] = float(base_lr)
-            g["lr"] = lrs(base_lr, section)
+            g["lr"], g["betas"] = run(base_lr, section)
     print(f"wrote {a.out}: {len(CASES)} schedules x {STEPS} steps")
 
 

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -168,8 +169,9 @@ class Engine final : public ParamStore, public ModelHooks {
   }
 
   // Opens a step: zeroes the gradients and fixes the learning rate the (speculative) CPU steps
-  // use. The last of `micro_batches` backward passes hands the gradients to the optimizer.
-  void begin_step(double lr, int micro_batches = 1);
+  // use, and Adam's (beta1, beta2) when a schedule sets them (OneCycle's momentum cycle; none: the
+  // configured betas). The last of `micro_batches` backward passes hands the gradients to the optimizer.
+  void begin_step(double lr, int micro_batches = 1, std::optional<std::pair<double, double>> betas = std::nullopt);
   // Validates (global norm, finite check) and applies the step. Skipped steps change nothing,
   // not even the step count.
   StepResult end_step();

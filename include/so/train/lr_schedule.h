@@ -2,7 +2,9 @@
 // Learning-rate schedules with DeepSpeed's names and meanings (scheduler.type / .params), and WSD
 // with Hugging Face's (transformers.get_wsd_schedule).
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 
 namespace so {
 
@@ -31,6 +33,11 @@ struct LrSchedule {
   double cycle_min_lr = 0.0, cycle_max_lr = 0.0, decay_lr_rate = 0.0;
   double cycle_first_step_size = 2000, cycle_second_step_size = 2000;
   int64_t decay_step_size = 0;
+  // OneCycle's cycle_momentum: Adam's beta1 cycled inversely to the lr, from cycle_max_mom down to
+  // cycle_min_mom and back, beta2 set to 0.99 (DeepSpeed's fixed second value); the first step runs
+  // at (cycle_min_mom, 0.99), as DeepSpeed's constructor sets it, and after the cycle at cycle_max_mom.
+  bool cycle_momentum = false;
+  double cycle_min_mom = 0.8, cycle_max_mom = 0.9;
 
   // LRRangeTest: lr_range_test_min_lr x (1 + step_rate x step / step_size), step / step_size
   // floored when staircase.
@@ -43,6 +50,9 @@ struct LrSchedule {
   // = step for the Warmup* family (as so_train has always read them); for WSD the LambdaLR factor of
   // step `step` times base_lr.
   double lr_at(int64_t step) const;
+  // Adam's (beta1, beta2) of optimizer step `step` when the schedule sets them (OneCycle with
+  // cycle_momentum); none: optimizer.params.betas.
+  std::optional<std::pair<double, double>> betas_at(int64_t step) const;
 };
 
 }  // namespace so
