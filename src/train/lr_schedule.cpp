@@ -6,12 +6,34 @@
 namespace so {
 
 namespace {
-// DeepSpeed's warm-up shape: log(step+1)/log(warmup) or step/warmup.
-double warmup_fraction(const LrSchedule& s, int64_t step) {
-  if (s.warmup_steps <= 0) return 1.0;
-  if (s.warmup_type == "linear") return static_cast<double>(step) / s.warmup_steps;
-  if (s.warmup_steps <= 1) return 1.0;
-  return std::log(static_cast<double>(step + 1)) / std::log(static_cast<double>(s.warmup_steps));
+// DeepSpeed's Warmup* family (WarmupLR, WarmupDecayLR, WarmupCosineLR in lr_schedules.py): get_lr()
+// at last_batch_iteration = step - 1, DeepSpeed's engine calling the scheduler's step() after each
+// optimizer step; the first step runs with what the constructor sets, get_lr() at -1 (warmup_min_lr;
+// WarmupCosineLR: 0). The warm-up lasts max(2, warmup_num_steps) steps, as DeepSpeed clamps it.
+double warmup_gamma(const LrSchedule& s, int64_t last, int64_t warmup) {
+  if (s.warmup_type == "linear") return static_cast<double>(last) / static_cast<double>(warmup);
+  return std::log(static_cast<double>(last + 1)) / std::log(static_cast<double>(warmup));
+}
+
+double warmup_family(const LrSchedule& s, int64_t step) {
+  const int64_t last = step - 1, warmup = std::max<int64_t>(2, s.warmup_steps);
+  if (s.type == "WarmupCosineLR") {
+    if (last < 0) return 0.0;
+    if (last < warmup)
+      return s.base_lr * (s.warmup_min_ratio + (1.0 - s.warmup_min_ratio) * warmup_gamma(s, last, warmup));
+    // Not clamped at total_num_steps: past it the cosine rises again, as DeepSpeed's does.
+    const double done = static_cast<double>(last - warmup + 1), span = static_cast<double>(s.total_steps - warmup);
+    const double cosine = (1.0 + std::cos(M_PI * done / span)) / 2.0;
+    return s.base_lr * std::max(0.0, s.cos_min_ratio + (1.0 - s.cos_min_ratio) * cosine);
+  }
+  if (last < 0) return s.warmup_min_lr;
+  double gamma = 1.0;  // WarmupLR after its warm-up
+  if (last < warmup)
+    gamma = warmup_gamma(s, last, warmup);
+  else if (s.type == "WarmupDecayLR")
+    gamma = std::max(0.0, static_cast<double>(s.total_steps - last) /
+                              std::max(1.0, static_cast<double>(s.total_steps - warmup)));
+  return s.warmup_min_lr + (s.warmup_max_lr - s.warmup_min_lr) * gamma;
 }
 
 // transformers' _get_wsd_scheduler_lambda, term for term.
@@ -78,22 +100,7 @@ double LrSchedule::lr_at(int64_t step) const {
   if (type == "WSD") return base_lr * wsd_factor(*this, step);
   if (type == "OneCycle") return one_cycle(*this, step);
   if (type == "LRRangeTest") return range_test(*this, step);
-  if (type == "WarmupLR") {
-    if (step >= warmup_steps) return warmup_max_lr;
-    return warmup_min_lr + (warmup_max_lr - warmup_min_lr) * warmup_fraction(*this, step);
-  }
-  if (type == "WarmupDecayLR") {
-    if (step < warmup_steps) return warmup_min_lr + (warmup_max_lr - warmup_min_lr) * warmup_fraction(*this, step);
-    const double remaining = static_cast<double>(total_steps - step) / std::max<int64_t>(1, total_steps - warmup_steps);
-    return warmup_max_lr * std::max(0.0, remaining);
-  }
-  // WarmupCosineLR: ratios of base_lr.
-  if (step < warmup_steps)
-    return base_lr * (warmup_min_ratio + (1.0 - warmup_min_ratio) * warmup_fraction(*this, step));
-  const double done = static_cast<double>(step - warmup_steps + 1);
-  const double span = static_cast<double>(std::max<int64_t>(1, total_steps - warmup_steps));
-  const double cosine = (1.0 + std::cos(M_PI * std::min(1.0, done / span))) / 2.0;
-  return base_lr * std::max(0.0, cos_min_ratio + (1.0 - cos_min_ratio) * cosine);
+  return warmup_family(*this, step);  // WarmupLR, WarmupDecayLR, WarmupCosineLR
 }
 
 }  // namespace so

@@ -1,5 +1,6 @@
 #include "so/train/run_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <initializer_list>
@@ -185,6 +186,10 @@ void parse_scheduler(JsonReader r, RunConfig& c) {
     }
     if (s.type != "WarmupLR" && s.total_steps < s.warmup_steps)
       p.fail("total_num_steps", "is smaller than warmup_num_steps");
+    // DeepSpeed divides by the cosine's length, total_num_steps - max(2, warmup_num_steps).
+    if (s.type == "WarmupCosineLR" && s.total_steps <= std::max<int64_t>(2, s.warmup_steps))
+      p.fail("total_num_steps", str_cat("is ", s.total_steps, "; the cosine phase after the warm-up (at least 2 steps ",
+                                        "in DeepSpeed) would be empty"));
   }
   p.accept("last_batch_iteration");
   p.finish();

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Generate tests/reference/fixtures/lr_schedules.h5: the learning rate of every step of WSD, OneCycle
-and LRRangeTest schedules, as a training loop applies them.
+"""Generate tests/reference/fixtures/lr_schedules.h5: the learning rate of every step of WSD and of
+DeepSpeed's schedules (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest), as a
+training loop applies them.
 
-WSD comes from transformers itself (get_wsd_schedule, a LambdaLR). OneCycle and LRRangeTest are
-written below from DeepSpeed's deepspeed/runtime/lr_schedules.py (not installed here): their
-constructors set the first step's learning rate, and DeepSpeed's engine calls step() after each
-optimizer step, so step k runs with get_lr() at last_batch_iteration = k - 1. Each schedule drives a
+WSD comes from transformers itself (get_wsd_schedule, a LambdaLR). DeepSpeed's are written below
+from deepspeed/runtime/lr_schedules.py (DeepSpeed is not installed here): their constructors set the
+first step's learning rate, and DeepSpeed's engine calls step() after each optimizer step, so step k
+runs with get_lr() at last_batch_iteration = k - 1. Each schedule drives a
 real torch optimizer, and the lr it holds at each optimizer.step() is what is stored.
 
 Layout: one group per case, attrs scheduler_json (the DeepSpeed-style "scheduler" section as
@@ -87,6 +88,79 @@ class OneCycle:
                 group["betas"] = momentum
 
 
+class WarmupLR:
+    """DeepSpeed's WarmupLR and, with total_num_steps, WarmupDecayLR."""
+
+    def __init__(self, optimizer, warmup_min_lr=0.0, warmup_max_lr=0.001, warmup_num_steps=1000,
+                 warmup_type="log", total_num_steps=None, last_batch_iteration=-1):
+        self.optimizer = optimizer
+        self.min_lr, self.max_lr = warmup_min_lr, warmup_max_lr
+        self.warmup_num_steps = max(2, warmup_num_steps)
+        self.warmup_type = warmup_type
+        self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
+        self.total_num_steps = total_num_steps
+        self.last_batch_iteration = last_batch_iteration
+        if last_batch_iteration == -1:
+            optimizer.param_groups[0]["lr"] = self.get_lr()
+
+    def gamma(self):
+        if self.last_batch_iteration < self.warmup_num_steps:
+            if self.warmup_type == "log":
+                return self.inverse_log_warm_up * math.log(self.last_batch_iteration + 1)
+            return self.last_batch_iteration / self.warmup_num_steps
+        if self.total_num_steps is None:
+            return 1.0
+        return max(0.0, float(self.total_num_steps - self.last_batch_iteration) /
+                   float(max(1.0, self.total_num_steps - self.warmup_num_steps)))
+
+    def get_lr(self):
+        if self.last_batch_iteration < 0:
+            return self.min_lr
+        return self.min_lr + (self.max_lr - self.min_lr) * self.gamma()
+
+    def step(self):
+        self.last_batch_iteration += 1
+        self.optimizer.param_groups[0]["lr"] = self.get_lr()
+
+
+class WarmupCosineLR:
+    """DeepSpeed's WarmupCosineLR: ratios of the optimizer's lr."""
+
+    def __init__(self, optimizer, total_num_steps, warmup_min_ratio=0.0, warmup_num_steps=1000,
+                 cos_min_ratio=0.0001, warmup_type="log", last_batch_iteration=-1):
+        self.optimizer = optimizer
+        self.total_num_steps = total_num_steps
+        self.warmup_min_ratio, self.cos_min_ratio = warmup_min_ratio, cos_min_ratio
+        self.warmup_num_steps = max(2, warmup_num_steps)
+        self.warmup_type = warmup_type
+        self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
+        self.org_lr = optimizer.param_groups[0]["lr"]
+        self.last_batch_iteration = last_batch_iteration
+        if last_batch_iteration == -1:
+            optimizer.param_groups[0]["lr"] = self.get_lr()
+
+    def ratio(self):
+        if self.last_batch_iteration < self.warmup_num_steps:
+            if self.warmup_type == "log":
+                r = self.inverse_log_warm_up * math.log(self.last_batch_iteration + 1)
+            else:
+                r = self.last_batch_iteration / self.warmup_num_steps
+            return self.warmup_min_ratio + r * (1.0 - self.warmup_min_ratio)
+        real_last_step = self.last_batch_iteration - self.warmup_num_steps + 1
+        real_total_steps = self.total_num_steps - self.warmup_num_steps
+        r = (1 + math.cos(math.pi * real_last_step / real_total_steps)) / 2
+        return max(0.0, self.cos_min_ratio + (1.0 - self.cos_min_ratio) * r)
+
+    def get_lr(self):
+        if self.last_batch_iteration < 0:
+            return 0.0
+        return self.org_lr * self.ratio()
+
+    def step(self):
+        self.last_batch_iteration += 1
+        self.optimizer.param_groups[0]["lr"] = self.get_lr()
+
+
 class LRRangeTest:
     """DeepSpeed's LRRangeTest."""
 
@@ -133,6 +207,17 @@ CASES = {
     "one_cycle_momentum": (1.0, {"type": "OneCycle", "params": {  # cycle_momentum: DeepSpeed's default true
         "cycle_min_lr": 1e-4, "cycle_max_lr": 1e-2, "cycle_first_step_size": 15, "cycle_second_step_size": 25,
         "cycle_min_mom": 0.85, "cycle_max_mom": 0.95}}),
+    "warmup_lr_log": (1.0, {"type": "WarmupLR", "params": {
+        "warmup_min_lr": 1e-5, "warmup_max_lr": 3e-3, "warmup_num_steps": 20}}),
+    "warmup_lr_linear_no_warmup": (1.0, {"type": "WarmupLR", "params": {
+        "warmup_min_lr": 2e-4, "warmup_max_lr": 1e-3, "warmup_num_steps": 0, "warmup_type": "linear"}}),
+    "warmup_decay_lr_linear": (1.0, {"type": "WarmupDecayLR", "params": {
+        "warmup_min_lr": 1e-4, "warmup_max_lr": 2e-3, "warmup_num_steps": 15, "warmup_type": "linear",
+        "total_num_steps": 100}}),
+    "warmup_cosine_lr_log": (3e-3, {"type": "WarmupCosineLR", "params": {
+        "warmup_num_steps": 12, "total_num_steps": 90, "warmup_min_ratio": 0.1, "cos_min_ratio": 0.05}}),
+    "warmup_cosine_lr_linear": (1e-3, {"type": "WarmupCosineLR", "params": {
+        "warmup_num_steps": 30, "warmup_type": "linear", "total_num_steps": 400, "cos_min_ratio": 0.1}}),
     "range_test_continuous": (1.0, {"type": "LRRangeTest", "params": {
         "lr_range_test_min_lr": 1e-4, "lr_range_test_step_size": 10, "lr_range_test_step_rate": 0.5}}),
     "range_test_staircase": (1.0, {"type": "LRRangeTest", "params": {
@@ -145,6 +230,10 @@ def scheduler(optimizer, section):
     p = dict(section["params"])
     if section["type"] == "WSD":
         return transformers.get_wsd_schedule(optimizer, **p)
+    if section["type"] in ("WarmupLR", "WarmupDecayLR"):
+        return WarmupLR(optimizer, **p)
+    if section["type"] == "WarmupCosineLR":
+        return WarmupCosineLR(optimizer, **p)
     return (OneCycle if section["type"] == "OneCycle" else LRRangeTest)(optimizer, **p)
 
 

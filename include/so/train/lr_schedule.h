@@ -45,10 +45,9 @@ struct LrSchedule {
   bool range_staircase = false;
 
   // Learning rate of optimizer step `step` (0-based: the number of steps already applied). For
-  // DeepSpeed's schedules that is get_lr() with last_batch_iteration = step - 1 for OneCycle and
-  // LRRangeTest (their constructors set the first step's lr, their step() the next one's) and
-  // = step for the Warmup* family (as so_train has always read them); for WSD the LambdaLR factor of
-  // step `step` times base_lr.
+  // DeepSpeed's schedules that is get_lr() with last_batch_iteration = step - 1 (their constructors
+  // set the first step's lr, DeepSpeed's engine calls step() after each optimizer step); for WSD the
+  // LambdaLR factor of step `step` times base_lr.
   double lr_at(int64_t step) const;
   // Adam's (beta1, beta2) of optimizer step `step` when the schedule sets them (OneCycle with
   // cycle_momentum); none: optimizer.params.betas.
