@@ -253,7 +253,7 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
     void* dlogits = t.alloc(R * V * 2);
     const int32_t* tg = t.ints(std::vector<int32_t>(tokens.begin(), tokens.begin() + R));
     tab.bytes("cross_entropy (+dlogits)", dims({R, V}) + " fp32 -> bf16",
-              timed([&] { ops.cross_entropy(s, loss, dlogits, logits, tg, R, V, 1.0f / R, bf); }),
+              timed([&] { ops.cross_entropy(s, loss, dlogits, logits, tg, R, V, 1.0f / R, 0.0f, bf); }),
               R * V * 4.0 + R * V * 2.0);
   }
   {

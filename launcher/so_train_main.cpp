@@ -48,6 +48,8 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       "set", po::value<std::vector<std::string>>(&sets)->composing(),
       "override a config value: --set optimizer.params.lr=3e-4 (repeatable)")(
       "metrics", po::value<std::string>(&metrics), "append one JSON line per step to this file")(
+      "quiet,q", "short logs: no start-up notes (warnings and errors only) and short step lines (progress, loss, lr, "
+                 "norm, throughput, ETA) every steps_per_print steps")(
       "trace", po::value<std::string>(&trace),
       "write a Chrome/Perfetto trace (compute, D2H, H2D and CPU-optimizer lanes, per bucket) to this file")(
       "profile-steps", po::value<std::string>(&profile_steps),
@@ -88,6 +90,7 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
     if (mpi.world_rank() == 0) std::cout << desc << "\n";
     return 0;
   }
+  if (vm.count("quiet")) so::set_log_level(so::LogLevel::Warn);
   const bool print_binding = vm.count("print-binding") > 0;
   if (config.empty() && !print_binding) throw so::Error("command line: --config FILE is required (see --help)");
   const so::BindOptions bind = so::parse_bind_options(bind_mode, bind_core_list);
@@ -161,6 +164,7 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   auto comm = so::make_mpi_world_communicator();
   so::TrainOptions opts;
   opts.metrics_path = metrics;
+  opts.quiet = vm.count("quiet") > 0;
   opts.trace_path = trace;
   if (save_every < 0) throw so::Error("command line: --save-every must not be negative");
   if (save_every > 0 && save_dir.empty()) throw so::Error("command line: --save-every needs --save-dir");

@@ -81,6 +81,17 @@ std::vector<double> JsonReader::convert<std::vector<double>>(const std::string& 
   }
   return out;
 }
+template <>
+std::vector<std::string> JsonReader::convert<std::vector<std::string>>(const std::string& key,
+                                                                       const nlohmann::json& v) const {
+  if (!v.is_array()) fail(key, str_cat("must be an array of strings, got ", v.type_name()));
+  std::vector<std::string> out;
+  for (const auto& e : v) {
+    if (!e.is_string()) fail(key, str_cat("must be an array of strings, has element ", brief_json(e)));
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
 
 template <typename T>
 T JsonReader::get(const std::string& key, const T& fallback) {
@@ -233,6 +244,8 @@ template float JsonReader::get<float>(const std::string&, const float&);
 template int64_t JsonReader::get<int64_t>(const std::string&, const int64_t&);
 template std::string JsonReader::get<std::string>(const std::string&, const std::string&);
 template std::vector<double> JsonReader::get<std::vector<double>>(const std::string&, const std::vector<double>&);
+template std::vector<std::string> JsonReader::get<std::vector<std::string>>(const std::string&,
+                                                                            const std::vector<std::string>&);
 template bool JsonReader::require<bool>(const std::string&);
 template double JsonReader::require<double>(const std::string&);
 template int64_t JsonReader::require<int64_t>(const std::string&);

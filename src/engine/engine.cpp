@@ -48,6 +48,8 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
   while (first_device_sum_ > 0 && buckets_[first_device_sum_ - 1].ready_unit <= 1) --first_device_sum_;
 
   units_ = bucket_units(layout, buckets_);
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    decay_runs_.push_back(decay_runs(layout, buckets_, shards_, b, opts.no_decay));
 
   const size_t n = static_cast<size_t>(shards_.total), nd = static_cast<size_t>(device_end_);
   const char* suffix = shards_.sharded() ? " (shard)" : "";
@@ -113,6 +115,7 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
       change_state(b, iteration, a, unconditional_step, nullptr, pass);
     };
     oo.host_sums = first_device_sum_;
+    oo.decay_runs.assign(decay_runs_.begin(), decay_runs_.begin() + static_cast<std::ptrdiff_t>(first_device_bucket_));
     for (size_t b : forward_order_)
       if (b < first_device_bucket_) oo.forward_order.push_back(b);
     // The offload pipeline works on this rank's shards: bucket ranges in shard coordinates.
@@ -521,7 +524,7 @@ void Engine::with_frozen(size_t b, const FrozenReader& read) {
 
 // ---- the step ---------------------------------------------------------------------------------
 
-void Engine::begin_step(double lr, int micro_batches) {
+void Engine::begin_step(double lr, int micro_batches, std::optional<std::pair<double, double>> betas) {
   SO_CHECK(micro_batches > 0, "engine: a step needs at least one micro-batch, got ", micro_batches);
   ++iteration_;
   micro_batches_ = micro_batches;
@@ -532,6 +535,7 @@ void Engine::begin_step(double lr, int micro_batches) {
   Stream& compute = backend_.stream(StreamKind::Compute);
   spec_hp_ = opts_.adam;
   spec_hp_.lr = lr;
+  if (betas) spec_hp_.beta1 = betas->first, spec_hp_.beta2 = betas->second;
   spec_hp_.step = steps_ + 1;
   speculating_ = opts_.offload.mode == OffloadMode::SuperOffload &&
                  (opts_.offload.speculation == Speculation::Always || !last_step_redone_);
@@ -717,7 +721,9 @@ void Engine::after_backward(int unit) {
       if (b >= first_device_bucket_ && speculates_on_device(b)) {
         change_state(b, iteration_, device_arrays(b, true), false, &comm, [&](const AdamArrays& a) {
           timeline_.stream_span(comm, Lane::Comm, str_cat("adam (speculative, device) b", b), iteration_, [&] {
-            backend_.ops().adam(comm, AdamCall::Step, a, sh.shard_size, spec_hp_, 1.0f, sum);
+            for_each_decay_run(decay_runs_[b], a, spec_hp_, [&](const AdamArrays& run, int64_t n, const AdamWParams& hp) {
+              backend_.ops().adam(comm, AdamCall::Step, run, n, hp, 1.0f, sum);
+            });
           });
         });
       }
@@ -773,7 +779,6 @@ StepResult Engine::end_step() {
   Stream& comm = backend_.stream(StreamKind::Comm);
   for (size_t b : forward_order_) {
     if (b < first_device_bucket_) continue;
-    const int64_t n = shards_.buckets[b].shard_size;
     const float* guard = bucket_sums_.as<float>() + (b - first);
     const bool speculated = speculates_on_device(b);
     if (speculated && (r.skipped || r.clip_coef != 1.0f)) {
@@ -782,8 +787,11 @@ StepResult Engine::end_step() {
         timeline_.stream_span(comm, Lane::Comm,
                               str_cat(r.skipped ? "rollback (device) b" : "adam (redo, device) b", b), iteration_,
                               [&] {
-                                ops.adam(comm, r.skipped ? AdamCall::Rollback : AdamCall::Redo, a, n, spec_hp_,
-                                         r.clip_coef, guard);
+                                for_each_decay_run(decay_runs_[b], a, spec_hp_, [&](const AdamArrays& run, int64_t n,
+                                                                                    const AdamWParams& hp) {
+                                  ops.adam(comm, r.skipped ? AdamCall::Rollback : AdamCall::Redo, run, n, hp,
+                                           r.clip_coef, guard);
+                                });
                               });
       });
     } else if (!speculated && !r.skipped) {
@@ -791,7 +799,12 @@ StepResult Engine::end_step() {
       hp.grad_scale = r.clip_coef;
       change_state(b, iteration_, device_arrays(b, false), true, &comm, [&](const AdamArrays& a) {
         timeline_.stream_span(comm, Lane::Comm, str_cat("adam (device) b", b), iteration_,
-                              [&] { ops.adam(comm, AdamCall::Step, a, n, hp); });
+                              [&] {
+                                for_each_decay_run(decay_runs_[b], a, hp, [&](const AdamArrays& run, int64_t n,
+                                                                              const AdamWParams& run_hp) {
+                                  ops.adam(comm, AdamCall::Step, run, n, run_hp);
+                                });
+                              });
       });
     }
     backend_.record(*stepped_ev_[b], comm);

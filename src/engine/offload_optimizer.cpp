@@ -37,6 +37,8 @@ OffloadOptimizer::OffloadOptimizer(Backend& backend, std::vector<Bucket> buckets
   for (size_t i = 0; permutation && i < sorted.size(); ++i) permutation = sorted[i] == i;
   SO_CHECK(permutation, "offload optimizer: forward_order is not a permutation of the ", buckets.size(),
            " offloaded buckets");
+  SO_CHECK(opts_.decay_runs.size() == buckets.size(), "offload optimizer: weight-decay runs for ",
+           opts_.decay_runs.size(), " of ", buckets.size(), " buckets");
   for (Bucket& b : buckets) {
     SO_CHECK(b.begin >= base && b.end <= end, "offloaded bucket [", b.begin, ", ", b.end, ") outside [", base, ", ",
              end, ")");
@@ -161,10 +163,12 @@ void OffloadOptimizer::finalize(size_t i, int64_t gen, const AdamWParams& hp, co
       ++rollbacks_;
       const double t0 = now_seconds();
       change_state(i, gen, host_.arrays(offset(i), true), false, [&](const AdamArrays& a) {
-        if (d.skip)
-          adam_.rollback(a, s.bucket.size(), hp);
-        else
-          adam_.redo(a, s.bucket.size(), hp, d.grad_scale);
+        for_each_decay_run(opts_.decay_runs[i], a, hp, [&](const AdamArrays& run, int64_t n, const AdamWParams& run_hp) {
+          if (d.skip)
+            adam_.rollback(run, n, run_hp);
+          else
+            adam_.redo(run, n, run_hp, d.grad_scale);
+        });
       });
       timeline_.host_span(Lane::Optimizer, str_cat(d.skip ? "rollback b" : "adam (redo, clipped) b", i), gen, t0,
                           now_seconds());
@@ -185,7 +189,10 @@ void OffloadOptimizer::apply(size_t i, const AdamWParams& hp, int64_t gen, bool 
   settle_upload(i);
   const double t0 = now_seconds();
   change_state(i, gen, host_.arrays(offset(i), speculative), true,
-               [&](const AdamArrays& a) { adam_.step(a, slots_[i].bucket.size(), hp); });
+               [&](const AdamArrays& a) {
+                 for_each_decay_run(opts_.decay_runs[i], a, hp, [&](const AdamArrays& run, int64_t n,
+                                                                    const AdamWParams& run_hp) { adam_.step(run, n, run_hp); });
+               });
   timeline_.host_span(Lane::Optimizer, str_cat(speculative ? "adam (speculative) b" : "adam b", i), gen, t0,
                       now_seconds());
 }

@@ -511,7 +511,7 @@ void LlamaModel::head_forward_backward(ParamStore& p, float loss_scale, bool bac
     const void* hn_c = at(a.hn.data(), c0 * H, dt);
     ops_.gemm(stream_, false, true, n, V, H, 1.0f, hn_c, w_out, dt, 0.0f, a.logits.data(), DType::F32);
     ops_.cross_entropy(stream_, a.loss.as<float>(), backward ? a.dlogits.data() : nullptr, a.logits.as<float>(),
-                       a.targets.as<int32_t>() + c0, n, V, loss_scale, dt);
+                       a.targets.as<int32_t>() + c0, n, V, loss_scale, opts_.z_loss, dt);
     if (!backward) continue;
     ops_.gemm(stream_, false, false, n, H, V, 1.0f, a.dlogits.data(), w_out, dt, 0.0f, at(a.dhn.data(), c0 * H, dt),
               dt);

@@ -192,6 +192,7 @@ ModelOptions model_options(const RunConfig& cfg, int64_t micro_batch, int sp_siz
   mo.offload_checkpoints = cfg.offload_checkpoints;
   mo.mlp_tile_tokens = cfg.mlp_tile_tokens;
   mo.loss_chunk_tokens = cfg.loss_chunk_tokens;
+  mo.z_loss = cfg.z_loss;
   return mo;
 }
 

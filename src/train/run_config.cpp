@@ -1,7 +1,9 @@
 #include "so/train/run_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <initializer_list>
 
 #include "so/core/error.h"
 #include "so/optim/simd_isa.h"
@@ -75,30 +77,120 @@ void parse_optimizer(JsonReader r, RunConfig& c) {
   r.finish();
 }
 
+// DeepSpeed's OneCycle (deepspeed/runtime/lr_schedules.py), its parameter names and defaults.
+void parse_one_cycle(JsonReader& p, LrSchedule& s) {
+  s.cycle_min_lr = p.require<double>("cycle_min_lr");
+  s.cycle_max_lr = p.require<double>("cycle_max_lr");
+  s.decay_lr_rate = p.get<double>("decay_lr_rate", 0.0);
+  s.cycle_first_step_size = static_cast<double>(p.get_in("cycle_first_step_size", 2000, 1, kMaxSteps));
+  // DeepSpeed takes None (null) for "as long as the first half".
+  const auto given = [&](const char* k) { return p.has(k) && !p.raw().at(k).is_null(); };
+  s.cycle_second_step_size = given("cycle_second_step_size")
+                                 ? static_cast<double>(p.get_in("cycle_second_step_size", 0, 1, kMaxSteps))
+                                 : s.cycle_first_step_size;
+  p.accept("cycle_second_step_size");
+  s.decay_step_size = p.get_in("decay_step_size", 0, 0, kMaxSteps);
+  if (!(s.cycle_min_lr >= 0)) p.fail("cycle_min_lr", str_cat("is ", s.cycle_min_lr, "; it must be >= 0"));
+  if (!(s.cycle_max_lr >= s.cycle_min_lr))
+    p.fail("cycle_max_lr", str_cat("is ", s.cycle_max_lr, ", below cycle_min_lr (", s.cycle_min_lr, ")"));
+  if (!(s.decay_lr_rate >= 0)) p.fail("decay_lr_rate", str_cat("is ", s.decay_lr_rate, "; it must be >= 0"));
+  // A staircase is refused rather than ignored.
+  for (const char* k : {"cycle_first_stair_count", "cycle_second_stair_count"}) {
+    if (given(k) && p.get<int64_t>(k, 0) != 0)
+      p.fail(k, "asks for a staircase cycle, which so_train does not implement; give 0 or leave it out");
+    p.accept(k);
+  }
+  s.cycle_momentum = p.get<bool>("cycle_momentum", true);  // DeepSpeed's default
+  s.cycle_min_mom = p.get<double>("cycle_min_mom", s.cycle_min_mom);
+  s.cycle_max_mom = p.get<double>("cycle_max_mom", s.cycle_max_mom);
+  if (!(s.cycle_min_mom >= 0 && s.cycle_max_mom < 1 && s.cycle_min_mom <= s.cycle_max_mom))
+    p.fail("cycle_min_mom", str_cat("is ", s.cycle_min_mom, " and cycle_max_mom ", s.cycle_max_mom,
+                                    "; Adam's beta1 needs 0 <= cycle_min_mom <= cycle_max_mom < 1"));
+  // DeepSpeed multiplies beta1 by (1 + rate x steps) after the cycle: it passes 1, and Adam breaks.
+  if (p.get<double>("decay_mom_rate", 0.0) != 0.0 && s.cycle_momentum)
+    p.fail("decay_mom_rate", "is not 0: DeepSpeed's momentum decay grows beta1 by (1 + rate x steps) until it passes 1; "
+                             "give 0 (beta1 stays at cycle_max_mom after the cycle)");
+}
+
+// DeepSpeed's LRRangeTest.
+void parse_range_test(JsonReader& p, LrSchedule& s) {
+  s.range_min_lr = p.get<double>("lr_range_test_min_lr", 1e-3);
+  s.range_step_size = static_cast<double>(p.get_in("lr_range_test_step_size", 2000, 1, kMaxSteps));
+  s.range_step_rate = p.get<double>("lr_range_test_step_rate", 1.0);
+  s.range_staircase = p.get<bool>("lr_range_test_staircase", false);
+  if (!(s.range_min_lr > 0)) p.fail("lr_range_test_min_lr", str_cat("is ", s.range_min_lr, "; it must be > 0"));
+  if (!(s.range_step_rate >= 0))
+    p.fail("lr_range_test_step_rate", str_cat("is ", s.range_step_rate, "; it must be >= 0"));
+}
+
+// Warmup-stable-decay with transformers.get_wsd_schedule's names: the stable phase given, or what
+// num_training_steps leaves of it.
+void parse_wsd(JsonReader& p, LrSchedule& s) {
+  s.warmup_steps = p.get_in("num_warmup_steps", 0, 0, kMaxSteps);
+  if (!p.has("num_decay_steps")) p.fail("num_decay_steps", "is required");
+  s.decay_steps = p.get_in("num_decay_steps", 0, 0, kMaxSteps);
+  if (p.has("num_stable_steps") == p.has("num_training_steps"))
+    p.fail("num_stable_steps", "or num_training_steps: give exactly one (the stable phase, or the whole run it is the rest of)");
+  if (p.has("num_stable_steps")) {
+    s.stable_steps = p.get_in("num_stable_steps", 0, 0, kMaxSteps);
+  } else {
+    const int64_t total = p.get_in("num_training_steps", 0, 0, kMaxSteps);
+    s.stable_steps = total - s.warmup_steps - s.decay_steps;
+    if (s.stable_steps < 0)
+      p.fail("num_training_steps", str_cat("is ", total, ", fewer than num_warmup_steps + num_decay_steps (", s.warmup_steps,
+                                           " + ", s.decay_steps, "): the phases do not fit"));
+  }
+  const auto shape = [&](const char* key, const char* fallback) {
+    const std::string v = p.get<std::string>(key, fallback);
+    if (v != "linear" && v != "cosine" && v != "1-sqrt") p.fail(key, "is '" + v + "'; choose linear, cosine or 1-sqrt");
+    return v;
+  };
+  s.warmup_type = shape("warmup_type", "linear");
+  s.decay_type = shape("decay_type", "cosine");
+  s.min_lr_ratio = p.get<double>("min_lr_ratio", 0.0);
+  if (!(s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1))
+    p.fail("min_lr_ratio", str_cat("is ", s.min_lr_ratio, "; it must be in [0, 1] (a fraction of optimizer.params.lr)"));
+  s.num_cycles = p.get<double>("num_cycles", 0.5);
+  if (!(s.num_cycles > 0)) p.fail("num_cycles", str_cat("is ", s.num_cycles, "; it must be > 0"));
+}
+
 void parse_scheduler(JsonReader r, RunConfig& c) {
   LrSchedule& s = c.schedule;
   s.type = r.require<std::string>("type");
-  if (s.type != "WarmupLR" && s.type != "WarmupCosineLR" && s.type != "WarmupDecayLR")
-    r.fail("type", "is '" + s.type + "'; supported: WarmupLR, WarmupCosineLR, WarmupDecayLR");
+  if (s.type != "WarmupLR" && s.type != "WarmupCosineLR" && s.type != "WarmupDecayLR" && s.type != "OneCycle" &&
+      s.type != "LRRangeTest" && s.type != "WSD")
+    r.fail("type", "is '" + s.type + "'; supported: WarmupLR, WarmupCosineLR, WarmupDecayLR, OneCycle, LRRangeTest, WSD");
   JsonReader p = r.child("params");
-  s.warmup_steps = p.get_in("warmup_num_steps", 1000, 0, kMaxSteps);
-  s.warmup_type = p.get<std::string>("warmup_type", "log");
-  if (s.warmup_type != "log" && s.warmup_type != "linear") p.fail("warmup_type", "must be 'log' or 'linear'");
-  if (s.type == "WarmupCosineLR") {
-    s.total_steps = p.get_in("total_num_steps", -1, 1, kMaxSteps);
-    if (s.total_steps < 0) p.fail("total_num_steps", "is required");
-    s.warmup_min_ratio = p.get<double>("warmup_min_ratio", 0.0);
-    s.cos_min_ratio = p.get<double>("cos_min_ratio", 0.0001);
+  if (s.type == "OneCycle") {
+    parse_one_cycle(p, s);
+  } else if (s.type == "LRRangeTest") {
+    parse_range_test(p, s);
+  } else if (s.type == "WSD") {
+    parse_wsd(p, s);
   } else {
-    s.warmup_min_lr = p.get<double>("warmup_min_lr", 0.0);
-    s.warmup_max_lr = p.get<double>("warmup_max_lr", 0.001);
-    if (s.type == "WarmupDecayLR") {
+    s.warmup_steps = p.get_in("warmup_num_steps", 1000, 0, kMaxSteps);
+    s.warmup_type = p.get<std::string>("warmup_type", "log");
+    if (s.warmup_type != "log" && s.warmup_type != "linear") p.fail("warmup_type", "must be 'log' or 'linear'");
+    if (s.type == "WarmupCosineLR") {
       s.total_steps = p.get_in("total_num_steps", -1, 1, kMaxSteps);
       if (s.total_steps < 0) p.fail("total_num_steps", "is required");
+      s.warmup_min_ratio = p.get<double>("warmup_min_ratio", 0.0);
+      s.cos_min_ratio = p.get<double>("cos_min_ratio", 0.0001);
+    } else {
+      s.warmup_min_lr = p.get<double>("warmup_min_lr", 0.0);
+      s.warmup_max_lr = p.get<double>("warmup_max_lr", 0.001);
+      if (s.type == "WarmupDecayLR") {
+        s.total_steps = p.get_in("total_num_steps", -1, 1, kMaxSteps);
+        if (s.total_steps < 0) p.fail("total_num_steps", "is required");
+      }
     }
+    if (s.type != "WarmupLR" && s.total_steps < s.warmup_steps)
+      p.fail("total_num_steps", "is smaller than warmup_num_steps");
+    // DeepSpeed divides by the cosine's length, total_num_steps - max(2, warmup_num_steps).
+    if (s.type == "WarmupCosineLR" && s.total_steps <= std::max<int64_t>(2, s.warmup_steps))
+      p.fail("total_num_steps", str_cat("is ", s.total_steps, "; the cosine phase after the warm-up (at least 2 steps ",
+                                        "in DeepSpeed) would be empty"));
   }
-  if (s.type != "WarmupLR" && s.total_steps < s.warmup_steps)
-    p.fail("total_num_steps", "is smaller than warmup_num_steps");
   p.accept("last_batch_iteration");
   p.finish();
   r.finish();
@@ -216,6 +308,14 @@ void parse_train(JsonReader r, RunConfig& c) {
   c.peak_tflops = r.get<double>("peak_tflops", 0.0);
   c.activation_checkpointing = r.get<bool>("activation_checkpointing", false);
   c.loss_chunk_tokens = r.get_in("loss_chunk_tokens", 0, 0, INT32_MAX);
+  NanPolicyConfig& np = c.nan_policy;
+  np.max_consecutive_skips = r.get_in("max_consecutive_skipped_steps", np.max_consecutive_skips, 0, kMaxSteps);
+  np.spike_factor = r.get<double>("loss_spike_factor", np.spike_factor);
+  if (!(np.spike_factor == 0 || np.spike_factor > 1))
+    r.fail("loss_spike_factor", str_cat("is ", np.spike_factor, "; give a factor > 1 (a loss above it x the recent mean), or 0: off"));
+  np.spike_window = r.get_in("loss_spike_window", np.spike_window, 1, 1 << 20);
+  c.z_loss = r.get<float>("z_loss", 0.0f);
+  if (!(c.z_loss >= 0.0f)) r.fail("z_loss", str_cat("is ", c.z_loss, "; a z-loss coefficient must be >= 0 (0: off)"));
   // Either a value or "auto" (the memory planner decides); any other string is named.
   const auto is_auto = [&](const char* key, const char* choices) {
     if (!r.has(key) || !r.raw()[key].is_string()) return false;
@@ -231,9 +331,35 @@ void parse_train(JsonReader r, RunConfig& c) {
   if (c.offload_checkpoints && !c.activation_checkpointing)
     r.fail("activation_offload", "is true but train.activation_checkpointing is false: only checkpoints are offloaded");
   if (c.peak_tflops < 0) r.fail("peak_tflops", "must not be negative");
+  if (r.has("weight_decay_exclude")) {
+    c.decay.exclude = r.get<std::vector<std::string>>("weight_decay_exclude", {});
+    c.decay.exclude_given = true;
+  }
+  c.decay.decay_embeddings = r.get<bool>("decay_embeddings", c.decay.decay_embeddings);
   c.collective_timeout_s = r.get<double>("collective_timeout_s", c.collective_timeout_s);
   if (!(c.collective_timeout_s >= 0 && c.collective_timeout_s <= 1e7))
     r.fail("collective_timeout_s", str_cat("is ", c.collective_timeout_s, "; must be seconds in [0, 1e7] (0: no limit)"));
+  r.finish();
+}
+
+// DeepSpeed's csv_monitor section (deepspeed/monitor/config.py: enabled, output_path, job_name).
+void parse_csv_monitor(JsonReader r, CsvMonitorConfig& m) {
+  m.enabled = r.get<bool>("enabled", m.enabled);
+  m.output_path = r.get<std::string>("output_path", m.output_path);
+  m.job_name = r.get<std::string>("job_name", m.job_name);
+  if (m.job_name.empty()) r.fail("job_name", "is empty; it names the directory the CSV files go to");
+  r.finish();
+}
+
+// DeepSpeed's other monitors and its FLOPs profiler write what so_train cannot (TensorBoard event
+// files, wandb and Comet runs, a per-module profile): a section that leaves them off (DeepSpeed's
+// default) has nothing to honour and is accepted, its keys checked; one that turns them on is refused.
+void parse_unsupported_monitor(JsonReader r, const char* section, const char* what,
+                               std::initializer_list<const char*> keys) {
+  if (r.get<bool>("enabled", false))
+    r.fail("enabled", str_cat("is true; so_train does not write ", what, " (csv_monitor writes the loss and learning ",
+                              "rate as DeepSpeed's CSV files), so ", section, " must stay disabled"));
+  for (const char* k : keys) r.accept(k);
   r.finish();
 }
 
@@ -304,7 +430,7 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
   c.sequence_parallel_size = static_cast<int>(r.get_in("sequence_parallel_size", 1, 1, 1 << 20));
   c.grad_clip = r.get<float>("gradient_clipping", 0.0f);
   if (c.grad_clip < 0) r.fail("gradient_clipping", "must not be negative");  // (get<float> refused a non-float)
-  c.log_every = r.get<int64_t>("steps_per_print", c.log_every);
+  c.log_every = r.get_in("steps_per_print", c.log_every, 1, kMaxSteps);
   {
     JsonReader bf = r.child("bf16");
     c.dtype = bf.get<bool>("enabled", false) ? DType::BF16 : DType::F32;
@@ -329,11 +455,29 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
   parse_data(r.child("data"), c);
   parse_train(r.child("train"), c);
   parse_backend(r.child("backend"), c);
+  if (r.has("csv_monitor")) parse_csv_monitor(r.child("csv_monitor"), c.csv_monitor);
+  if (r.has("tensorboard"))
+    parse_unsupported_monitor(r.child("tensorboard"), "tensorboard", "TensorBoard event files", {"output_path", "job_name"});
+  if (r.has("wandb"))
+    parse_unsupported_monitor(r.child("wandb"), "wandb", "Weights & Biases runs", {"team", "group", "project"});
+  if (r.has("comet"))
+    parse_unsupported_monitor(r.child("comet"), "comet", "Comet experiments",
+                              {"samples_log_interval", "project", "workspace", "api_key", "experiment_name",
+                               "experiment_key", "online", "mode"});
+  if (r.has("flops_profiler"))
+    parse_unsupported_monitor(r.child("flops_profiler"), "flops_profiler", "DeepSpeed's per-module FLOPs profile",
+                              {"recompute_fwd_factor", "profile_step", "module_depth", "top_modules", "detailed",
+                               "output_file"});
   r.finish();
 
   if (c.data.type == "text" && c.model.vocab_size < kByteVocabSize)
     r.fail("model", str_cat("vocab_size is ", c.model.vocab_size, " but byte-level text data needs at least ",
                             kByteVocabSize));
+  try {  // the patterns against this model's parameter names, before anything is allocated
+    decay_groups(ParamLayout::for_model(c.model), c.decay, c.adam.weight_decay);
+  } catch (const Error& e) {
+    r.fail("train.weight_decay_exclude", e.what());
+  }
   if (c.data.seq_len > c.model.max_position_embeddings)
     r.fail("data.seq_len", str_cat("(", c.data.seq_len, ") exceeds the model's max_position_embeddings (",
                                    c.model.max_position_embeddings, ")"));

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "parallel/collective_watchdog.h"
+#include "so/core/clock.h"
 #include "so/core/cpu_affinity.h"
 #include "so/core/error.h"
 #include "so/core/log.h"
@@ -13,8 +14,11 @@
 #include "so/model/hf_model.h"
 #include "so/model/llama_model.h"
 #include "so/train/checkpoint.h"
+#include "so/train/csv_monitor.h"
+#include "so/train/decay_groups.h"
 #include "so/train/memory_plan.h"
 #include "so/train/metrics.h"
+#include "so/train/nan_policy.h"
 #include "so/train/rank_agreement.h"
 
 namespace so {
@@ -110,6 +114,8 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   eo.bucket_size = cfg.bucket_size;
   eo.grad_clip = cfg.grad_clip;
   eo.adam = cfg.adam;
+  const DecayGroups decay = decay_groups(model.layout(), cfg.decay, cfg.adam.weight_decay);
+  eo.no_decay = decay.no_decay;
   eo.offload = cfg.offload;
   eo.zero_stage = cfg.zero_stage;
   eo.optimizer_cores = cores.optimizer;
@@ -168,6 +174,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     log_info(str_cat("model ", cfg.model_source, ": ", cfg.model.model_type, ", ", cfg.model.num_parameters() / 1e6,
                      "M parameters, ", cfg.model.num_layers, " layers, ", engine.buckets().size(), " buckets, ",
                      dtype_name(cfg.dtype)));
+    log_info(decay.description);
     if (!auto_choice.empty()) log_info(auto_choice);
     log_info(str_cat("attention: ", attention));
     log_info(str_cat("backend ", backend->name(), ": ", mib(backend->memory_stats().in_use), " MiB allocated (",
@@ -182,7 +189,10 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     log_info(engine.describe());
   }
 
-  MetricsSink sink(lead ? opts.metrics_path : "");
+  MetricsSink sink(lead ? opts.metrics_path : "", opts.quiet);
+  CsvMonitor monitor(cfg.csv_monitor, lead);
+  if (!monitor.directory().empty()) log_info(str_cat("csv_monitor: DeepSpeed's CSV files in ", monitor.directory()));
+  const double run_start = now_seconds();
   TrainSummary summary;
   double tokens_per_s_sum = 0.0, step_sum = 0.0, exposed_sum = 0.0, busy_sum = 0.0;
   // A step's timing is known once the next step's forward has started (the optimizer of an
@@ -200,6 +210,8 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     m.mfu = peak > 0 ? m.tflops / peak : 0.0;
     m.mfu_noncausal = peak > 0 ? m.tokens_per_s * flops_noncausal / 1e12 / peak : 0.0;
     m.mfu_gemm = gemm_peak > 0 ? m.tflops / gemm_peak : 0.0;
+    m.elapsed_s = now_seconds() - run_start;
+    m.eta_s = m.elapsed_s / static_cast<double>(m.step - first_step + 1) * static_cast<double>(cfg.steps - m.step);
     sink.write(m, cfg.steps, lead && (m.step % cfg.log_every == 0 || m.step == 1 || m.step == cfg.steps));
     std::fflush(stdout);
     tokens_per_s_sum += m.tokens_per_s;
@@ -229,10 +241,24 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     in_flight = std::make_unique<CheckpointSave>(engine, comm, cfg, state, opts.save_dir, opts.keep, async);
     if (!async) commit();
   };
+  StepGuard guard(cfg.nan_policy);
+  // A diverged run stops with an error, its state saved first when saving is on: the steps it skipped
+  // changed nothing, so that state is the last good one.
+  auto stop_diverged = [&](const std::string& why) {
+    std::string saved;
+    if (!opts.save_dir.empty()) {
+      save(false);
+      saved = str_cat("; saved to ", opts.save_dir);
+    }
+    engine.finish();
+    if (pending) emit(*pending);
+    throw Error(str_cat(why, saved));
+  };
   for (int64_t step = state.iteration + 1; step <= cfg.steps; ++step) {
     if (step == opts.profile_first) backend->profile_range(true);
     const double lr = cfg.schedule.lr_at(engine.steps_taken());
-    engine.begin_step(lr, static_cast<int>(batch.accumulation));
+    const int64_t samples_before = sample;
+    engine.begin_step(lr, static_cast<int>(batch.accumulation), cfg.schedule.betas_at(engine.steps_taken()));
     model.zero_loss();
     // Data-parallel ranks read disjoint samples: each global micro-batch is dp_size x micro_batch
     // consecutive samples, this rank taking its share; sequence-parallel ranks take their slice
@@ -268,6 +294,10 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     summary.last_loss = loss;
     summary.losses.push_back(loss_sum);
     summary.steps = step;
+    monitor.step_events(samples_before, loss_sum, sample, cfg.schedule.lr_at(engine.steps_taken()));
+    const StepGuard::Verdict verdict = guard.observe(step, loss_sum, r.skipped);
+    if (lead && !verdict.warning.empty()) log_warn(verdict.warning);
+    if (!verdict.stop.empty()) stop_diverged(verdict.stop);
 
     if (opts.save_dir.empty()) continue;
     // Every rank learns of a signal, and of every writer being done, at the same step boundary,

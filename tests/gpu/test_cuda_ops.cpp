@@ -355,15 +355,18 @@ OpCase swiglu_case(int64_t n, bool backward, DType dt) {
           }};
 }
 
-// Every 7th target is -1 (ignored); the loss accumulator starts from a non-zero value.
-OpCase cross_entropy_case(int64_t rows, int64_t V, bool with_grad, DType dt) {
-  return {case_name("cross_entropy", dn(dt), "rows", rows, "V", V, with_grad ? "grad" : "lossonly"), [=](OpRun& r) {
+// Every 7th target is -1 (ignored); the loss accumulator starts from a non-zero value. z_loss:
+// OLMo's z-loss coefficient (0 = off).
+OpCase cross_entropy_case(int64_t rows, int64_t V, bool with_grad, DType dt, float z_loss = 0.0f) {
+  return {case_name("cross_entropy", dn(dt), "rows", rows, "V", V, with_grad ? "grad" : "lossonly",
+                    z_loss != 0.0f ? str_cat("z", z_loss) : ""),
+          [=](OpRun& r) {
             std::vector<int32_t> targets = uniform_ints(rows, 23, 0, static_cast<int32_t>(V));
             for (size_t i = 3; i < targets.size(); i += 7) targets[i] = -1;
             const float* logits = static_cast<const float*>(r.in(normal(rows * V, 24, 3.0f), DType::F32));
             auto* loss = static_cast<float*>(r.in(std::vector<float>{0.37f}, DType::F32));
             void* dlogits = with_grad ? r.out(rows * V, dt) : nullptr;
-            r.ops().cross_entropy(r.s(), loss, dlogits, logits, r.ints(targets), rows, V, 1.0f / rows, dt);
+            r.ops().cross_entropy(r.s(), loss, dlogits, logits, r.ints(targets), rows, V, 1.0f / rows, z_loss, dt);
             r.expect("loss", loss, 1, DType::F32, OpClass::Reduction);
             if (with_grad) r.expect("dlogits", dlogits, rows * V, dt, OpClass::Reduction);
           }};
@@ -497,6 +500,7 @@ std::vector<OpCase> small_cases() {
     }
     for (bool grad : {false, true}) c.push_back(cross_entropy_case(3, 11, grad, dt));
     c.push_back(cross_entropy_case(5, 1003, true, dt));
+    for (bool grad : {false, true}) c.push_back(cross_entropy_case(5, 1003, grad, dt, 1e-2f));
     c.push_back(sum_squares_case(1, 0.0f, dt));
     c.push_back(sum_squares_case(16385, 0.0f, dt));  // one element past a chunk
     c.push_back(sum_squares_case(1000, std::numeric_limits<float>::quiet_NaN(), dt));
@@ -872,7 +876,7 @@ std::vector<BadIdCase> bad_id_cases() {
              const int32_t* ids = upload_ids(be, s, k);
              ops.cross_entropy(s, static_cast<float*>(zeros(be, s, k, 4)), zeros(be, s, k, 300 * 1000 * 2),
                                static_cast<const float*>(zeros(be, s, k, 300 * 1000 * 4)), ids, 300, 1000, 1.0f,
-                               DType::BF16);
+                               0.0f, DType::BF16);
            }}};
 }
 

@@ -458,12 +458,14 @@ TEST(LrSchedule, DeepSpeedWarmupCosineShape) {
   s.warmup_type = "linear";
   s.total_steps = 110;
   s.cos_min_ratio = 0.1;
+  // Step k runs at DeepSpeed's get_lr() after k - 1 scheduler steps (test_lr_schedules holds every
+  // schedule to DeepSpeed's definitions step by step).
   EXPECT_DOUBLE_EQ(s.lr_at(0), 0.0);
-  EXPECT_DOUBLE_EQ(s.lr_at(5), 0.5);
-  EXPECT_NEAR(s.lr_at(59), 0.1 + 0.9 * 0.5, 1e-12);  // halfway through the cosine
-  EXPECT_NEAR(s.lr_at(109), 0.1, 1e-12);
+  EXPECT_DOUBLE_EQ(s.lr_at(6), 0.5);
+  EXPECT_NEAR(s.lr_at(60), 0.1 + 0.9 * 0.5, 1e-12);  // halfway through the cosine
+  EXPECT_NEAR(s.lr_at(110), 0.1, 1e-12);
   s.warmup_type = "log";
-  EXPECT_NEAR(s.lr_at(4), std::log(5.0) / std::log(10.0), 1e-12);
+  EXPECT_NEAR(s.lr_at(5), std::log(5.0) / std::log(10.0), 1e-12);
 }
 
 TEST(Model, FlopsAndBucketsFollowTheLayout) {

@@ -168,6 +168,7 @@ TEST_F(GradCheck, GroupedQueryCausalAttention) {
   check(in, 2, f, test::download(*be, dV.data(), in[2].size(), DType::F32), R);
 }
 
+// Without and with OLMo's z-loss (a coefficient large enough for its gradient to dominate).
 TEST_F(GradCheck, CrossEntropy) {
   const int64_t rows = 4, V = 11;
   std::vector<std::vector<float>> in = {randn(rows * V, 13, 2.0f)};
@@ -175,16 +176,21 @@ TEST_F(GradCheck, CrossEntropy) {
   auto Tg = be->alloc(rows * 4, "targets");
   be->copy_h2d(Tg.data(), targets.data(), rows * 4, s);
   const float scale = 0.25f;
-  auto f = [&](const std::vector<std::vector<float>>& x) {
-    auto Z = test::upload(*be, x[0], DType::F32);
-    auto loss = be->alloc(4, "loss");
-    ops.cross_entropy(s, loss.as<float>(), nullptr, Z.as<float>(), Tg.as<int32_t>(), rows, V, scale, DType::F32);
-    return test::download(*be, loss.data(), 1, DType::F32);
-  };
-  auto Z = test::upload(*be, in[0], DType::F32);
-  auto loss = be->alloc(4, "loss"), dZ = be->alloc(rows * V * 4, "dz");
-  ops.cross_entropy(s, loss.as<float>(), dZ.data(), Z.as<float>(), Tg.as<int32_t>(), rows, V, scale, DType::F32);
-  check(in, 0, f, test::download(*be, dZ.data(), rows * V, DType::F32), {1.0f});
+  for (const float z_loss : {0.0f, 0.3f}) {
+    SCOPED_TRACE(z_loss);
+    auto f = [&](const std::vector<std::vector<float>>& x) {
+      auto Z = test::upload(*be, x[0], DType::F32);
+      auto loss = be->alloc(4, "loss");
+      ops.cross_entropy(s, loss.as<float>(), nullptr, Z.as<float>(), Tg.as<int32_t>(), rows, V, scale, z_loss,
+                        DType::F32);
+      return test::download(*be, loss.data(), 1, DType::F32);
+    };
+    auto Z = test::upload(*be, in[0], DType::F32);
+    auto loss = be->alloc(4, "loss"), dZ = be->alloc(rows * V * 4, "dz");
+    ops.cross_entropy(s, loss.as<float>(), dZ.data(), Z.as<float>(), Tg.as<int32_t>(), rows, V, scale, z_loss,
+                      DType::F32);
+    check(in, 0, f, test::download(*be, dZ.data(), rows * V, DType::F32), {1.0f});
+  }
 }
 
 TEST_F(GradCheck, EmbeddingBackwardScatterAdds) {

@@ -68,11 +68,12 @@ class Ops {
   virtual void swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                                int64_t n, DType dt) = 0;
 
-  // Cross-entropy over one chunk of rows of fp32 logits[rows, V]: loss_acc += sum_t scale*nll_t;
-  // when dlogits is non-null it receives scale * (softmax - onehot) in dtype dt. Targets < 0
-  // are ignored (padding); targets >= V are an error.
+  // Cross-entropy over one chunk of rows of fp32 logits[rows, V], with OLMo's z-loss (z_loss x
+  // logsumexp^2 per row, 0 = off): loss_acc += sum_t scale * (nll_t + z_loss * lse_t^2); when
+  // dlogits is non-null it receives scale * (softmax * (1 + 2 z_loss lse) - onehot) in dtype dt.
+  // Targets < 0 are ignored (padding: no loss, no z-loss); targets >= V are an error.
   virtual void cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
-                             int64_t rows, int64_t V, float scale, DType dt) = 0;
+                             int64_t rows, int64_t V, float scale, float z_loss, DType dt) = 0;
 
   // out_acc += sum(x^2) in fp32 (non-finite inputs make it non-finite).
   virtual void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) = 0;

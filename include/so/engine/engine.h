@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@
 #include "so/backend/backend.h"
 #include "so/backend/host_buffer.h"
 #include "so/engine/bucket.h"
+#include "so/engine/decay_runs.h"
 #include "so/engine/offload_config.h"
 #include "so/engine/offload_optimizer.h"
 #include "so/engine/shard_layout.h"
@@ -53,6 +55,9 @@ struct EngineOptions {
   int64_t bucket_size = int64_t{1} << 22;  // elements
   float grad_clip = 0.0f;                  // max global norm; 0 = off
   AdamWParams adam;                        // lr is given per step
+  // Per parameter id: 1 = stepped without weight decay (HF Trainer's second parameter group:
+  // norms, biases). Empty: every parameter decays with adam.weight_decay.
+  std::vector<char> no_decay;
   OffloadConfig offload;
   std::vector<int> optimizer_cores;  // GraceAdam's pool; empty = one unpinned thread
   int numa_node = -1;                // for offloaded host state; -1 = local
@@ -165,8 +170,9 @@ class Engine final : public ParamStore, public ModelHooks {
   }
 
   // Opens a step: zeroes the gradients and fixes the learning rate the (speculative) CPU steps
-  // use. The last of `micro_batches` backward passes hands the gradients to the optimizer.
-  void begin_step(double lr, int micro_batches = 1);
+  // use, and Adam's (beta1, beta2) when a schedule sets them (OneCycle's momentum cycle; none: the
+  // configured betas). The last of `micro_batches` backward passes hands the gradients to the optimizer.
+  void begin_step(double lr, int micro_batches = 1, std::optional<std::pair<double, double>> betas = std::nullopt);
   // Validates (global norm, finite check) and applies the step. Skipped steps change nothing,
   // not even the step count.
   StepResult end_step();
@@ -244,6 +250,7 @@ class Engine final : public ParamStore, public ModelHooks {
   int64_t device_end_ = 0;          // device-resident optimizer state covers shard elements [0, this)
   BucketUnits units_;                              // which buckets each unit reads, and back
   std::vector<size_t> forward_order_;              // buckets in the order the forward first reads them
+  std::vector<std::vector<DecayRun>> decay_runs_;  // per bucket: its shard's weight-decay groups
 
   DeviceBuffer weights_, grads_;                // model dtype, this rank's shards (all elements unsharded)
   DeviceBuffer master_, exp_avg_, exp_avg_sq_;  // fp32, shard elements [0, device_end_)

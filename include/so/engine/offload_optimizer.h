@@ -24,6 +24,7 @@
 #include "so/engine/optimizer_host_state.h"
 #include "so/engine/bucket.h"
 #include "so/engine/cast_plan.h"
+#include "so/engine/decay_runs.h"
 #include "so/engine/offload_config.h"
 #include "so/engine/step_timeline.h"
 #include "so/optim/grace_adam.h"
@@ -57,6 +58,8 @@ class OffloadOptimizer {
     // rest on the device, as their gradients are final only at the end of backward: the worker
     // neither sums nor speculates on those (it would only lengthen the tail of the step).
     size_t host_sums = SIZE_MAX;
+    // Per bucket: the runs of its weight-decay groups (decay_runs), each stepped with its decay.
+    std::vector<std::vector<DecayRun>> decay_runs;
     // Runs each pass that changes a bucket's state, on the optimizer thread: change_state(i, gen, a,
     // unconditional_step, pass) calls pass(a), or pass(a') with a' keeping the old state for a
     // checkpoint snapshot (Engine::change_state); may be empty (then pass(a) is called directly).

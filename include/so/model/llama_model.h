@@ -27,6 +27,7 @@ struct ModelOptions {
   // [tokens x intermediate] tensors never exist whole; 0 or >= tokens = one tile, nothing recomputed.
   int64_t mlp_tile_tokens = 0;
   int64_t loss_chunk_tokens = 0;     // tokens per output-projection + cross-entropy chunk; 0 = auto
+  float z_loss = 0.0f;               // OLMo's z-loss: each token's loss adds z_loss * logsumexp(logits)^2
   SequenceParallel* sequence_parallel = nullptr;  // Ulysses group; null = the whole sequence is here
 };
 

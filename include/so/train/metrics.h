@@ -1,5 +1,6 @@
 #pragma once
-// One readable line per step on stdout, and the same record as JSON lines in a metrics file.
+// One readable line per step on stdout (or a short one: --quiet), and the same record as JSON lines
+// in a metrics file.
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -22,18 +23,25 @@ struct StepMetrics {
   double mfu_gemm = 0.0;       // fraction of the GEMM rate measured on this device at start-up
   double mem_mib = 0.0;
   double peak_mem_mib = 0.0;
+  double elapsed_s = 0.0;  // wall time since this run's first step began
+  double eta_s = 0.0;      // the steps left at the mean time of this run's steps so far
 };
 
 class MetricsSink {
  public:
-  explicit MetricsSink(const std::string& jsonl_path);  // empty: no file
+  // empty: no file; compact: the short step line
+  MetricsSink(const std::string& jsonl_path, bool compact);
   void write(const StepMetrics& m, int64_t total_steps, bool print);
 
  private:
   std::ofstream jsonl_;
   std::string path_;
+  bool compact_ = false;
 };
 
-std::string format_step_line(const StepMetrics& m, int64_t total_steps);
+// The full line, or the compact one (progress, loss, lr, norm, throughput); both end with the
+// elapsed time and the ETA.
+std::string format_step_line(const StepMetrics& m, int64_t total_steps, bool compact = false);
+std::string format_duration(double seconds);  // H:MM:SS
 
 }  // namespace so

@@ -11,7 +11,10 @@
 #include "so/engine/offload_config.h"
 #include "so/model/model_config.h"
 #include "so/optim/adamw.h"
+#include "so/train/csv_monitor.h"
+#include "so/train/decay_groups.h"
 #include "so/train/lr_schedule.h"
+#include "so/train/nan_policy.h"
 
 namespace so {
 
@@ -39,6 +42,7 @@ struct RunConfig {
   int sequence_parallel_size = 1;
   float grad_clip = 0.0f;
   AdamWParams adam;
+  DecayGroupsConfig decay;  // which parameters adam.weight_decay applies to
   LrSchedule schedule;
   int zero_stage = 0;
   int64_t bucket_size = int64_t{1} << 22;
@@ -56,6 +60,9 @@ struct RunConfig {
   int64_t mlp_tile_tokens = 0;
   bool mlp_tile_auto = false;
   int64_t loss_chunk_tokens = 0;
+  float z_loss = 0.0f;  // train.z_loss: OLMo's z-loss coefficient (0 = off)
+  NanPolicyConfig nan_policy;
+  CsvMonitorConfig csv_monitor;  // DeepSpeed's csv_monitor section
   BackendOptions backend;
 };
 

@@ -13,6 +13,7 @@ class Engine;
 
 struct TrainOptions {
   std::string metrics_path;  // JSON lines; empty = none
+  bool quiet = false;        // --quiet: short step lines (start-up notes are the launcher's log level)
   std::string trace_path;    // Chrome/Perfetto trace of every step; empty = none
   std::string save_dir;      // checkpoints go here (docs/checkpoints.md); empty = never saved
   int64_t save_every = 0;    // steps between checkpoints; 0 = only on SIGTERM/SIGUSR1

@@ -38,7 +38,7 @@ template <typename T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n);
 template <typename T>
 void cross_entropy(float* loss_acc, T* dlogits, const float* logits, const int32_t* targets, int64_t rows, int64_t V,
-                   float scale);
+                   float scale, float z_loss);
 template <typename Dst, typename Src>
 void cast(Dst* dst, const Src* src, int64_t n);
 

@@ -115,7 +115,7 @@ void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up
 
 template <typename T>
 void cross_entropy(float* loss_acc, T* dlogits, const float* logits, const int32_t* targets, int64_t rows, int64_t V,
-                   float scale) {
+                   float scale, float z_loss) {
   double loss = 0.0;
   for (int64_t r = 0; r < rows; ++r) {
     const float* z = logits + r * V;
@@ -133,10 +133,13 @@ void cross_entropy(float* loss_acc, T* dlogits, const float* logits, const int32
     for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(z[i] - mx));
     const double lse = mx + std::log(sum);
     loss += lse - z[y];
+    if (z_loss != 0.0f) loss += z_loss * lse * lse;  // (skipped at 0: an infinite lse must stay infinite, not NaN)
+    // d(z_loss lse^2)/dz_i = 2 z_loss lse softmax_i: softmax scaled by this, less the one-hot.
+    const double softmax_scale = 1.0 + 2.0 * z_loss * lse;
     if (dz) {
       for (int64_t i = 0; i < V; ++i) {
         const double p = std::exp(static_cast<double>(z[i]) - lse);
-        dz[i] = from_f32<T>(static_cast<float>(scale * (p - (i == y ? 1.0 : 0.0))));
+        dz[i] = from_f32<T>(static_cast<float>(scale * (p * softmax_scale - (i == y ? 1.0 : 0.0))));
       }
     }
   }
@@ -156,7 +159,7 @@ void cast(Dst* dst, const Src* src, int64_t n) {
   template void rope<T>(T*, const int32_t*, int64_t, int64_t, int64_t, float, bool);                           \
   template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                                            \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);                             \
-  template void cross_entropy<T>(float*, T*, const float*, const int32_t*, int64_t, int64_t, float);
+  template void cross_entropy<T>(float*, T*, const float*, const int32_t*, int64_t, int64_t, float, float);
 SO_INSTANTIATE_LAYER_KERNELS(float)
 SO_INSTANTIATE_LAYER_KERNELS(bf16)
 template void cast<float, float>(float*, const float*, int64_t);

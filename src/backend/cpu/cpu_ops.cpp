@@ -113,10 +113,10 @@ void CpuOps::swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout
 }
 
 void CpuOps::cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
-                           int64_t rows, int64_t V, float scale, DType dt) {
+                           int64_t rows, int64_t V, float scale, float z_loss, DType dt) {
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
-    cpu::cross_entropy(loss_acc, typed<X>(dlogits), logits, targets, rows, V, scale);
+    cpu::cross_entropy(loss_acc, typed<X>(dlogits), logits, targets, rows, V, scale, z_loss);
   }));
 }
 

@@ -1,7 +1,8 @@
 // Cross-entropy over rows of fp32 logits, one block per row (V up to ~150k): each thread keeps an
 // online (max, sum of exp) over its N-element groups, the block combines them (max first, then the
-// rescaled sums), and the row's nll = logsumexp - z[target] goes to the workspace in double. With
-// dlogits, a second sweep over the row writes scale * (softmax - onehot). No [rows x V] scratch.
+// rescaled sums), and the row's nll = logsumexp - z[target] (+ OLMo's z-loss, z_loss * logsumexp^2)
+// goes to the workspace in double. With dlogits, a second sweep over the row writes
+// scale * (softmax * (1 + 2 z_loss lse) - onehot). No [rows x V] scratch.
 // The loss is then added by one block in a fixed order, so loss_acc is bitwise reproducible:
 // loss_acc += float(scale * sum of nll), the CPU's expression.
 #include <cmath>
@@ -22,7 +23,7 @@ constexpr int kRowThreads = 512;
 
 template <typename T, int N>
 __global__ void cross_entropy_rows_kernel(double* nll, T* dlogits, const float* logits, const int32_t* targets,
-                                          int64_t rows, int64_t V, float scale, DeviceError* err) {
+                                          int64_t rows, int64_t V, float scale, float z_loss, DeviceError* err) {
   const int64_t first = threadIdx.x * static_cast<int64_t>(N), stride = static_cast<int64_t>(blockDim.x) * N;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int32_t y = targets[r];
@@ -62,14 +63,16 @@ __global__ void cross_entropy_rows_kernel(double* nll, T* dlogits, const float* 
     const float row_max = block_reduce(m, MaxOp{}, -INFINITY);
     const float row_sum = block_sum(m == -INFINITY ? s : s * expf(m - row_max));
     const double lse = static_cast<double>(row_max) + ::log(static_cast<double>(row_sum));
-    if (threadIdx.x == 0) nll[r] = lse - static_cast<double>(z[y]);
+    if (threadIdx.x == 0)  // the z term only when on: an infinite lse must stay infinite, not NaN
+      nll[r] = lse - static_cast<double>(z[y]) + (z_loss != 0.0f ? static_cast<double>(z_loss) * lse * lse : 0.0);
     if (dz == nullptr) continue;
     const float lse_f = static_cast<float>(lse);
+    const float softmax_scale = static_cast<float>(1.0 + 2.0 * static_cast<double>(z_loss) * lse);  // 1 when off
     for (int64_t i = first; i < V; i += stride) {
       float zv[N], d[N];
       load_f32<N>(zv, z, i, V);
 #pragma unroll
-      for (int k = 0; k < N; ++k) d[k] = scale * (expf(zv[k] - lse_f) - (i + k == y ? 1.0f : 0.0f));
+      for (int k = 0; k < N; ++k) d[k] = scale * (expf(zv[k] - lse_f) * softmax_scale - (i + k == y ? 1.0f : 0.0f));
       store_f32<N>(dz, d, i, V);
     }
   }
@@ -88,8 +91,8 @@ __global__ void cross_entropy_loss_kernel(float* loss_acc, const double* nll, in
 size_t cross_entropy_workspace_bytes(int64_t rows) { return static_cast<size_t>(rows) * sizeof(double); }
 
 void launch_cross_entropy(cudaStream_t stream, float* loss_acc, void* dlogits, const float* logits,
-                          const int32_t* targets, int64_t rows, int64_t V, float scale, DType dt, DeviceError* err,
-                          void* workspace, size_t workspace_bytes) {
+                          const int32_t* targets, int64_t rows, int64_t V, float scale, float z_loss, DType dt,
+                          DeviceError* err, void* workspace, size_t workspace_bytes) {
   if (rows == 0) return;
   SO_CHECK(workspace_bytes >= cross_entropy_workspace_bytes(rows), "cross_entropy: workspace of ", workspace_bytes,
            " bytes, need ", cross_entropy_workspace_bytes(rows));
@@ -100,7 +103,7 @@ void launch_cross_entropy(cudaStream_t stream, float* loss_acc, void* dlogits, c
     with_vector_width<4>(aligned16(logits) && aligned16(dlogits) && V % 4 == 0, [&](auto vw) {
       constexpr int N = decltype(vw)::value;
       cross_entropy_rows_kernel<X, N><<<grid_for(rows), kRowThreads, 0, stream>>>(
-          nll, static_cast<X*>(dlogits), logits, targets, rows, V, scale, err);
+          nll, static_cast<X*>(dlogits), logits, targets, rows, V, scale, z_loss, err);
       SO_CUDA_CHECK(cudaGetLastError());
     });
   });

@@ -55,10 +55,12 @@ void launch_swiglu_backward(cudaStream_t stream, void* dgate, void* dup, const v
 
 size_t cross_entropy_workspace_bytes(int64_t rows);
 // One block per row of fp32 logits[rows, V]: online max / sum of exp, per-row nll (double) to the
-// workspace, optional dlogits = scale * (softmax - onehot) in dt (zeros on ignored rows); then one
-// block adds the nll in a fixed order: loss_acc += float(scale * sum). Targets >= V go to err.
+// workspace (plus z_loss * lse^2), optional dlogits = scale * (softmax * (1 + 2 z_loss lse) - onehot)
+// in dt (zeros on ignored rows); then one block adds the nll in a fixed order: loss_acc +=
+// float(scale * sum). Targets >= V go to err.
 void launch_cross_entropy(cudaStream_t stream, float* loss_acc, void* dlogits, const float* logits,
-                          const int32_t* targets, int64_t rows, int64_t V, float scale, DType dt, DeviceError* err,
+                          const int32_t* targets, int64_t rows, int64_t V, float scale, float z_loss, DType dt,
+                          DeviceError* err,
                           void* workspace, size_t workspace_bytes);
 
 size_t sum_squares_workspace_bytes(int64_t n);

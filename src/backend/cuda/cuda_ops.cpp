@@ -168,9 +168,9 @@ void CudaOps::swiglu_backward(Stream& s, void* dgate, void* dup, const void* dou
 }
 
 void CudaOps::cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
-                            int64_t rows, int64_t V, float scale, DType dt) {
+                            int64_t rows, int64_t V, float scale, float z_loss, DType dt) {
   const size_t bytes = cross_entropy_workspace_bytes(rows);
-  launch_cross_entropy(raw(s), loss_acc, dlogits, logits, targets, rows, V, scale, dt, device_error_,
+  launch_cross_entropy(raw(s), loss_acc, dlogits, logits, targets, rows, V, scale, z_loss, dt, device_error_,
                        scratch(s, bytes), bytes);
 }
 

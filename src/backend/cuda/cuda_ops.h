@@ -53,7 +53,7 @@ class CudaOps final : public Ops {
   void swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                        int64_t n, DType dt) override;
   void cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
-                     int64_t rows, int64_t V, float scale, DType dt) override;
+                     int64_t rows, int64_t V, float scale, float z_loss, DType dt) override;
   void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) override;
   void cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) override;
   void transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,

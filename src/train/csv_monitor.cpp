@@ -1,0 +1,43 @@
+#include "so/train/csv_monitor.h"
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+
+#include "so/core/error.h"
+
+namespace so {
+
+CsvMonitor::CsvMonitor(const CsvMonitorConfig& cfg, bool writer) : on_(cfg.enabled && writer) {
+  if (!on_) return;
+  dir_ = (std::filesystem::path(cfg.output_path) / cfg.job_name).string();
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  SO_CHECK(!ec && std::filesystem::is_directory(dir_), "csv_monitor: cannot create the directory '", dir_, "'",
+           ec ? str_cat(": ", ec.message()) : "");
+}
+
+void CsvMonitor::step_events(int64_t samples_before, double train_loss, int64_t samples_after, double next_lr) {
+  if (!on_) return;
+  write("Train/Samples/train_loss", train_loss, samples_before);
+  write("Train/Samples/lr", next_lr, samples_after);
+}
+
+void CsvMonitor::write(const std::string& log_name, double value, int64_t step) {
+  const std::string header = log_name.substr(log_name.rfind('/') + 1);
+  std::string file = log_name;
+  std::replace(file.begin(), file.end(), '/', '_');
+  std::replace(file.begin(), file.end(), ' ', '_');
+  const std::string path = dir_ + "/" + file + ".csv";
+  std::ofstream out(path, std::ios::app);
+  if (started_.insert(file).second) out << "step," << header << "\r\n";
+  // The shortest text that reads back as the same double, as Python's csv module writes a float.
+  char text[64];
+  const std::to_chars_result r = std::to_chars(text, text + sizeof(text), value);
+  out << step << ',' << std::string(text, r.ptr) << "\r\n";
+  out.flush();
+  SO_CHECK(out.good(), "csv_monitor: writing '", path, "' failed");
+}
+
+}  // namespace so
