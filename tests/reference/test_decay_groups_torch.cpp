@@ -109,8 +109,9 @@ TEST(DecayGroupsVsTorch, TenStepsWithHfTrainerGroupsInEveryOptimizerMode) {
       std::vector<std::vector<float>> grads;
       for (size_t id = 0; id < layout.params.size(); ++id) {
         const std::string& n = layout.params[id].name;
-        engine.load_weight(static_cast<int>(id), f.read_f32("/p0/" + n));
-        grads.push_back(f.read_f32("/grads/" + n));
+        const int64_t numel = layout.params[id].numel;
+        engine.load_weight(static_cast<int>(id), f.read_f32("/p0/" + n, layout.params[id].shape));
+        grads.push_back(f.read_f32("/grads/" + n, {steps, numel}));
         ASSERT_EQ(static_cast<int64_t>(grads.back().size()), steps * layout.params[id].numel) << n;
       }
       GradientsFromFixture hooks(engine, *backend, grads);
@@ -134,7 +135,8 @@ TEST(DecayGroupsVsTorch, TenStepsWithHfTrainerGroupsInEveryOptimizerMode) {
       for (size_t id = 0; id < layout.params.size(); ++id)
         for (int k = 0; k < 3; ++k) {
           const std::vector<float> got = engine.read_state(static_cast<int>(id), parts[k]);
-          const std::vector<float> want = f.read_f32(group + "/" + "pmv"[k] + "/" + layout.params[id].name);
+          const std::vector<float> want = f.read_f32(group + "/" + "pmv"[k] + "/" + layout.params[id].name,
+                                                    {layout.params[id].numel});
           ASSERT_EQ(got.size(), want.size());
           for (size_t i = 0; i < got.size(); ++i) worst[k] = std::max(worst[k], std::fabs(double(got[i]) - want[i]));
         }

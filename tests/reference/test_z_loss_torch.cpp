@@ -30,8 +30,8 @@ TEST(ZLossVsTorch, LossAndGradientsOfEveryCase) {
     const int64_t rows = shape.at(0), V = shape.at(1);
     const auto z_loss = static_cast<float>(f.read_double_attr(g, "z_loss"));
     const auto scale = static_cast<float>(f.read_double_attr(g, "scale"));
-    const std::vector<int32_t> targets = f.read_i32(g + "/targets");
-    auto logits = test::upload(*be, f.read_f32(g + "/logits"), DType::F32);
+    const std::vector<int32_t> targets = f.read_i32(g + "/targets", {rows});
+    auto logits = test::upload(*be, f.read_f32(g + "/logits", shape), DType::F32);
     auto loss = test::upload(*be, std::vector<float>{0.0f}, DType::F32);
     auto dlogits = be->alloc(static_cast<size_t>(rows * V) * 4, "dlogits");
     auto tg = be->alloc(static_cast<size_t>(rows) * 4, "targets");
@@ -39,9 +39,9 @@ TEST(ZLossVsTorch, LossAndGradientsOfEveryCase) {
     be->ops().cross_entropy(s, loss.as<float>(), dlogits.data(), logits.as<float>(), tg.as<int32_t>(), rows, V, scale,
                             z_loss, DType::F32);
     const float got = test::download(*be, loss.data(), 1, DType::F32)[0];
-    const double want = f.read_f32(g + "/loss")[0];
+    const double want = f.read_f32(g + "/loss", {1})[0];
     const std::vector<float> grad = test::download(*be, dlogits.data(), rows * V, DType::F32);
-    const std::vector<float> want_grad = f.read_f32(g + "/dlogits");
+    const std::vector<float> want_grad = f.read_f32(g + "/dlogits", shape);
     double worst = 0;
     for (size_t i = 0; i < grad.size(); ++i) worst = std::max(worst, std::fabs(double(grad[i]) - want_grad[i]));
     std::printf("[ %s ] z_loss %g: loss %.9g vs torch %.9g (relative %.3g); worst |dlogits - torch| %.3g\n",
