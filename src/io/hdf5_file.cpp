@@ -115,6 +115,10 @@ std::vector<float> H5File::read_f32(const std::string& dataset) const {
   return read_all<float>(*this, open_dataset(dataset), numel(shape(dataset)), H5T_NATIVE_FLOAT, dataset, "float32");
 }
 
+std::vector<double> H5File::read_f64(const std::string& dataset) const {
+  return read_all<double>(*this, open_dataset(dataset), numel(shape(dataset)), H5T_NATIVE_DOUBLE, dataset, "float64");
+}
+
 std::vector<int32_t> H5File::read_i32(const std::string& dataset) const {
   return read_all<int32_t>(*this, open_dataset(dataset), numel(shape(dataset)), H5T_NATIVE_INT32, dataset, "int32");
 }

@@ -20,6 +20,7 @@ struct LlamaModel::LayerActs {
 
 struct LlamaModel::Activations {
   DeviceBuffer tokens, targets, positions;  // int32 [T]
+  DeviceBuffer rope_inv_freq;               // fp64 [head_dim / 2], the model's RoPE table
   // Residual stream: x[l] is layer l's input, x[L] the last output. Offloaded checkpoints: two
   // slots (layer l's input in x[l % 2]) and x[2], where a recompute writes its unused output.
   std::vector<DeviceBuffer> x;
@@ -84,6 +85,7 @@ void LlamaModel::layout_buffers(Activations& a, const ModelConfig& cfg, const Mo
   visit(a.tokens, bytes(T, i32), "tokens", Term::Inputs);
   visit(a.targets, bytes(T, i32), "targets", Term::Inputs);
   visit(a.positions, bytes(T, i32), "positions", Term::Inputs);
+  visit(a.rope_inv_freq, bytes(cfg.head_dim / 2, sizeof(double)), "rope frequencies", Term::Inputs);
   a.x.resize(opts.offload_checkpoints ? 3 : static_cast<size_t>(cfg.num_layers + 1));
   for (DeviceBuffer& x : a.x) visit(x, bytes(T * H, e), "residual stream", Term::Checkpoints);
   a.layer.resize(opts.activation_checkpointing ? 1 : static_cast<size_t>(cfg.num_layers));
@@ -188,6 +190,10 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
   layout_buffers(a, cfg, opts, P, [&](DeviceBuffer& b, size_t bytes, const char* tag, ActivationTerm) {
     b = backend.alloc(bytes, tag);
   });
+  const RopeFrequencies rope = rope_frequencies(cfg.rope, cfg.rope_theta, cfg.head_dim);
+  rope_scale_ = static_cast<float>(rope.attention_factor);
+  backend.copy_h2d(a.rope_inv_freq.data(), rope.inv_freq.data(), rope.inv_freq.size() * sizeof(double), stream_);
+  backend.synchronize(stream_);  // the host table goes away
   a.uploaded = backend.create_event();
   backend.record(*a.uploaded, stream_);
   if (opts.offload_checkpoints) {
@@ -335,8 +341,8 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
   const DType dt = opts_.dtype;
   const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size;
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), D = cfg_.head_dim;
-  const float theta = static_cast<float>(cfg_.rope_theta);
   const int32_t* pos = acts_->positions.as<int32_t>();
+  const double* freq = acts_->rope_inv_freq.as<double>();
 
   ops_.rmsnorm_forward(stream_, s.h1.data(), s.rstd1.as<float>(), x_in, p.weight(w.attn_norm), T, H,
                        cfg_.rms_norm_eps, dt);
@@ -352,8 +358,8 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
     linear(s.h1.data(), p.weight(w.k), s.k.data(), T, kvd, H, 0.0f);
   }
   linear(s.h1.data(), p.weight(w.v), s.v.data(), T, kvd, H, 0.0f);
-  ops_.rope(stream_, s.q.data(), pos, T, cfg_.num_heads, D, theta, false, dt);
-  ops_.rope(stream_, s.k.data(), pos, T, cfg_.num_kv_heads, D, theta, false, dt);
+  ops_.rope(stream_, s.q.data(), pos, T, cfg_.num_heads, D, freq, rope_scale_, false, dt);
+  ops_.rope(stream_, s.k.data(), pos, T, cfg_.num_kv_heads, D, freq, rope_scale_, false, dt);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t P = sp_size();
   if (P == 1) {
@@ -443,8 +449,8 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
   const DType dt = opts_.dtype;
   const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size;
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), D = cfg_.head_dim;
-  const float theta = static_cast<float>(cfg_.rope_theta);
   const int32_t* pos = a.positions.as<int32_t>();
+  const double* freq = a.rope_inv_freq.as<double>();
 
   // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2)).
   mlp_backward(l, p, s);
@@ -476,8 +482,8 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
       ops_.replicate_heads(stream_, local, a.kv_rep.data(), T, cfg_.num_kv_heads, kv_copies_, D, true, dt);
     }
   }
-  ops_.rope(stream_, a.dq.data(), pos, T, cfg_.num_heads, D, theta, true, dt);
-  ops_.rope(stream_, a.dk.data(), pos, T, cfg_.num_kv_heads, D, theta, true, dt);
+  ops_.rope(stream_, a.dq.data(), pos, T, cfg_.num_heads, D, freq, rope_scale_, true, dt);
+  ops_.rope(stream_, a.dk.data(), pos, T, cfg_.num_kv_heads, D, freq, rope_scale_, true, dt);
   void* dq_proj = a.dq.data();
   void* dk_proj = a.dk.data();
   if (cfg_.qk_norm) {

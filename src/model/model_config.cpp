@@ -1,6 +1,7 @@
 #include "so/model/model_config.h"
 
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 
 #include "so/core/error.h"
@@ -39,6 +40,55 @@ double shortest_decimal(float f) {
   const auto r = std::to_chars(buf, buf + sizeof(buf) - 1, f);
   *r.ptr = '\0';
   return std::strtod(buf, nullptr);
+}
+// One RoPE dict into c.rope: the keys transformers' _validate_<type>_rope_parameters knows for its
+// type, each checked so that rope_frequencies computes finite, meaningful frequencies.
+void read_rope_scaling(JsonReader& rp, ModelConfig& c, int64_t top_original) {
+  RopeScaling& s = c.rope;
+  s.type = rp.has("rope_type") ? rp.get<std::string>("rope_type", "") : rp.get<std::string>("type", "default");
+  rp.accept("type");
+  if (rp.get<double>("partial_rotary_factor", 1.0) != 1.0)
+    rp.fail("partial_rotary_factor", "is not 1; rotary embedding of part of each head is not supported");
+  if (s.type == "default") return rp.finish();
+  if (s.type != "linear" && s.type != "dynamic" && s.type != "yarn" && s.type != "llama3")
+    rp.fail(rp.has("rope_type") ? "rope_type" : "type",
+            str_cat("is '", s.type, "'; supported RoPE types: default, linear, dynamic, yarn, llama3"));
+  auto positive = [&](const char* key) {
+    if (!rp.has(key)) rp.fail(key, str_cat("is required for rope_type '", s.type, "'"));
+    const double v = rp.get<double>(key, 0.0);
+    if (!(v > 0.0 && std::isfinite(v))) rp.fail(key, str_cat("is ", v, "; it must be positive"));
+    return v;
+  };
+  s.factor = positive("factor");
+  if (s.type == "llama3" || s.type == "yarn") {
+    s.original_max_position_embeddings =
+        rp.get_in("original_max_position_embeddings", c.max_position_embeddings, 1, INT32_MAX);
+    if (top_original > 0) s.original_max_position_embeddings = top_original;
+  }
+  if (s.type == "llama3") {
+    s.low_freq_factor = positive("low_freq_factor");
+    s.high_freq_factor = positive("high_freq_factor");
+    if (!(s.high_freq_factor > s.low_freq_factor))
+      rp.fail("high_freq_factor", str_cat("is ", s.high_freq_factor, "; it must be greater than low_freq_factor (",
+                                          s.low_freq_factor, ")"));
+  }
+  if (s.type == "yarn") {
+    // transformers reads a missing or zero beta as its default ("or 32", "or 1").
+    s.beta_fast = rp.get<double>("beta_fast", 0.0);
+    s.beta_slow = rp.get<double>("beta_slow", 0.0);
+    if (s.beta_fast == 0.0) s.beta_fast = 32.0;
+    if (s.beta_slow == 0.0) s.beta_slow = 1.0;
+    if (!(s.beta_slow > 0.0 && s.beta_fast > s.beta_slow && std::isfinite(s.beta_fast)))
+      rp.fail("beta_fast", str_cat("is ", s.beta_fast, " and beta_slow ", s.beta_slow,
+                                   "; they must satisfy beta_fast > beta_slow > 0"));
+    if (rp.has("attention_factor")) s.attention_factor = positive("attention_factor");
+    s.mscale = rp.get<double>("mscale", 0.0);
+    s.mscale_all_dim = rp.get<double>("mscale_all_dim", 0.0);
+    for (const char* k : {"mscale", "mscale_all_dim"})
+      if (!std::isfinite(rp.get<double>(k, 0.0))) rp.fail(k, "must be finite");
+    s.truncate = rp.get<bool>("truncate", true);
+  }
+  rp.finish();
 }
 }  // namespace
 
@@ -88,20 +138,18 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   if (c.head_dim % 2 != 0) r.fail("head_dim", str_cat("must be even (rotary pairs), is ", c.head_dim));
 
   // RoPE: transformers 4 writes rope_theta and rope_scaling (null unless scaled); transformers 5
-  // nests them in rope_parameters. Only the default (unscaled) rotary embedding is implemented:
-  // rope_type "default" (or the legacy "type") is accepted in either place, anything else refused.
+  // nests both in rope_parameters. Phi-3 keeps the pre-training context at the top level, where
+  // transformers looks first.
   c.rope_theta = r.get<double>("rope_theta", 10000.0);
+  const int64_t top_original = r.get_in("original_max_position_embeddings", 0, 1, INT32_MAX);
+  if (r.has("rope_scaling") && r.has("rope_parameters"))
+    r.fail("rope_scaling", "and rope_parameters are both given; a config has one of them");
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     r.accept(key);
     if (!r.has(key)) continue;
     JsonReader rp = r.child(key);
     if (std::string(key) == "rope_parameters") c.rope_theta = rp.get<double>("rope_theta", c.rope_theta);
-    const std::string type = rp.has("rope_type") ? rp.get<std::string>("rope_type", "") : rp.get<std::string>("type", "default");
-    rp.accept("type");
-    if (type != "default")
-      r.fail(key, str_cat("is ", brief_json(rp.raw()), ": RoPE scaling '", type,
-                          "' is not supported; only the default rotary embedding (null, or rope_type \"default\")"));
-    rp.finish();
+    read_rope_scaling(rp, c, top_original);
   }
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
   const std::string act = r.get<std::string>("hidden_act", "silu");
@@ -159,6 +207,23 @@ nlohmann::json ModelConfig::to_hf_json() const {
                       {"tie_word_embeddings", tie_word_embeddings},
                       {"initializer_range", shortest_decimal(initializer_range)},
                       {"hidden_act", "silu"}};
+  if (rope.type != "default") {
+    nlohmann::json& s = j["rope_scaling"] = {{"rope_type", rope.type}, {"factor", rope.factor}};
+    if (rope.type == "llama3" || rope.type == "yarn")
+      s["original_max_position_embeddings"] = rope.original_max_position_embeddings;
+    if (rope.type == "llama3") {
+      s["low_freq_factor"] = rope.low_freq_factor;
+      s["high_freq_factor"] = rope.high_freq_factor;
+    }
+    if (rope.type == "yarn") {
+      s["beta_fast"] = rope.beta_fast;
+      s["beta_slow"] = rope.beta_slow;
+      s["truncate"] = rope.truncate;
+      if (rope.attention_factor >= 0.0) s["attention_factor"] = rope.attention_factor;
+      if (rope.mscale != 0.0) s["mscale"] = rope.mscale;
+      if (rope.mscale_all_dim != 0.0) s["mscale_all_dim"] = rope.mscale_all_dim;
+    }
+  }
   return j;
 }
 

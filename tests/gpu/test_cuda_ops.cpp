@@ -21,6 +21,7 @@
 
 #include "so/backend/backend.h"
 #include "so/core/error.h"
+#include "so/model/rope.h"
 #include "src/backend/cuda/cuda_cast.h"
 #include "tests/gpu/op_tolerances.h"
 #include "tests/test_util.h"
@@ -105,6 +106,11 @@ class OpRun {
     std::vector<uint8_t> bytes(v.size() * 4);
     std::memcpy(bytes.data(), v.data(), bytes.size());
     return static_cast<int32_t*>(in(bytes));
+  }
+  const double* doubles(const std::vector<double>& v) {
+    std::vector<uint8_t> bytes(v.size() * sizeof(double));
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+    return static_cast<const double*>(in(bytes));
   }
   // An overwritten output, filled with NaN first so that an element the op never writes fails.
   void* out(int64_t n, DType dt) {
@@ -278,7 +284,8 @@ OpCase rope_case(int64_t T, int64_t heads, int64_t D, float theta, int32_t max_p
             if (T > 1) pos[1] = 1;
             if (T > 2) pos[2] = max_pos;
             void* x = r.in(normal(T * heads * D, 15), dt);
-            r.ops().rope(r.s(), x, r.ints(pos), T, heads, D, theta, inverse, dt);
+            r.ops().rope(r.s(), x, r.ints(pos), T, heads, D, r.doubles(rope_default_inv_freq(theta, D)), 1.0f, inverse,
+                         dt);
             r.expect("x", x, T * heads * D, dt, OpClass::Rope);
           }};
 }

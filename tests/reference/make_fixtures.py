@@ -62,11 +62,39 @@ FIXTURES = [
             use_sliding_window=False, attention_bias=False, hidden_act="silu",
         ),
     ),
+    # RoPE scaling through the whole model: the original context (16) is shorter than the
+    # sequence (37), so the scaled bands matter; yarn's attention factor multiplies cos and sin.
+    dict(
+        name="llama_rope_llama3",
+        model_type="llama",
+        seed=4567,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=128,
+            attention_bias=False, mlp_bias=False, hidden_act="silu",
+            rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                              original_max_position_embeddings=16),
+        ),
+    ),
+    dict(
+        name="llama_rope_yarn",
+        model_type="llama",
+        seed=5678,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=1, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=128,
+            attention_bias=False, mlp_bias=False, hidden_act="silu",
+            rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32),
+        ),
+    ),
 ]
 
 
 def build_model(spec):
-    kw = dict(spec["config"], rope_scaling=None, attn_implementation="eager")
+    kw = dict(spec["config"], attn_implementation="eager")
+    kw.setdefault("rope_scaling", None)
     if spec["model_type"] == "llama":
         cfg, cls = LlamaConfig(**kw), LlamaForCausalLM
     else:
@@ -79,7 +107,8 @@ def build_model(spec):
     got_theta = rp["rope_theta"] if rp else cfg.rope_theta
     assert got_theta == theta, (got_theta, theta)
     if rp:
-        assert rp.get("rope_type", "default") == "default", rp
+        want = (spec["config"].get("rope_scaling") or {}).get("rope_type", "default")
+        assert rp.get("rope_type", "default") == want, rp
     if spec["model_type"] == "qwen3":
         assert all(t == "full_attention" for t in cfg.layer_types), cfg.layer_types
         assert model.model.layers[0].self_attn.head_dim == spec["config"]["head_dim"]

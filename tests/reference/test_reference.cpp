@@ -212,7 +212,8 @@ std::vector<Case> cases_on(const std::string& backend) {
   std::vector<Case> cases = {{"llama_gqa_untied", DType::F32, false, 0}, {"llama_tied_mqa", DType::F32, false, 0},
                              {"qwen3_tied", DType::F32, false, 0},       {"llama_gqa_untied", DType::F32, true, 5},
                              {"qwen3_tied", DType::F32, true, 7},        {"llama_gqa_untied", DType::BF16, false, 0},
-                             {"llama_tied_mqa", DType::BF16, true, 0},   {"qwen3_tied", DType::BF16, false, 0}};
+                             {"llama_tied_mqa", DType::BF16, true, 0},   {"qwen3_tied", DType::BF16, false, 0},
+                             {"llama_rope_llama3", DType::F32, false, 0}, {"llama_rope_yarn", DType::F32, true, 0}};
   for (Case& c : cases) c.backend = backend;
   return cases;
 }

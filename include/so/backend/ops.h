@@ -44,9 +44,11 @@ class Ops {
                                 const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) = 0;
 
   // In-place rotary embedding (Hugging Face "rotate_half" convention) on x[T, heads, head_dim]
-  // at positions[T]. inverse = true applies the transpose rotation (the backward pass).
+  // at positions[T]: pair i turns by positions[t] * inv_freq[i] (fp64 [head_dim / 2], backend
+  // memory; angles in double), cos and sin multiplied by attention_scale (yarn; else 1).
+  // inverse = true applies the transpose (the backward pass).
   virtual void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
-                    float theta, bool inverse, DType dt) = 0;
+                    const double* inv_freq, float attention_scale, bool inverse, DType dt) = 0;
 
   // Causal grouped-query attention over B sequences of S tokens, computed tile by tile (memory
   // O(S)). q/out: [B*S, Hq*D]; k, v: [B*S, Hkv*D]; lse: [B, Hq, S] fp32 saved for backward.

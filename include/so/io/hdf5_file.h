@@ -37,6 +37,7 @@ class H5File {
   bool is_integer(const std::string& dataset) const;
   std::string type_description(const std::string& dataset) const;
   std::vector<float> read_f32(const std::string& dataset) const;
+  std::vector<double> read_f64(const std::string& dataset) const;
   std::vector<int32_t> read_i32(const std::string& dataset) const;
   // Reads count elements starting at flat element `offset` of a 1-D integer dataset.
   void read_i32_range(const std::string& dataset, int64_t offset, int64_t count, int32_t* out) const;

@@ -128,6 +128,7 @@ class LlamaModel {
   ParamLayout layout_;
   std::unique_ptr<Activations> acts_;
   int64_t kv_copies_ = 1;  // Ulysses with more ranks than KV heads: copies of each KV head sent
+  float rope_scale_ = 1.0f;  // cos and sin factor of the RoPE table (yarn's attention factor)
 };
 
 }  // namespace so

@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "so/model/rope.h"
+
 namespace so {
 
 struct ModelConfig {
@@ -17,6 +19,7 @@ struct ModelConfig {
   int64_t head_dim = 0;
   int64_t max_position_embeddings = 0;
   double rope_theta = 10000.0;
+  RopeScaling rope;  // rope_scaling / rope_parameters beyond rope_theta
   float rms_norm_eps = 1e-6f;
   bool tie_word_embeddings = false;
   bool qk_norm = false;  // Qwen3: RMSNorm over head_dim on q and k, before RoPE
@@ -27,7 +30,7 @@ struct ModelConfig {
   int64_t num_parameters() const;
 
   // Parses an HF config.json object; `source` names it in errors. Unsupported features
-  // (rope scaling, biases, sliding windows, other activations) are refused by name.
+  // (other RoPE types, biases, sliding windows, other activations) are refused by name.
   static ModelConfig from_hf_json(const nlohmann::json& j, const std::string& source);
   static ModelConfig from_hf_file(const std::string& path);
   nlohmann::json to_hf_json() const;

@@ -31,7 +31,8 @@ template <typename T>
 void replicate_heads(T* out, const T* in, int64_t rows, int64_t heads, int64_t copies, int64_t head_dim,
                      bool reverse);
 template <typename T>
-void rope(T* x, const int32_t* positions, int64_t T_, int64_t heads, int64_t head_dim, float theta, bool inverse);
+void rope(T* x, const int32_t* positions, int64_t T_, int64_t heads, int64_t head_dim, const double* inv_freq,
+          float attention_scale, bool inverse);
 template <typename T>
 void swiglu_forward(T* out, const T* gate, const T* up, int64_t n);
 template <typename T>

@@ -20,8 +20,8 @@ class CpuOps final : public Ops {
                        float eps, DType dt) override;
   void rmsnorm_backward(Stream& s, void* dx, void* dw_acc, const void* dout, const void* x, const void* w,
                         const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) override;
-  void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim, float theta,
-            bool inverse, DType dt) override;
+  void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
+            const double* inv_freq, float attention_scale, bool inverse, DType dt) override;
   void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v, int64_t B,
                          int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) override;
   std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) override;

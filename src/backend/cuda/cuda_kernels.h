@@ -45,7 +45,7 @@ void launch_rmsnorm_backward(cudaStream_t stream, void* dx, void* dw_acc, const 
 // In-place rotate_half rotary embedding of x[T, heads, head_dim] (inverse: the transpose rotation);
 // angles in double as the CPU computes them, rotations without FMA contraction.
 void launch_rope(cudaStream_t stream, void* x, const int32_t* positions, int64_t T, int64_t heads,
-                 int64_t head_dim, float theta, bool inverse, DType dt);
+                 int64_t head_dim, const double* inv_freq, float attention_scale, bool inverse, DType dt);
 
 // out = silu(gate) * up, elementwise.
 void launch_swiglu_forward(cudaStream_t stream, void* out, const void* gate, const void* up, int64_t n, DType dt);

@@ -61,8 +61,8 @@ void CudaOps::rmsnorm_backward(Stream& s, void* dx, void* dw_acc, const void* do
 }
 
 void CudaOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
-                   float theta, bool inverse, DType dt) {
-  launch_rope(raw(s), x, positions, T, heads, head_dim, theta, inverse, dt);
+                   const double* inv_freq, float attention_scale, bool inverse, DType dt) {
+  launch_rope(raw(s), x, positions, T, heads, head_dim, inv_freq, attention_scale, inverse, dt);
 }
 
 const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
