@@ -15,7 +15,33 @@ namespace {
 // and refused unless neutral; anything else unknown is an error.
 const char* kIgnoredHfKeys[] = {"bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "use_cache",
                                 "_name_or_path", "output_attentions", "output_hidden_states", "return_dict",
-                                "max_window_layers", "model_name", "is_decoder", "sliding_window"};
+                                "max_window_layers", "model_name", "is_decoder"};
+
+// A model family is data: its model_type, the class transformers builds for it, and which of the
+// decoder's optional pieces it switches on.
+enum class Biases {
+  Key,     // attention_bias (default false) puts biases on q, k, v and o (Llama, Qwen3)
+  Qkv,     // q, k and v always have biases, o never; no key (Qwen2)
+  None,    // no biases; no key (Mistral)
+};
+struct Family {
+  const char* model_type;
+  const char* architecture;
+  bool qk_norm;
+  Biases biases;
+  bool window;  // sliding_window applies to every layer (Mistral); elsewhere it is read only with use_sliding_window
+};
+constexpr Family kFamilies[] = {
+    {"llama", "LlamaForCausalLM", false, Biases::Key, false},
+    {"qwen3", "Qwen3ForCausalLM", true, Biases::Key, false},
+    {"qwen2", "Qwen2ForCausalLM", false, Biases::Qkv, false},
+    {"mistral", "MistralForCausalLM", false, Biases::None, true},
+};
+const Family* find_family(const std::string& model_type) {
+  for (const Family& f : kFamilies)
+    if (model_type == f.model_type) return &f;
+  return nullptr;
+}
 
 // Sizes far beyond any model so_train can hold, and small enough that no buffer size computed
 // from them (tokens x intermediate x bytes, vocab x hidden x bytes) can overflow 64 bits.
@@ -95,16 +121,18 @@ void read_rope_scaling(JsonReader& rp, ModelConfig& c, int64_t top_original) {
 int64_t ModelConfig::num_parameters() const {
   const int64_t H = hidden_size;
   const int64_t per_layer = H * q_dim() + 2 * H * kv_dim() + q_dim() * H + 3 * H * intermediate_size + 2 * H +
-                            (qk_norm ? 2 * head_dim : 0);
+                            (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? q_dim() + 2 * kv_dim() : 0) + (o_bias ? H : 0);
   return vocab_size * H * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + H;
 }
+
+std::string ModelConfig::architecture() const { return find_family(model_type)->architecture; }
 
 ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string& source) {
   JsonReader r(j, source);
   ModelConfig c;
   c.model_type = r.require<std::string>("model_type");
-  if (c.model_type != "llama" && c.model_type != "qwen3")
-    r.fail("model_type", str_cat("is '", c.model_type, "'; supported: llama, qwen3"));
+  const Family* family = find_family(c.model_type);
+  if (!family) r.fail("model_type", str_cat("is '", c.model_type, "'; supported: llama, qwen3, qwen2, mistral"));
   auto size = [&](const char* key, int64_t fallback) {
     if (fallback < 0 && !r.has(key)) r.fail(key, "is required");
     return r.get_in(key, fallback, 1, size_bound(key));
@@ -121,7 +149,13 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   c.tie_word_embeddings = r.get<bool>("tie_word_embeddings", false);
   c.initializer_range = r.get<float>("initializer_range", 0.02f);
   if (!(c.initializer_range >= 0.0f)) r.fail("initializer_range", "must not be negative");
-  c.qk_norm = c.model_type == "qwen3";
+  c.qk_norm = family->qk_norm;
+  switch (family->biases) {
+    case Biases::Key: c.qkv_bias = c.o_bias = r.get<bool>("attention_bias", false); break;
+    case Biases::Qkv: c.qkv_bias = true; break;
+    case Biases::None: break;
+  }
+  r.accept("attention_bias");  // families without the key ignore it, as transformers does
 
   if (c.num_kv_heads > c.num_heads || c.num_heads % c.num_kv_heads != 0)
     r.fail("num_attention_heads", str_cat("(", c.num_heads, ") is not divisible by num_key_value_heads (",
@@ -154,9 +188,11 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
   const std::string act = r.get<std::string>("hidden_act", "silu");
   if (act != "silu") r.fail("hidden_act", str_cat("is '", act, "'; only 'silu' (SwiGLU) is supported"));
-  for (const char* bias : {"attention_bias", "mlp_bias"})
-    if (r.get<bool>(bias, false)) r.fail(bias, "is true; biases are not supported");
+  if (r.get<bool>("mlp_bias", false)) r.fail("mlp_bias", "is true; MLP biases are not supported");
   if (r.get<bool>("use_sliding_window", false)) r.fail("use_sliding_window", "is true; sliding windows are not supported");
+  // Elsewhere sliding_window only counts with use_sliding_window (refused above).
+  r.accept("sliding_window");
+  if (family->window) c.sliding_window = r.get_in("sliding_window", 0, 1, INT32_MAX);
   if (r.get<double>("attention_dropout", 0.0) != 0.0)
     r.fail("attention_dropout", "is not 0; so_train trains without attention dropout");
   if (r.get_in("pretraining_tp", 1, INT64_MIN, INT64_MAX) != 1)
@@ -170,7 +206,7 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
       r.fail("layer_types", str_cat("is ", brief_json(lt), "; so_train needs one \"full_attention\" per layer (",
                                     c.num_layers, "): sliding-window attention is not supported"));
   }
-  const std::string arch = c.model_type == "qwen3" ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+  const std::string arch = family->architecture;
   r.accept("architectures");
   if (r.has("architectures")) {
     const nlohmann::json& a = r.raw().at("architectures");
@@ -193,7 +229,7 @@ ModelConfig ModelConfig::from_hf_file(const std::string& path) {
 
 nlohmann::json ModelConfig::to_hf_json() const {
   nlohmann::json j = {{"model_type", model_type},
-                      {"architectures", {model_type == "qwen3" ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+                      {"architectures", {architecture()}},
                       {"vocab_size", vocab_size},
                       {"hidden_size", hidden_size},
                       {"intermediate_size", intermediate_size},
@@ -207,6 +243,9 @@ nlohmann::json ModelConfig::to_hf_json() const {
                       {"tie_word_embeddings", tie_word_embeddings},
                       {"initializer_range", shortest_decimal(initializer_range)},
                       {"hidden_act", "silu"}};
+  if (find_family(model_type)->biases == Biases::Key) j["attention_bias"] = qkv_bias;
+  if (find_family(model_type)->window)
+    j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
   if (rope.type != "default") {
     nlohmann::json& s = j["rope_scaling"] = {{"rope_type", rope.type}, {"factor", rope.factor}};
     if (rope.type == "llama3" || rope.type == "yarn")

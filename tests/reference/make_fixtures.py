@@ -18,7 +18,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+
+CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+           "qwen2": (Qwen2Config, Qwen2ForCausalLM), "mistral": (MistralConfig, MistralForCausalLM)}
 
 B = 2            # batch size
 S = 37           # input sequence length (input_ids has S + 1 columns)
@@ -89,16 +93,62 @@ FIXTURES = [
             rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32),
         ),
     ),
+    # Projection biases (drawn like weights, so that their gradients and values matter): Qwen2's
+    # q/k/v biases with an odd vocabulary, and with q dim (4 x 32) != hidden (64), MQA and tying;
+    # Llama's attention_bias (q/k/v/o).
+    dict(
+        name="qwen2_gqa_untied",
+        model_type="qwen2",
+        seed=6789,
+        config=dict(
+            vocab_size=131, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=1000000.0,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
+            use_sliding_window=False, hidden_act="silu",
+        ),
+    ),
+    dict(
+        name="qwen2_tied_mqa_qdim",
+        model_type="qwen2",
+        seed=7890,
+        config=dict(
+            vocab_size=127, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=32, rope_theta=1000000.0,
+            rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=256,
+            use_sliding_window=False, hidden_act="silu",
+        ),
+    ),
+    dict(
+        name="llama_attention_bias",
+        model_type="llama",
+        seed=8901,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=256,
+            attention_bias=True, mlp_bias=False, hidden_act="silu",
+        ),
+    ),
+    # Mistral: Llama's maths; its sliding window (64) is longer than the sequence (37).
+    dict(
+        name="mistral_window",
+        model_type="mistral",
+        seed=9012,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1000000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
+            sliding_window=64, hidden_act="silu",
+        ),
+    ),
 ]
 
 
 def build_model(spec):
     kw = dict(spec["config"], attn_implementation="eager")
     kw.setdefault("rope_scaling", None)
-    if spec["model_type"] == "llama":
-        cfg, cls = LlamaConfig(**kw), LlamaForCausalLM
-    else:
-        cfg, cls = Qwen3Config(**kw), Qwen3ForCausalLM
+    config_cls, cls = CLASSES[spec["model_type"]]
+    cfg = config_cls(**kw)
     cfg._attn_implementation = "eager"
     model = cls(cfg).float()
     # Sanity checks on how the installed transformers interpreted the config.
@@ -109,14 +159,15 @@ def build_model(spec):
     if rp:
         want = (spec["config"].get("rope_scaling") or {}).get("rope_type", "default")
         assert rp.get("rope_type", "default") == want, rp
-    if spec["model_type"] == "qwen3":
+    if spec["model_type"] in ("qwen3", "qwen2"):
         assert all(t == "full_attention" for t in cfg.layer_types), cfg.layer_types
+    if "head_dim" in spec["config"]:
         assert model.model.layers[0].self_attn.head_dim == spec["config"]["head_dim"]
     return model
 
 
 def reinit_(model):
-    """Linear/Embedding weights ~ N(0, INIT_STD); RMSNorm weights = 1 + NORM_JITTER*randn.
+    """Linear/Embedding weights and biases ~ N(0, INIT_STD); RMSNorm weights = 1 + NORM_JITTER*randn.
 
     Tied parameters are initialised once (the first module that owns them, in
     named_modules() order, i.e. the embedding)."""
@@ -130,7 +181,8 @@ def reinit_(model):
             if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding)):
                 w.normal_(0.0, INIT_STD)
                 if getattr(mod, "bias", None) is not None:
-                    mod.bias.zero_()
+                    mod.bias.normal_(0.0, INIT_STD)
+                    seen.add(id(mod.bias))
             elif cls.endswith("RMSNorm"):
                 w.copy_(1.0 + NORM_JITTER * torch.randn_like(w))
             else:

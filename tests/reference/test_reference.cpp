@@ -199,7 +199,16 @@ TEST_P(ReferenceTest, TenAdamWStepsMatchTorch) {
   if (GetParam().dtype == DType::F32) {
     for (const std::string& name : f.members("/train/final_weights")) {
       const int id = model_->layout().find(name);
-      EXPECT_LE(test::rel_error(engine->read_weight(id), f.read_f32("/train/final_weights/" + name)), 1e-4) << name;
+      const std::vector<float> got = engine->read_weight(id), want = f.read_f32("/train/final_weights/" + name);
+      if (!name.ends_with("k_proj.bias")) {
+        EXPECT_LE(test::rel_error(got, want), 1e-4) << name;
+        continue;
+      }
+      // k_proj's bias adds the same q.b to every score of a query, which softmax ignores: its
+      // gradient is zero up to rounding, and AdamW turns that noise into steps of up to lr of
+      // either sign. Both sides may only have moved it that far from each other.
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_LE(std::abs(got[i] - want[i]), 2.0 * lr * steps) << name << "[" << i << "]";
     }
   }
   std::printf("[%s] 10-step losses: first %.6f (torch %.6f), last %.6f (torch %.6f)\n",
@@ -213,7 +222,10 @@ std::vector<Case> cases_on(const std::string& backend) {
                              {"qwen3_tied", DType::F32, false, 0},       {"llama_gqa_untied", DType::F32, true, 5},
                              {"qwen3_tied", DType::F32, true, 7},        {"llama_gqa_untied", DType::BF16, false, 0},
                              {"llama_tied_mqa", DType::BF16, true, 0},   {"qwen3_tied", DType::BF16, false, 0},
-                             {"llama_rope_llama3", DType::F32, false, 0}, {"llama_rope_yarn", DType::F32, true, 0}};
+                             {"llama_rope_llama3", DType::F32, false, 0}, {"llama_rope_yarn", DType::F32, true, 0},
+                             {"qwen2_gqa_untied", DType::F32, false, 0},  {"qwen2_tied_mqa_qdim", DType::F32, true, 5},
+                             {"llama_attention_bias", DType::F32, false, 0}, {"mistral_window", DType::F32, false, 0},
+                             {"qwen2_gqa_untied", DType::BF16, false, 0}};
   for (Case& c : cases) c.backend = backend;
   return cases;
 }

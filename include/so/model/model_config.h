@@ -1,5 +1,6 @@
 #pragma once
-// The decoder's shape, read from a Hugging Face config.json (Llama and Qwen3 families).
+// The decoder's shape, read from a Hugging Face config.json. One decoder serves every family
+// (llama, qwen3, qwen2, mistral); a family only switches its optional pieces on.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -9,7 +10,7 @@
 namespace so {
 
 struct ModelConfig {
-  std::string model_type = "llama";  // llama | qwen3
+  std::string model_type = "llama";  // llama | qwen3 | qwen2 | mistral
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -23,11 +24,17 @@ struct ModelConfig {
   float rms_norm_eps = 1e-6f;
   bool tie_word_embeddings = false;
   bool qk_norm = false;  // Qwen3: RMSNorm over head_dim on q and k, before RoPE
+  bool qkv_bias = false;  // q, k and v projections add a bias (Qwen2; attention_bias of Llama/Qwen3)
+  bool o_bias = false;    // o_proj adds a bias (attention_bias of Llama/Qwen3)
+  // Mistral: a query sees keys fewer than this many positions back; 0 = no window. Trained only
+  // where it cannot bite (sequences no longer than it), LlamaModel checks.
+  int64_t sliding_window = 0;
   float initializer_range = 0.02f;
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
   int64_t num_parameters() const;
+  std::string architecture() const;  // the transformers class, e.g. LlamaForCausalLM
 
   // Parses an HF config.json object; `source` names it in errors. Unsupported features
   // (other RoPE types, biases, sliding windows, other activations) are refused by name.

@@ -18,10 +18,12 @@ struct ParamInfo {
   int first_unit = 0;           // units reading it, lowest and highest (tied embeddings: 0 and L+1)
   int last_unit = 0;
   bool is_norm = false;         // RMSNorm weight: initialised to one
+  bool is_bias = false;         // projection bias: initialised to zero
 };
 
 struct LayerParamIds {
   int attn_norm, q, k, v, o, q_norm = -1, k_norm = -1, mlp_norm, gate, up, down;
+  int q_bias = -1, k_bias = -1, v_bias = -1, o_bias = -1;  // -1: the family has none
 };
 
 struct ParamLayout {
@@ -40,6 +42,7 @@ struct ParamLayout {
 // 2 FLOPs per multiply-add, and causal attention counts the (S+1)/2 keys a query sees on average.
 // causal = true counts attention's score and value products over the visible (query, key) pairs
 // only, (S + 1) / 2 per query; false over all S, the convention most published MFU figures use.
+// A projection bias counts 1 FLOP per element forward and 1 backward (its gradient's sum).
 double train_flops_per_token(const ModelConfig& cfg, int64_t seq_len, bool causal = true);
 
 }  // namespace so
