@@ -213,7 +213,7 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
               timed([&] { ops.embedding_forward(s, out, table, tok, T, V, H, bf); }), 2.0 * T * H * 2 + T * 4);
     void* dout = t.random(T * H, bf, 22);
     tab.bytes("embedding_backward", th + ", V " + std::to_string(V),
-              timed([&] { ops.embedding_backward(s, table, dout, tok, T, V, H, bf); }),
+              timed([&] { ops.embedding_backward(s, table, dout, tok, T, V, H, -1, bf); }),
               T * H * 2 + 2 * distinct * H * 2 + T * 4, "table rows touched: read + write");
   }
   {

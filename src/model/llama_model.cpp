@@ -336,7 +336,7 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
   }
   hooks.before_backward(0);
   ops_.embedding_backward(stream_, p.grad(layout_.embedding), a.dx.data(), a.tokens.as<int32_t>(), T,
-                          cfg_.vocab_size, cfg_.hidden_size, opts_.dtype);
+                          cfg_.vocab_size, cfg_.hidden_size, cfg_.pad_token_id, opts_.dtype);
   hooks.after_backward(0);
 }
 

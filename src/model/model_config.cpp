@@ -13,7 +13,7 @@ namespace {
 // Keys an HF config carries that do not change the math so_train runs (token ids, inference and
 // bookkeeping settings), whatever their value. Keys whose values can change the math are read
 // and refused unless neutral; anything else unknown is an error.
-const char* kIgnoredHfKeys[] = {"bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "use_cache",
+const char* kIgnoredHfKeys[] = {"bos_token_id", "eos_token_id", "transformers_version", "use_cache",
                                 "_name_or_path", "output_attentions", "output_hidden_states", "return_dict",
                                 "max_window_layers", "model_name", "is_decoder"};
 
@@ -29,13 +29,17 @@ struct Family {
   const char* architecture;
   bool qk_norm;
   Biases biases;
-  bool window;  // sliding_window applies to every layer (Mistral); elsewhere it is read only with use_sliding_window
+  bool window;        // sliding_window applies to every layer (Mistral, Phi-3); elsewhere only with use_sliding_window
+  bool fused;         // qkv_proj and gate_up_proj in the checkpoint (Phi-3)
+  bool scaled_rope;   // transformers' class takes linear/dynamic/yarn/llama3 (Phi-3's takes longrope only)
+  int64_t default_pad;  // pad_token_id when the config has none (-1: no padding row)
 };
 constexpr Family kFamilies[] = {
-    {"llama", "LlamaForCausalLM", false, Biases::Key, false},
-    {"qwen3", "Qwen3ForCausalLM", true, Biases::Key, false},
-    {"qwen2", "Qwen2ForCausalLM", false, Biases::Qkv, false},
-    {"mistral", "MistralForCausalLM", false, Biases::None, true},
+    {"llama", "LlamaForCausalLM", false, Biases::Key, false, false, true, -1},
+    {"qwen3", "Qwen3ForCausalLM", true, Biases::Key, false, false, true, -1},
+    {"qwen2", "Qwen2ForCausalLM", false, Biases::Qkv, false, false, true, -1},
+    {"mistral", "MistralForCausalLM", false, Biases::None, true, false, true, -1},
+    {"phi3", "Phi3ForCausalLM", false, Biases::None, true, true, false, 32000},
 };
 const Family* find_family(const std::string& model_type) {
   for (const Family& f : kFamilies)
@@ -132,7 +136,9 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   ModelConfig c;
   c.model_type = r.require<std::string>("model_type");
   const Family* family = find_family(c.model_type);
-  if (!family) r.fail("model_type", str_cat("is '", c.model_type, "'; supported: llama, qwen3, qwen2, mistral"));
+  if (!family)
+    r.fail("model_type", str_cat("is '", c.model_type, "'; supported: llama, qwen3, qwen2, mistral, phi3"));
+  c.fused_projections = family->fused;
   auto size = [&](const char* key, int64_t fallback) {
     if (fallback < 0 && !r.has(key)) r.fail(key, "is required");
     return r.get_in(key, fallback, 1, size_bound(key));
@@ -144,6 +150,17 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   c.num_heads = size("num_attention_heads", -1);
   c.num_kv_heads = size("num_key_value_heads", c.num_heads);
   c.max_position_embeddings = size("max_position_embeddings", 4096);
+  // nn.Embedding takes a padding_idx in [-vocab, vocab), a negative one counted from the end.
+  r.accept("pad_token_id");
+  if (r.has("pad_token_id")) {
+    c.pad_token_id = r.get_in("pad_token_id", -1, -c.vocab_size, c.vocab_size - 1);
+    if (c.pad_token_id < 0) c.pad_token_id += c.vocab_size;
+  } else if (family->default_pad >= 0) {
+    if (family->default_pad >= c.vocab_size)
+      r.fail("pad_token_id", str_cat("is absent and ", c.model_type, "'s default (", family->default_pad,
+                                     ") is outside the vocabulary (", c.vocab_size, "); give pad_token_id"));
+    c.pad_token_id = family->default_pad;
+  }
   c.rms_norm_eps = r.get<float>("rms_norm_eps", 1e-6f);
   if (!(c.rms_norm_eps > 0.0f)) r.fail("rms_norm_eps", str_cat("is ", c.rms_norm_eps, "; it must be positive"));
   c.tie_word_embeddings = r.get<bool>("tie_word_embeddings", false);
@@ -185,6 +202,13 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
     if (std::string(key) == "rope_parameters") c.rope_theta = rp.get<double>("rope_theta", c.rope_theta);
     read_rope_scaling(rp, c, top_original);
   }
+  // Phi-3's class renames yarn/su to longrope and takes nothing else but the default.
+  if (!family->scaled_rope && c.rope.type != "default")
+    r.fail(r.has("rope_scaling") ? "rope_scaling" : "rope_parameters",
+           str_cat("has rope_type '", c.rope.type, "'; ", c.model_type,
+                   " models take only the default rotary embedding here (transformers reads yarn as longrope)"));
+  if (r.get<double>("partial_rotary_factor", 1.0) != 1.0)
+    r.fail("partial_rotary_factor", "is not 1; rotary embedding of part of each head is not supported");
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
   const std::string act = r.get<std::string>("hidden_act", "silu");
   if (act != "silu") r.fail("hidden_act", str_cat("is '", act, "'; only 'silu' (SwiGLU) is supported"));
@@ -195,6 +219,8 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   if (family->window) c.sliding_window = r.get_in("sliding_window", 0, 1, INT32_MAX);
   if (r.get<double>("attention_dropout", 0.0) != 0.0)
     r.fail("attention_dropout", "is not 0; so_train trains without attention dropout");
+  for (const char* key : {"resid_pdrop", "embd_pdrop"})  // Phi-3's residual and embedding dropout
+    if (r.get<double>(key, 0.0) != 0.0) r.fail(key, "is not 0; so_train trains without dropout");
   if (r.get_in("pretraining_tp", 1, INT64_MIN, INT64_MAX) != 1)
     r.fail("pretraining_tp", "is not 1; only unsplit projections are supported");
   r.accept("layer_types");
@@ -243,6 +269,7 @@ nlohmann::json ModelConfig::to_hf_json() const {
                       {"tie_word_embeddings", tie_word_embeddings},
                       {"initializer_range", shortest_decimal(initializer_range)},
                       {"hidden_act", "silu"}};
+  j["pad_token_id"] = pad_token_id >= 0 ? nlohmann::json(pad_token_id) : nlohmann::json(nullptr);
   if (find_family(model_type)->biases == Biases::Key) j["attention_bias"] = qkv_bias;
   if (find_family(model_type)->window)
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);

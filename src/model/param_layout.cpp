@@ -1,5 +1,7 @@
 #include "so/model/param_layout.h"
 
+#include <map>
+
 #include "so/core/error.h"
 
 namespace so {
@@ -23,6 +25,7 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
     return static_cast<int>(L.params.size()) - 1;
   };
   const int64_t H = c.hidden_size, I = c.intermediate_size;
+  std::map<int, std::pair<std::string, int>> fused;  // first part -> the checkpoint's stacked tensor, parts
   L.embedding = add("model.embed_tokens.weight", {c.vocab_size, H}, 0);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -47,6 +50,11 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
     ids.gate = add(p + "mlp.gate_proj.weight", {I, H}, u);
     ids.up = add(p + "mlp.up_proj.weight", {I, H}, u);
     ids.down = add(p + "mlp.down_proj.weight", {H, I}, u);
+    if (c.fused_projections) {
+      SO_CHECK(!c.qkv_bias && !c.qk_norm, "model: fused projections with biases or q/k norm are not laid out");
+      fused[ids.q] = {p + "self_attn.qkv_proj.weight", 3};  // q, k, v: consecutive ids
+      fused[ids.gate] = {p + "mlp.gate_up_proj.weight", 2};  // gate, up
+    }
     L.layers.push_back(ids);
   }
   L.final_norm = add("model.norm.weight", {H}, head_unit, One);
@@ -57,6 +65,18 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
     L.lm_head = add("lm_head.weight", {c.vocab_size, H}, head_unit);
   }
   L.num_units = head_unit + 1;
+  for (int id = 0; id < static_cast<int>(L.params.size());) {
+    HfTensor t{L.params[id].name, L.params[id].shape, {id}};
+    if (const auto f = fused.find(id); f != fused.end()) {
+      t.name = f->second.first;
+      for (int j = 1; j < f->second.second; ++j) {
+        t.parts.push_back(id + j);
+        t.shape[0] += L.params[id + j].shape[0];
+      }
+    }
+    id += static_cast<int>(t.parts.size());
+    L.hf_tensors.push_back(std::move(t));
+  }
   return L;
 }
 

@@ -222,13 +222,14 @@ OpCase embedding_forward_case(int64_t T, int64_t V, int64_t H, DType dt) {
           }};
 }
 
-// Tokens drawn from the first `distinct` ids, so rows receive many updates each.
-OpCase embedding_backward_case(int64_t T, int64_t V, int64_t H, int64_t distinct, DType dt) {
-  return {case_name("embedding_backward", dn(dt), "T", T, "V", V, "H", H, "distinct", distinct), [=](OpRun& r) {
+// Tokens drawn from the first `distinct` ids, so rows receive many updates each; `pad`'s row none.
+OpCase embedding_backward_case(int64_t T, int64_t V, int64_t H, int64_t distinct, int64_t pad, DType dt) {
+  return {case_name("embedding_backward", dn(dt), "T", T, "V", V, "H", H, "distinct", distinct, "pad", pad),
+          [=](OpRun& r) {
             void* dtable = r.in(normal(V * H, 6, 0.1f), dt);
             void* dout = r.in(normal(T * H, 7), dt);
             const int32_t* tok = r.ints(uniform_ints(T, 8, 0, static_cast<int32_t>(distinct)));
-            r.ops().embedding_backward(r.s(), dtable, dout, tok, T, V, H, dt);
+            r.ops().embedding_backward(r.s(), dtable, dout, tok, T, V, H, pad, dt);
             r.expect("dtable", dtable, V * H, dt, OpClass::Scatter);
           }};
 }
@@ -484,7 +485,8 @@ std::vector<OpCase> small_cases() {
     c.push_back(gemm_case({1, 257, 64, false, false}, dt, dt));
     c.push_back(gemm_case({33, 65, 100, true, false, 0.5f, 1.0f}, dt, DType::F32));  // dW += dY^T X in fp32
     c.push_back(embedding_forward_case(37, 1000, 77, dt));
-    c.push_back(embedding_backward_case(37, 1000, 77, 5, dt));
+    c.push_back(embedding_backward_case(37, 1000, 77, 5, -1, dt));
+    c.push_back(embedding_backward_case(37, 1000, 77, 5, 3, dt));
     c.push_back(rmsnorm_forward_case(1, 77, dt));
     c.push_back(rmsnorm_forward_case(333, 40, dt));
     for (bool acc : {false, true}) c.push_back(rmsnorm_backward_case(333, 40, acc, dt));
@@ -531,7 +533,7 @@ std::vector<OpCase> large_cases() {
     c.push_back(gemm_case({2048, 512, 3000, true, false, 1.0f, 1.0f}, dt, dt));
     c.push_back(embedding_forward_case(4099, 32003, 1024, dt));
     c.push_back(embedding_forward_case(70001, 1000, 40, dt));
-    c.push_back(embedding_backward_case(4099, 32003, 1024, 300, dt));
+    c.push_back(embedding_backward_case(4099, 32003, 1024, 300, -1, dt));
     c.push_back(rmsnorm_forward_case(70001, 40, dt));
     c.push_back(rmsnorm_forward_case(4097, 2048, dt));
     c.push_back(rmsnorm_backward_case(70001, 40, false, dt));
@@ -731,7 +733,7 @@ std::vector<BadIdCase> bad_id_cases() {
            [=](Ops& ops, Stream& s, Backend& be, std::vector<DeviceBuffer>& k) {
              const int32_t* ids = upload_ids(be, s, k);
              ops.embedding_backward(s, zeros(be, s, k, 1000 * 8 * 2), zeros(be, s, k, 300 * 8 * 2), ids, 300, 1000, 8,
-                                    DType::BF16);
+                                    -1, DType::BF16);
            }},
           {"cross_entropy", "cross",
            [=](Ops& ops, Stream& s, Backend& be, std::vector<DeviceBuffer>& k) {

@@ -18,11 +18,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-           "qwen2": (Qwen2Config, Qwen2ForCausalLM), "mistral": (MistralConfig, MistralForCausalLM)}
+           "qwen2": (Qwen2Config, Qwen2ForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
+           "phi3": (Phi3Config, Phi3ForCausalLM)}
+PAD_POSITIONS = [(0, 3), (0, 20), (1, 10)]  # where a config with pad_token_id gets that token in every batch
 
 B = 2            # batch size
 S = 37           # input sequence length (input_ids has S + 1 columns)
@@ -129,6 +131,32 @@ FIXTURES = [
             attention_bias=True, mlp_bias=False, hidden_act="silu",
         ),
     ),
+    # Phi-3 (Phi-4's family): fused qkv_proj and gate_up_proj, stored here split into so_train's
+    # names (q_proj, k_proj, v_proj, gate_proj, up_proj); pad_token_id 5 occurs in every batch.
+    dict(
+        name="phi3_gqa_pad",
+        model_type="phi3",
+        seed=1357,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=250000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
+            original_max_position_embeddings=256, pad_token_id=5, sliding_window=None,
+            resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, hidden_act="silu",
+        ),
+    ),
+    # padding_idx with a tied head: the lookup's gradient skips row 7, the head's still reaches it.
+    dict(
+        name="llama_tied_pad",
+        model_type="llama",
+        seed=2468,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=256,
+            attention_bias=False, mlp_bias=False, hidden_act="silu", pad_token_id=7,
+        ),
+    ),
     # Mistral: Llama's maths; its sliding window (64) is longer than the sequence (37).
     dict(
         name="mistral_window",
@@ -204,6 +232,25 @@ def np32(t):
     return t.detach().cpu().to(torch.float32).numpy()
 
 
+def split_fused(cfg, tensors):
+    """Phi-3's stacked projections under so_train's parameter names (rows [q; k; v], [gate; up])."""
+    out = {}
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    q, kv = cfg.num_attention_heads * head_dim, cfg.num_key_value_heads * head_dim
+    for n, a in tensors.items():
+        if n.endswith("qkv_proj.weight"):
+            base = n[: -len("qkv_proj.weight")]
+            out[base + "q_proj.weight"], out[base + "k_proj.weight"], out[base + "v_proj.weight"] = (
+                a[:q], a[q:q + kv], a[q + kv:])
+        elif n.endswith("gate_up_proj.weight"):
+            base = n[: -len("gate_up_proj.weight")]
+            half = a.shape[0] // 2
+            out[base + "gate_proj.weight"], out[base + "up_proj.weight"] = a[:half], a[half:]
+        else:
+            out[n] = a
+    return {n: np.ascontiguousarray(a) for n, a in out.items()}
+
+
 def make_fixture(spec, out_dir):
     torch.manual_seed(spec["seed"])
     model = build_model(spec)
@@ -219,17 +266,23 @@ def make_fixture(spec, out_dir):
     gen = torch.Generator().manual_seed(spec["seed"] + 1)
     ids = torch.randint(0, V, (B, S + 1), generator=gen)
     train_ids = torch.randint(0, V, (TRAIN_STEPS, B, S + 1), generator=gen)
+    pad = model.config.pad_token_id
+    if pad is not None:
+        assert model.model.embed_tokens.padding_idx == pad
+        for b, t in PAD_POSITIONS:
+            ids[b, t] = pad
+            train_ids[:, b, t] = pad
 
     train_model = copy.deepcopy(model)  # fresh copy of the initial weights for training
     if tied:
         assert train_model.lm_head.weight is train_model.model.embed_tokens.weight
 
     # ---- single forward / backward ----
-    init_weights = {n: np32(p) for n, p in model.named_parameters()}
+    init_weights = split_fused(model.config, {n: np32(p) for n, p in model.named_parameters()})
     model.zero_grad(set_to_none=True)
     loss, logits = lm_loss(model, ids)
     loss.backward()
-    grads = {n: np32(p.grad) for n, p in model.named_parameters()}
+    grads = split_fused(model.config, {n: np32(p.grad) for n, p in model.named_parameters()})
 
     # ---- 10-step AdamW training run ----
     params = list(train_model.parameters())
@@ -244,7 +297,7 @@ def make_fixture(spec, out_dir):
         opt.step()
         losses.append(l.item())
         norms.append(gn.item())
-    final_weights = {n: np32(p) for n, p in train_model.named_parameters()}
+    final_weights = split_fused(train_model.config, {n: np32(p) for n, p in train_model.named_parameters()})
 
     path = os.path.join(out_dir, spec["name"] + ".h5")
     with h5py.File(path, "w") as f:

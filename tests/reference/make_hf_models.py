@@ -44,17 +44,20 @@ MODELS = [
          config=dict(tie_word_embeddings=False, rope_theta=1000000.0, use_sliding_window=False)),
     dict(name="mistral_untied_fp32", cls="mistral", seed=16, dtype=torch.float32,
          config=dict(tie_word_embeddings=False, rope_theta=1000000.0, head_dim=32, sliding_window=4096)),
+    dict(name="phi3_untied_bf16", cls="phi3", seed=17, dtype=torch.bfloat16,
+         config=dict(tie_word_embeddings=False, rope_theta=250000.0, pad_token_id=3,
+                     original_max_position_embeddings=128)),
 ]
 
 
 def build(spec):
     kw = dict(COMMON, **spec["config"])
     theta = kw.pop("rope_theta")
-    if spec["cls"] in ("qwen2", "mistral"):
-        del kw["attention_bias"]  # not theirs: Qwen2 always has q/k/v biases, Mistral none
+    if spec["cls"] in ("qwen2", "mistral", "phi3"):
+        del kw["attention_bias"]  # not theirs: Qwen2 always has q/k/v biases, Mistral and Phi-3 none
     config_cls, cls = CLASSES[spec["cls"]]
     cfg = config_cls(**kw)
-    cfg.rope_parameters = {"rope_type": "default", "rope_theta": theta}
+    cfg.rope_parameters = dict(cfg.rope_parameters, rope_type="default", rope_theta=theta)  # Phi-3 adds its partial_rotary_factor
     torch.manual_seed(spec["seed"])
     model = cls(cfg).float()
     reinit_(model)

@@ -225,7 +225,8 @@ std::vector<Case> cases_on(const std::string& backend) {
                              {"llama_rope_llama3", DType::F32, false, 0}, {"llama_rope_yarn", DType::F32, true, 0},
                              {"qwen2_gqa_untied", DType::F32, false, 0},  {"qwen2_tied_mqa_qdim", DType::F32, true, 5},
                              {"llama_attention_bias", DType::F32, false, 0}, {"mistral_window", DType::F32, false, 0},
-                             {"qwen2_gqa_untied", DType::BF16, false, 0}};
+                             {"qwen2_gqa_untied", DType::BF16, false, 0},  {"phi3_gqa_pad", DType::F32, false, 0},
+                             {"phi3_gqa_pad", DType::F32, true, 9},       {"llama_tied_pad", DType::F32, false, 0}};
   for (Case& c : cases) c.backend = backend;
   return cases;
 }

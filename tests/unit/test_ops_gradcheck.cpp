@@ -207,8 +207,24 @@ TEST_F(GradCheck, EmbeddingBackwardScatterAdds) {
   };
   auto dY = test::upload(*be, R, DType::F32);
   auto dW = be->alloc(V * H * 4, "dw");
-  ops.embedding_backward(s, dW.data(), dY.data(), Tk.as<int32_t>(), T, V, H, DType::F32);
+  ops.embedding_backward(s, dW.data(), dY.data(), Tk.as<int32_t>(), T, V, H, -1, DType::F32);
   check(in, 0, f, test::download(*be, dW.data(), V * H, DType::F32), R);
+}
+
+TEST_F(GradCheck, EmbeddingPaddingRowGetsNoGradient) {
+  const int64_t T = 5, V = 4, H = 3;
+  const std::vector<int32_t> tok = {1, 2, 1, 3, 2};
+  auto Tk = be->alloc(T * 4, "tokens");
+  be->copy_h2d(Tk.data(), tok.data(), T * 4, s);
+  auto dY = test::upload(*be, randn(T * H, 31), DType::F32);
+  auto dW = test::upload(*be, std::vector<float>(V * H, 0.5f), DType::F32);
+  ops.embedding_backward(s, dW.data(), dY.data(), Tk.as<int32_t>(), T, V, H, 2, DType::F32);
+  const std::vector<float> got = test::download(*be, dW.data(), V * H, DType::F32);
+  const std::vector<float> dy = test::download(*be, dY.data(), T * H, DType::F32);
+  for (int64_t h = 0; h < H; ++h) {
+    EXPECT_EQ(got[2 * H + h], 0.5f);                                 // padding row: untouched
+    EXPECT_EQ(got[1 * H + h], 0.5f + dy[0 * H + h] + dy[2 * H + h]);  // others: as without padding
+  }
 }
 
 TEST_F(GradCheck, OutOfVocabularyTokenIsAnErrorNotACrash) {

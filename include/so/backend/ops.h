@@ -32,9 +32,10 @@ class Ops {
   // out[T,H] = table[tokens[t], :]. Token ids outside [0, V) are an error.
   virtual void embedding_forward(Stream& s, void* out, const void* table, const int32_t* tokens, int64_t T,
                                  int64_t V, int64_t H, DType dt) = 0;
-  // dtable_acc[tokens[t], :] += dout[t, :]
+  // dtable_acc[tokens[t], :] += dout[t, :] for every token but padding_idx (-1: none), whose row
+  // gets no gradient from the lookup (torch's nn.Embedding padding_idx).
   virtual void embedding_backward(Stream& s, void* dtable_acc, const void* dout, const int32_t* tokens, int64_t T,
-                                  int64_t V, int64_t H, DType dt) = 0;
+                                  int64_t V, int64_t H, int64_t padding_idx, DType dt) = 0;
 
   // out = x * rstd * w over the last dim; rstd[rows] (fp32) saved for backward.
   virtual void rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows,

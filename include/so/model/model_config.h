@@ -1,6 +1,6 @@
 #pragma once
 // The decoder's shape, read from a Hugging Face config.json. One decoder serves every family
-// (llama, qwen3, qwen2, mistral); a family only switches its optional pieces on.
+// (llama, qwen3, qwen2, mistral, phi3); a family only switches its optional pieces on.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -10,7 +10,7 @@
 namespace so {
 
 struct ModelConfig {
-  std::string model_type = "llama";  // llama | qwen3 | qwen2 | mistral
+  std::string model_type = "llama";  // llama | qwen3 | qwen2 | mistral | phi3
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -29,6 +29,12 @@ struct ModelConfig {
   // Mistral: a query sees keys fewer than this many positions back; 0 = no window. Trained only
   // where it cannot bite (sequences no longer than it), LlamaModel checks.
   int64_t sliding_window = 0;
+  // Phi-3: the checkpoint stores q/k/v as one qkv_proj and gate/up as one gate_up_proj (rows
+  // stacked), split at import and joined at export (ParamLayout::hf_tensors).
+  bool fused_projections = false;
+  // The embedding's padding_idx (transformers builds nn.Embedding(vocab, hidden, pad_token_id)):
+  // that row gets no gradient from the lookup (a tied lm_head's still reaches it); -1 = none.
+  int64_t pad_token_id = -1;
   float initializer_range = 0.02f;
 
   int64_t q_dim() const { return num_heads * head_dim; }

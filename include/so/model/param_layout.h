@@ -11,7 +11,8 @@
 namespace so {
 
 struct ParamInfo {
-  std::string name;             // Hugging Face name, e.g. model.layers.3.self_attn.q_proj.weight
+  std::string name;             // Hugging Face name, e.g. model.layers.3.self_attn.q_proj.weight (of the
+                                // unfused projection where the checkpoint fuses them, see HfTensor)
   std::vector<int64_t> shape;
   int64_t numel = 0;
   int64_t offset = 0;           // element offset into the flat buffer (aligned)
@@ -26,8 +27,17 @@ struct LayerParamIds {
   int q_bias = -1, k_bias = -1, v_bias = -1, o_bias = -1;  // -1: the family has none
 };
 
+// A tensor of the Hugging Face checkpoint: one parameter, or consecutive parameters stacked along
+// dim 0 (Phi-3's qkv_proj = [q; k; v] and gate_up_proj = [gate; up]), split at import, joined at export.
+struct HfTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<int> parts;  // parameter ids, in row order
+};
+
 struct ParamLayout {
   std::vector<ParamInfo> params;
+  std::vector<HfTensor> hf_tensors;  // every parameter in exactly one, in layout order
   int64_t total = 0;  // flat buffer elements, padding included
   int embedding = -1, final_norm = -1, lm_head = -1;  // lm_head == embedding when tied
   std::vector<LayerParamIds> layers;

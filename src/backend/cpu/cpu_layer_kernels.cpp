@@ -19,10 +19,12 @@ void embedding_forward(T* out, const T* table, const int32_t* tokens, int64_t T_
 }
 
 template <typename T>
-void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t T_, int64_t V, int64_t H) {
+void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t T_, int64_t V, int64_t H,
+                        int64_t padding_idx) {
   for (int64_t t = 0; t < T_; ++t) {
     const int32_t id = tokens[t];
     SO_CHECK(id >= 0 && id < V, "embedding backward: token id ", id, " outside [0, ", V, ")");
+    if (id == padding_idx) continue;
     T* row = dtable + static_cast<int64_t>(id) * H;
     const T* g = dout + t * H;
     for (int64_t i = 0; i < H; ++i) row[i] = from_f32<T>(to_f32(row[i]) + to_f32(g[i]));
@@ -148,7 +150,7 @@ void cast(Dst* dst, const Src* src, int64_t n) {
 
 #define SO_INSTANTIATE_LAYER_KERNELS(T)                                                                        \
   template void embedding_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                 \
-  template void embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                \
+  template void embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t);       \
   template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int64_t, float);                   \
   template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const float*, int64_t, int64_t, bool); \
   template void rope<T>(T*, const int32_t*, int64_t, int64_t, int64_t, const double*, float, bool);                           \

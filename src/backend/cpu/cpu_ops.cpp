@@ -39,10 +39,10 @@ void CpuOps::embedding_forward(Stream& s, void* out, const void* table, const in
 }
 
 void CpuOps::embedding_backward(Stream& s, void* dtable, const void* dout, const int32_t* tokens, int64_t T,
-                                int64_t V, int64_t H, DType dt) {
+                                int64_t V, int64_t H, int64_t padding_idx, DType dt) {
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
-    cpu::embedding_backward(typed<X>(dtable), typed<X>(dout), tokens, T, V, H);
+    cpu::embedding_backward(typed<X>(dtable), typed<X>(dout), tokens, T, V, H, padding_idx);
   }));
 }
 

@@ -44,9 +44,10 @@ void CudaOps::embedding_forward(Stream& s, void* out, const void* table, const i
 }
 
 void CudaOps::embedding_backward(Stream& s, void* dtable_acc, const void* dout, const int32_t* tokens, int64_t T,
-                                 int64_t V, int64_t H, DType dt) {
+                                 int64_t V, int64_t H, int64_t padding_idx, DType dt) {
   const size_t bytes = embedding_backward_workspace_bytes(T, V);
-  launch_embedding_backward(raw(s), dtable_acc, dout, tokens, T, V, H, dt, device_error_, scratch(s, bytes), bytes);
+  launch_embedding_backward(raw(s), dtable_acc, dout, tokens, T, V, H, padding_idx, dt, device_error_,
+                            scratch(s, bytes), bytes);
 }
 
 void CudaOps::rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows,

@@ -34,7 +34,7 @@ class CudaOps final : public Ops {
   void embedding_forward(Stream& s, void* out, const void* table, const int32_t* tokens, int64_t T, int64_t V,
                          int64_t H, DType dt) override;
   void embedding_backward(Stream& s, void* dtable_acc, const void* dout, const int32_t* tokens, int64_t T,
-                          int64_t V, int64_t H, DType dt) override;
+                          int64_t V, int64_t H, int64_t padding_idx, DType dt) override;
   void rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows, int64_t dim,
                        float eps, DType dt) override;
   void rmsnorm_backward(Stream& s, void* dx, void* dw_acc, const void* dout, const void* x, const void* w,
