@@ -19,27 +19,31 @@ const char* kIgnoredHfKeys[] = {"bos_token_id", "eos_token_id", "transformers_ve
 
 // A model family is data: its model_type, the class transformers builds for it, and which of the
 // decoder's optional pieces it switches on.
-enum class Biases {
-  Key,     // attention_bias (default false) puts biases on q, k, v and o (Llama, Qwen3)
-  Qkv,     // q, k and v always have biases, o never; no key (Qwen2)
-  None,    // no biases; no key (Mistral)
-};
 struct Family {
   const char* model_type;
   const char* architecture;
   bool qk_norm;
-  Biases biases;
+  // Projection biases: the config key that switches them on (null: fixed for the family, and a
+  // key of that name is ignored as transformers ignores it) and the value when absent.
+  const char* qkv_bias_key;
+  bool qkv_bias;
+  const char* o_bias_key;
+  bool o_bias;
   bool window;        // sliding_window applies to every layer (Mistral, Phi-3); elsewhere only with use_sliding_window
   bool fused;         // qkv_proj and gate_up_proj in the checkpoint (Phi-3)
   bool scaled_rope;   // transformers' class takes linear/dynamic/yarn/llama3 (Phi-3's takes longrope only)
-  int64_t default_pad;  // pad_token_id when the config has none (-1: no padding row)
+  int64_t default_pad;       // pad_token_id when the config has none (-1: no padding row)
+  int64_t default_head_dim;  // head_dim when the config has none (0: hidden_size / num_attention_heads)
+  double default_dropout;    // attention_dropout and residual_dropout when the config has none
 };
 constexpr Family kFamilies[] = {
-    {"llama", "LlamaForCausalLM", false, Biases::Key, false, false, true, -1},
-    {"qwen3", "Qwen3ForCausalLM", true, Biases::Key, false, false, true, -1},
-    {"qwen2", "Qwen2ForCausalLM", false, Biases::Qkv, false, false, true, -1},
-    {"mistral", "MistralForCausalLM", false, Biases::None, true, false, true, -1},
-    {"phi3", "Phi3ForCausalLM", false, Biases::None, true, true, false, 32000},
+    {"llama", "LlamaForCausalLM", false, "attention_bias", false, "attention_bias", false, false, false, true, -1, 0, 0.0},
+    {"qwen3", "Qwen3ForCausalLM", true, "attention_bias", false, "attention_bias", false, false, false, true, -1, 0, 0.0},
+    {"qwen2", "Qwen2ForCausalLM", false, nullptr, true, nullptr, false, false, false, true, -1, 0, 0.0},
+    {"mistral", "MistralForCausalLM", false, nullptr, false, nullptr, false, true, false, true, -1, 0, 0.0},
+    {"phi3", "Phi3ForCausalLM", false, nullptr, false, nullptr, false, true, true, false, 32000, 0, 0.0},
+    {"seed_oss", "SeedOssForCausalLM", false, "attention_bias", true, "attention_out_bias", false, false, false, true,
+     1, 128, 0.1},
 };
 const Family* find_family(const std::string& model_type) {
   for (const Family& f : kFamilies)
@@ -137,7 +141,7 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   c.model_type = r.require<std::string>("model_type");
   const Family* family = find_family(c.model_type);
   if (!family)
-    r.fail("model_type", str_cat("is '", c.model_type, "'; supported: llama, qwen3, qwen2, mistral, phi3"));
+    r.fail("model_type", str_cat("is '", c.model_type, "'; supported: llama, qwen3, qwen2, mistral, phi3, seed_oss"));
   c.fused_projections = family->fused;
   auto size = [&](const char* key, int64_t fallback) {
     if (fallback < 0 && !r.has(key)) r.fail(key, "is required");
@@ -167,11 +171,8 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   c.initializer_range = r.get<float>("initializer_range", 0.02f);
   if (!(c.initializer_range >= 0.0f)) r.fail("initializer_range", "must not be negative");
   c.qk_norm = family->qk_norm;
-  switch (family->biases) {
-    case Biases::Key: c.qkv_bias = c.o_bias = r.get<bool>("attention_bias", false); break;
-    case Biases::Qkv: c.qkv_bias = true; break;
-    case Biases::None: break;
-  }
+  c.qkv_bias = family->qkv_bias_key ? r.get<bool>(family->qkv_bias_key, family->qkv_bias) : family->qkv_bias;
+  c.o_bias = family->o_bias_key ? r.get<bool>(family->o_bias_key, family->o_bias) : family->o_bias;
   r.accept("attention_bias");  // families without the key ignore it, as transformers does
 
   if (c.num_kv_heads > c.num_heads || c.num_heads % c.num_kv_heads != 0)
@@ -180,6 +181,8 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   r.accept("head_dim");  // null: derived, as transformers derives it
   if (r.has("head_dim")) {
     c.head_dim = size("head_dim", -1);
+  } else if (family->default_head_dim > 0) {
+    c.head_dim = family->default_head_dim;
   } else {
     if (c.hidden_size % c.num_heads != 0)
       r.fail("hidden_size", str_cat("(", c.hidden_size, ") is not divisible by num_attention_heads (", c.num_heads,
@@ -217,10 +220,15 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   // Elsewhere sliding_window only counts with use_sliding_window (refused above).
   r.accept("sliding_window");
   if (family->window) c.sliding_window = r.get_in("sliding_window", 0, 1, INT32_MAX);
-  if (r.get<double>("attention_dropout", 0.0) != 0.0)
-    r.fail("attention_dropout", "is not 0; so_train trains without attention dropout");
-  for (const char* key : {"resid_pdrop", "embd_pdrop"})  // Phi-3's residual and embedding dropout
-    if (r.get<double>(key, 0.0) != 0.0) r.fail(key, "is not 0; so_train trains without dropout");
+  // so_train trains without dropout (Seed-OSS's and Phi-3's residual and embedding dropout too): a
+  // value other than 0 is refused; model.override sets it to 0 where training without it is meant.
+  for (const char* key : {"attention_dropout", "residual_dropout", "resid_pdrop", "embd_pdrop"}) {
+    const bool family_default = std::string(key) == "attention_dropout" || std::string(key) == "residual_dropout";
+    const double p = r.get<double>(key, family_default ? family->default_dropout : 0.0);
+    if (p != 0.0)
+      r.fail(key, str_cat("is ", p, r.has(key) ? "" : str_cat(" (", c.model_type, "'s default)"),
+                          ", not 0; so_train trains without dropout: set it to 0 with model.override to train so"));
+  }
   if (r.get_in("pretraining_tp", 1, INT64_MIN, INT64_MAX) != 1)
     r.fail("pretraining_tp", "is not 1; only unsplit projections are supported");
   r.accept("layer_types");
@@ -270,8 +278,12 @@ nlohmann::json ModelConfig::to_hf_json() const {
                       {"initializer_range", shortest_decimal(initializer_range)},
                       {"hidden_act", "silu"}};
   j["pad_token_id"] = pad_token_id >= 0 ? nlohmann::json(pad_token_id) : nlohmann::json(nullptr);
-  if (find_family(model_type)->biases == Biases::Key) j["attention_bias"] = qkv_bias;
-  if (find_family(model_type)->window)
+  const Family& family = *find_family(model_type);
+  if (family.qkv_bias_key) j[family.qkv_bias_key] = qkv_bias;
+  if (family.o_bias_key) j[family.o_bias_key] = o_bias;
+  // What so_train trained with, where the family's default differs.
+  if (family.default_dropout != 0.0) j["attention_dropout"] = j["residual_dropout"] = 0.0;
+  if (family.window)
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
   if (rope.type != "default") {
     nlohmann::json& s = j["rope_scaling"] = {{"rope_type", rope.type}, {"factor", rope.factor}};

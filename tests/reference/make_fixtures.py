@@ -19,11 +19,12 @@ import torch
 import torch.nn.functional as F
 import transformers
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
-                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          SeedOssConfig, SeedOssForCausalLM)
 
 CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
            "qwen2": (Qwen2Config, Qwen2ForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
-           "phi3": (Phi3Config, Phi3ForCausalLM)}
+           "phi3": (Phi3Config, Phi3ForCausalLM), "seed_oss": (SeedOssConfig, SeedOssForCausalLM)}
 PAD_POSITIONS = [(0, 3), (0, 20), (1, 10)]  # where a config with pad_token_id gets that token in every batch
 
 B = 2            # batch size
@@ -155,6 +156,23 @@ FIXTURES = [
             num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
             rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=256,
             attention_bias=False, mlp_bias=False, hidden_act="silu", pad_token_id=7,
+        ),
+    ),
+    # Seed-OSS: q/k/v biases and an o bias (attention_out_bias), q dim (4 x 32) != hidden (64), GQA,
+    # odd vocabulary, pad_token_id 1 in every batch; its dropout (default 0.1) set to 0. rope_theta
+    # 1e4, not Seed-OSS's 1e7: with pairs that barely turn over 37 positions, k_proj's bias adds
+    # almost the same q.b to every score of a query (softmax ignores it), its gradient there is
+    # rounding noise that AdamW amplifies, and 10 steps would compare noise.
+    dict(
+        name="seed_oss_qdim_bias",
+        model_type="seed_oss",
+        seed=3579,
+        config=dict(
+            vocab_size=129, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=10000.0,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
+            attention_bias=True, attention_out_bias=True, attention_dropout=0.0, residual_dropout=0.0,
+            pad_token_id=1, hidden_act="silu",
         ),
     ),
     # Mistral: Llama's maths; its sliding window (64) is longer than the sequence (37).

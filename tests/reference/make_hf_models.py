@@ -47,6 +47,9 @@ MODELS = [
     dict(name="phi3_untied_bf16", cls="phi3", seed=17, dtype=torch.bfloat16,
          config=dict(tie_word_embeddings=False, rope_theta=250000.0, pad_token_id=3,
                      original_max_position_embeddings=128)),
+    dict(name="seed_oss_tied_fp32", cls="seed_oss", seed=18, dtype=torch.float32,
+         config=dict(tie_word_embeddings=True, rope_theta=10000000.0, head_dim=32, attention_bias=True,
+                     attention_out_bias=True, attention_dropout=0.0, residual_dropout=0.0)),
 ]
 
 

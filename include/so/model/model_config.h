@@ -1,6 +1,6 @@
 #pragma once
 // The decoder's shape, read from a Hugging Face config.json. One decoder serves every family
-// (llama, qwen3, qwen2, mistral, phi3); a family only switches its optional pieces on.
+// (llama, qwen3, qwen2, mistral, phi3, seed_oss); a family only switches its optional pieces on.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -10,7 +10,7 @@
 namespace so {
 
 struct ModelConfig {
-  std::string model_type = "llama";  // llama | qwen3 | qwen2 | mistral | phi3
+  std::string model_type = "llama";  // llama | qwen3 | qwen2 | mistral | phi3 | seed_oss
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -24,8 +24,8 @@ struct ModelConfig {
   float rms_norm_eps = 1e-6f;
   bool tie_word_embeddings = false;
   bool qk_norm = false;  // Qwen3: RMSNorm over head_dim on q and k, before RoPE
-  bool qkv_bias = false;  // q, k and v projections add a bias (Qwen2; attention_bias of Llama/Qwen3)
-  bool o_bias = false;    // o_proj adds a bias (attention_bias of Llama/Qwen3)
+  bool qkv_bias = false;  // q, k and v projections add a bias (Qwen2; attention_bias of Llama/Qwen3/Seed-OSS)
+  bool o_bias = false;    // o_proj adds a bias (attention_bias of Llama/Qwen3, attention_out_bias of Seed-OSS)
   // Mistral: a query sees keys fewer than this many positions back; 0 = no window. Trained only
   // where it cannot bite (sequences no longer than it), LlamaModel checks.
   int64_t sliding_window = 0;
