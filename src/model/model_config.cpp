@@ -22,28 +22,31 @@ const char* kIgnoredHfKeys[] = {"bos_token_id", "eos_token_id", "transformers_ve
 struct Family {
   const char* model_type;
   const char* architecture;
-  bool qk_norm;
+  bool qk_norm = false;
   // Projection biases: the config key that switches them on (null: fixed for the family, and a
   // key of that name is ignored as transformers ignores it) and the value when absent.
-  const char* qkv_bias_key;
-  bool qkv_bias;
-  const char* o_bias_key;
-  bool o_bias;
-  bool window;        // sliding_window applies to every layer (Mistral, Phi-3); elsewhere only with use_sliding_window
-  bool fused;         // qkv_proj and gate_up_proj in the checkpoint (Phi-3)
-  bool scaled_rope;   // transformers' class takes linear/dynamic/yarn/llama3 (Phi-3's takes longrope only)
-  int64_t default_pad;       // pad_token_id when the config has none (-1: no padding row)
-  int64_t default_head_dim;  // head_dim when the config has none (0: hidden_size / num_attention_heads)
-  double default_dropout;    // attention_dropout and residual_dropout when the config has none
+  const char* qkv_bias_key = nullptr;
+  bool qkv_bias = false;
+  const char* o_bias_key = nullptr;
+  bool o_bias = false;
+  bool window = false;        // sliding_window applies to every layer; elsewhere only with use_sliding_window
+  bool fused = false;         // qkv_proj and gate_up_proj in the checkpoint
+  bool scaled_rope = true;    // transformers' class takes linear/dynamic/yarn/llama3 (Phi-3's only longrope)
+  int64_t default_pad = -1;   // pad_token_id when the config has none (-1: no padding row)
+  int64_t default_head_dim = 0;  // head_dim when the config has none (0: hidden_size / num_attention_heads)
+  double default_dropout = 0.0;  // attention_dropout and residual_dropout when the config has none
 };
 constexpr Family kFamilies[] = {
-    {"llama", "LlamaForCausalLM", false, "attention_bias", false, "attention_bias", false, false, false, true, -1, 0, 0.0},
-    {"qwen3", "Qwen3ForCausalLM", true, "attention_bias", false, "attention_bias", false, false, false, true, -1, 0, 0.0},
-    {"qwen2", "Qwen2ForCausalLM", false, nullptr, true, nullptr, false, false, false, true, -1, 0, 0.0},
-    {"mistral", "MistralForCausalLM", false, nullptr, false, nullptr, false, true, false, true, -1, 0, 0.0},
-    {"phi3", "Phi3ForCausalLM", false, nullptr, false, nullptr, false, true, true, false, 32000, 0, 0.0},
-    {"seed_oss", "SeedOssForCausalLM", false, "attention_bias", true, "attention_out_bias", false, false, false, true,
-     1, 128, 0.1},
+    {.model_type = "llama", .architecture = "LlamaForCausalLM", .qkv_bias_key = "attention_bias",
+     .o_bias_key = "attention_bias"},
+    {.model_type = "qwen3", .architecture = "Qwen3ForCausalLM", .qk_norm = true, .qkv_bias_key = "attention_bias",
+     .o_bias_key = "attention_bias"},
+    {.model_type = "qwen2", .architecture = "Qwen2ForCausalLM", .qkv_bias = true},
+    {.model_type = "mistral", .architecture = "MistralForCausalLM", .window = true},
+    {.model_type = "phi3", .architecture = "Phi3ForCausalLM", .window = true, .fused = true, .scaled_rope = false,
+     .default_pad = 32000},
+    {.model_type = "seed_oss", .architecture = "SeedOssForCausalLM", .qkv_bias_key = "attention_bias", .qkv_bias = true,
+     .o_bias_key = "attention_out_bias", .default_pad = 1, .default_head_dim = 128, .default_dropout = 0.1},
 };
 const Family* find_family(const std::string& model_type) {
   for (const Family& f : kFamilies)
