@@ -24,12 +24,16 @@ namespace {
 struct Tolerance {
   double loss, logits, grad, train_loss;
 };
-constexpr Tolerance kF32{1e-5, 1e-4, 1e-4, 1e-4};
+// fp32 on the CPU: the 1e-5 for loss, logits and every gradient (measured worst: loss
+// 1.9e-7, gradient 1.4e-6 over 15 cases).
+constexpr Tolerance kF32{1e-5, 1e-5, 1e-5, 1e-4};
 constexpr Tolerance kBF16{2e-3, 3e-2, 6e-2, 2e-3};
-// CUDA: fp32 ops compute in fp32 (no TF32), so the fp32 bounds stand. bf16: flash attention also
+// CUDA: fp32 ops compute in fp32 (no TF32); the earlier fp32 bounds stand until measured on a GPU
+// with these fixtures. bf16: flash attention also
 // rounds the softmax probabilities (and dS in backward) to bf16 before its matmuls, which the CPU
 // does not; 1.5x the CPU's bf16 bounds (not yet measured on a GPU).
 constexpr Tolerance kBF16Cuda{3e-3, 4.5e-2, 9e-2, 3e-3};
+constexpr Tolerance kF32Cuda{1e-5, 1e-4, 1e-4, 1e-4};
 
 bool cuda_available() {
 #ifdef SO_HAVE_CUDA
@@ -98,7 +102,7 @@ class ReferenceTest : public testing::TestWithParam<Case> {
     model_ = std::make_unique<LlamaModel>(*backend_, fx_->cfg, mo);
   }
   Tolerance tol() const {
-    if (GetParam().dtype == DType::F32) return kF32;
+    if (GetParam().dtype == DType::F32) return GetParam().backend == "cuda" ? kF32Cuda : kF32;
     return GetParam().backend == "cuda" ? kBF16Cuda : kBF16;
   }
 

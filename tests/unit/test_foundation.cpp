@@ -483,6 +483,19 @@ TEST(Model, FlopsAndBucketsFollowTheLayout) {
   const double attn_all = c.num_layers * 4.0 * c.head_dim * c.num_heads * S;
   EXPECT_DOUBLE_EQ(train_flops_per_token(c, S, false), 3.0 * (2.0 * matmul + attn_all));
 
+  // Biases (Seed-OSS: q, k, v and o) are parameters of the layout and of the count, and cost 1
+  // FLOP per element each way.
+  ModelConfig b = c;
+  b.qkv_bias = b.o_bias = true;
+  int64_t bias = 0, with_bias = 0;
+  for (const ParamInfo& p : ParamLayout::for_model(b).params) {
+    with_bias += p.numel;
+    if (p.is_bias) bias += p.numel;
+  }
+  EXPECT_EQ(bias, c.num_layers * (c.q_dim() + 2 * c.kv_dim() + c.hidden_size));
+  EXPECT_EQ(with_bias, b.num_parameters());
+  EXPECT_DOUBLE_EQ(train_flops_per_token(b, S) - train_flops_per_token(c, S), 2.0 * bias);
+
   const auto buckets = make_buckets(L, 20000);
   ASSERT_GT(buckets.size(), 3u);
   EXPECT_EQ(buckets.front().end, L.total);  // head first, in backward order
