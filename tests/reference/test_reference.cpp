@@ -232,7 +232,8 @@ std::vector<Case> cases_on(const std::string& backend) {
                              {"llama_attention_bias", DType::F32, false, 0}, {"mistral_window", DType::F32, false, 0},
                              {"qwen2_gqa_untied", DType::BF16, false, 0},  {"phi3_gqa_pad", DType::F32, false, 0},
                              {"phi3_gqa_pad", DType::F32, true, 9},       {"llama_tied_pad", DType::F32, false, 0},
-                             {"seed_oss_qdim_bias", DType::F32, false, 0}, {"seed_oss_qdim_bias", DType::BF16, true, 0}};
+                             {"seed_oss_qdim_bias", DType::F32, false, 0},
+                             {"seed_oss_qdim_bias", DType::BF16, true, 0}};
   for (Case& c : cases) c.backend = backend;
   return cases;
 }

@@ -153,7 +153,7 @@ void cast(Dst* dst, const Src* src, int64_t n) {
   template void embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t);       \
   template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int64_t, float);                   \
   template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const float*, int64_t, int64_t, bool); \
-  template void rope<T>(T*, const int32_t*, int64_t, int64_t, int64_t, const double*, float, bool);                           \
+  template void rope<T>(T*, const int32_t*, int64_t, int64_t, int64_t, const double*, float, bool);           \
   template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                                            \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);                             \
   template void cross_entropy<T>(float*, T*, const float*, const int32_t*, int64_t, int64_t, float);

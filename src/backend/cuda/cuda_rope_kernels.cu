@@ -2,8 +2,9 @@
 //   x1' = x1 cos - x2 sin,  x2' = x2 cos + x1 sin   (x1 = first half, x2 = second half; inverse: -sin).
 // Pair i turns by position * inv_freq[i] (the model's fp64 frequency table), cos and sin scaled by
 // attention_scale. A block per few tokens: their cos/sin tables are computed once into shared
-// memory (angles in double, as the CPU computes them, then rounded to float), then applied to every head. The rotation uses
-// explicitly rounded multiplies and adds (no FMA contraction), the CPU's operation order.
+// memory (angles in double, as the CPU computes them, then rounded to float), then applied to
+// every head. The rotation uses explicitly rounded multiplies and adds (no FMA contraction), the
+// CPU's operation order.
 #include "cuda_bf16.cuh"
 #include "cuda_check.h"
 #include "cuda_kernels.h"
