@@ -275,18 +275,23 @@ OpCase rmsnorm_backward_case(int64_t rows, int64_t dim, bool accumulate, DType d
           }};
 }
 
-// Positions: 0, 1, then random up to max_pos (the long-context range).
-OpCase rope_case(int64_t T, int64_t heads, int64_t D, float theta, int32_t max_pos, bool inverse, DType dt) {
+// Positions: 0, 1, then random up to max_pos (the long-context range). A yarn table (factor 4,
+// original context 4096) when `yarn`: scaled frequencies and cos/sin times its attention factor.
+OpCase rope_case(int64_t T, int64_t heads, int64_t D, float theta, int32_t max_pos, bool inverse, DType dt,
+                 bool yarn = false) {
+  RopeScaling s;
+  if (yarn) s = {.type = "yarn", .factor = 4.0, .original_max_position_embeddings = 4096};
+  const RopeFrequencies f = rope_frequencies(s, theta, D);
   return {case_name("rope", dn(dt), "T", T, "heads", heads, "D", D, "theta", static_cast<int64_t>(theta), "maxpos",
-                    max_pos, inverse ? "inverse" : ""),
+                    max_pos, inverse ? "inverse" : "", yarn ? "yarn" : ""),
           [=](OpRun& r) {
             std::vector<int32_t> pos = uniform_ints(T, 14, 0, max_pos + 1);
             pos[0] = 0;
             if (T > 1) pos[1] = 1;
             if (T > 2) pos[2] = max_pos;
             void* x = r.in(normal(T * heads * D, 15), dt);
-            r.ops().rope(r.s(), x, r.ints(pos), T, heads, D, r.doubles(rope_default_inv_freq(theta, D)), 1.0f, inverse,
-                         dt);
+            r.ops().rope(r.s(), x, r.ints(pos), T, heads, D, r.doubles(f.inv_freq),
+                         static_cast<float>(f.attention_factor), inverse, dt);
             r.expect("x", x, T * heads * D, dt, OpClass::Rope);
           }};
 }
@@ -495,6 +500,7 @@ std::vector<OpCase> small_cases() {
     for (bool inv : {false, true}) {
       c.push_back(rope_case(37, 3, 80, 10000.0f, 4096, inv, dt));
       c.push_back(rope_case(5, 2, 64, 500000.0f, 4096, inv, dt));
+      c.push_back(rope_case(37, 3, 128, 1000000.0f, 131071, inv, dt, true));
     }
     for (AttnShape a : {AttnShape{1, 1, 4, 1, 64}, AttnShape{2, 70, 4, 4, 80}, AttnShape{1, 130, 8, 2, 128}}) {
       c.push_back(attention_forward_case(a, dt));
