@@ -29,6 +29,7 @@
 #include "so/core/cpu_affinity.h"
 #include "so/core/error.h"
 #include "so/core/json_reader.h"
+#include "so/model/rope.h"
 #include "so/optim/grace_adam.h"
 
 namespace so::bench {
@@ -130,7 +131,8 @@ nlohmann::json memory_table(Backend& be, const CalibrateOptions& o) {
   std::vector<int32_t> pos(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) pos[i] = static_cast<int32_t>(i);
   const int32_t* p = t.ints(pos);
-  rate("rope", 2.0 * n * e, [&] { ops.rope(s, y, p, rows, width / 64, 64, 10000.0f, false, dt); });
+  const double* freq = t.doubles(rope_default_inv_freq(10000.0, 64));
+  rate("rope", 2.0 * n * e, [&] { ops.rope(s, y, p, rows, width / 64, 64, freq, 1.0f, false, dt); });
   rate("copy", 2.0 * n * e, [&] { be.copy_d2d(y, x, n * e, s); });
   const int64_t V = 4096, R = n / V;
   auto* logits = static_cast<float*>(t.random(R * V, DType::F32, 3, 4.0f));

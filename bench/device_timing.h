@@ -65,6 +65,13 @@ class Tensors {
     be_.synchronize(s);
     return static_cast<int32_t*>(p);
   }
+  const double* doubles(const std::vector<double>& v) {
+    void* p = alloc(v.size() * sizeof(double));
+    Stream& s = be_.stream(StreamKind::Compute);
+    be_.copy_h2d(p, v.data(), v.size() * sizeof(double), s);
+    be_.synchronize(s);
+    return static_cast<const double*>(p);
+  }
   void* alloc(size_t bytes) {
     bufs_.push_back(be_.alloc(bytes, "bench tensor"));
     return bufs_.back().data();

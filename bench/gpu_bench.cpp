@@ -19,6 +19,7 @@
 #include "bench/bench_commands.h"
 #include "bench/device_timing.h"
 #include "so/backend/backend.h"
+#include "so/model/rope.h"
 #include "so/core/error.h"
 #ifdef SO_HAVE_CUDA
 #include "src/backend/cuda/cuda_cast.h"
@@ -213,7 +214,7 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
               timed([&] { ops.embedding_forward(s, out, table, tok, T, V, H, bf); }), 2.0 * T * H * 2 + T * 4);
     void* dout = t.random(T * H, bf, 22);
     tab.bytes("embedding_backward", th + ", V " + std::to_string(V),
-              timed([&] { ops.embedding_backward(s, table, dout, tok, T, V, H, bf); }),
+              timed([&] { ops.embedding_backward(s, table, dout, tok, T, V, H, -1, bf); }),
               T * H * 2 + 2 * distinct * H * 2 + T * 4, "table rows touched: read + write");
   }
   {
@@ -232,8 +233,9 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
     const int64_t n = T * m.heads * D;
     void* q = t.random(n, bf, 27);
     const int32_t* pos = t.ints(positions);
+    const double* freq = t.doubles(rope_default_inv_freq(500000.0, D));
     tab.bytes("rope (q, in place)", dims({T, m.heads, D}) + " bf16",
-              timed([&] { ops.rope(s, q, pos, T, m.heads, D, 500000.0f, false, bf); }), 2.0 * n * 2 + T * 4);
+              timed([&] { ops.rope(s, q, pos, T, m.heads, D, freq, 1.0f, false, bf); }), 2.0 * n * 2 + T * 4);
   }
   {
     Tensors t(be);

@@ -71,6 +71,15 @@ inline DeviceBuffer upload(Backend& be, const std::vector<float>& values, DType 
   return out;
 }
 
+// Device buffer holding a RoPE frequency table (fp64), as the rope op reads it.
+inline DeviceBuffer upload_f64(Backend& be, const std::vector<double>& values) {
+  DeviceBuffer out = be.alloc(values.size() * sizeof(double), "test f64 upload");
+  Stream& s = be.stream(StreamKind::Compute);
+  be.copy_h2d(out.data(), values.data(), values.size() * sizeof(double), s);
+  be.synchronize(s);
+  return out;
+}
+
 inline std::vector<float> download(Backend& be, const void* dev, size_t n, DType dt) {
   DeviceBuffer wide = be.alloc(n * 4, "test download");
   Stream& s = be.stream(StreamKind::Compute);

@@ -220,7 +220,9 @@ void Engine::init_weights(uint64_t seed, float std) {
     for (int64_t w = 0; w < slices; ++w)
       workers.emplace_back([&, w] {
         for (int64_t i = p.numel * w / slices; i < p.numel * (w + 1) / slices; ++i)
-          host[i] = p.is_norm ? 1.0f : static_cast<float>(std * random_normal(seed, id, static_cast<uint64_t>(i)));
+          host[i] = p.is_norm   ? 1.0f
+                    : p.is_bias ? 0.0f
+                                : static_cast<float>(std * random_normal(seed, id, static_cast<uint64_t>(i)));
       });
     for (std::thread& t : workers) t.join();
     load_weight(static_cast<int>(id), host);

@@ -152,6 +152,10 @@ std::vector<float> H5File::read_f32(const std::string& dataset, const std::vecto
   return read_whole<float>(*this, open_dataset(dataset), dataset, shape, H5T_FLOAT, H5T_NATIVE_FLOAT, "float32");
 }
 
+std::vector<double> H5File::read_f64(const std::string& dataset, const std::vector<int64_t>& shape) const {
+  return read_whole<double>(*this, open_dataset(dataset), dataset, shape, H5T_FLOAT, H5T_NATIVE_DOUBLE, "float64");
+}
+
 std::vector<int32_t> H5File::read_i32(const std::string& dataset, const std::vector<int64_t>& shape) const {
   return read_whole<int32_t>(*this, open_dataset(dataset), dataset, shape, H5T_INTEGER, H5T_NATIVE_INT32, "int32");
 }

@@ -116,9 +116,9 @@ void check_against_layout(const fs::path& dir, const TensorFiles& tf, const Para
     }
   };
   std::set<std::string> expected;
-  for (const ParamInfo& p : layout.params) {
-    check_shape(p.name, p.shape);
-    expected.insert(p.name);
+  for (const HfTensor& t : layout.hf_tensors) {
+    check_shape(t.name, t.shape);
+    expected.insert(t.name);
   }
   if (tied && tf.find(kTiedHead)) {
     check_shape(kTiedHead, layout.params[layout.embedding].shape);
@@ -149,16 +149,25 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
   const TensorFiles tf = open_tensors(dir);
   check_against_layout(dir, tf, layout);
   const bool tied = layout.lm_head == layout.embedding;
-  for (size_t id = 0; id < layout.params.size(); ++id) {
-    const std::string& name = layout.params[id].name;
+  for (const HfTensor& t : layout.hf_tensors) {
+    const std::string& name = t.name;
     std::vector<float> values = tf.where.at(name)->read_f32(name);
-    if (tied && static_cast<int>(id) == layout.embedding && tf.find(kTiedHead)) {
+    if (tied && t.parts[0] == layout.embedding && tf.find(kTiedHead)) {
       // Bit patterns, so a NaN equals itself.
       const std::vector<float> head = tf.where.at(kTiedHead)->read_f32(kTiedHead);
       SO_CHECK(std::memcmp(head.data(), values.data(), values.size() * sizeof(float)) == 0, "model directory '", dir,
                "': ", kTiedHead, " differs from ", name, " but config.json ties them (tie_word_embeddings true)");
     }
-    load(static_cast<int>(id), std::move(values));
+    if (t.parts.size() == 1) {
+      load(t.parts[0], std::move(values));
+      continue;
+    }
+    int64_t row_elems = 0;  // a stacked tensor's parts are consecutive row ranges
+    for (int id : t.parts) {
+      const int64_t n = layout.params[id].numel;
+      load(id, std::vector<float>(values.begin() + row_elems, values.begin() + row_elems + n));
+      row_elems += n;
+    }
   }
 }
 
@@ -181,24 +190,36 @@ void export_hf_model(const std::string& dir, const ModelConfig& cfg, const Param
   // What save_pretrained writes; transformers 4.x refuses metadata without a framework "format".
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
 
-  // Shards in layout order: a new one starts when the next tensor would overflow the limit.
-  std::vector<std::vector<int>> shards(1);
+  // Shards of checkpoint tensors in layout order: a new one starts when the next tensor would
+  // overflow the limit.
+  const std::vector<HfTensor>& tensors = layout.hf_tensors;
+  std::vector<std::vector<int>> shards(1);  // indices into tensors
   int64_t shard_bytes = 0, total_bytes = 0, total_params = 0;
-  for (size_t id = 0; id < layout.params.size(); ++id) {
-    const int64_t bytes = layout.params[id].numel * static_cast<int64_t>(dtype_size(opts.dtype));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    int64_t numel = 0;
+    for (int id : tensors[i].parts) numel += layout.params[id].numel;
+    const int64_t bytes = numel * static_cast<int64_t>(dtype_size(opts.dtype));
     if (opts.max_shard_bytes > 0 && !shards.back().empty() && shard_bytes + bytes > opts.max_shard_bytes) {
       shards.emplace_back();
       shard_bytes = 0;
     }
-    shards.back().push_back(static_cast<int>(id));
+    shards.back().push_back(static_cast<int>(i));
     shard_bytes += bytes;
     total_bytes += bytes;
-    total_params += layout.params[id].numel;
+    total_params += numel;
   }
-  auto write_shard = [&](const fs::path& path, const std::vector<int>& ids) {
+  auto write_shard = [&](const fs::path& path, const std::vector<int>& which) {
     std::vector<SafetensorsEntry> entries;
-    for (int id : ids) entries.push_back({layout.params[id].name, layout.params[id].shape});
-    write_safetensors(path.string(), entries, opts.dtype, [&](size_t i) { return get(ids[i]); }, metadata);
+    for (int i : which) entries.push_back({tensors[i].name, tensors[i].shape});
+    write_safetensors(path.string(), entries, opts.dtype, [&](size_t e) {
+      const HfTensor& t = tensors[which[e]];
+      std::vector<float> values = get(t.parts[0]);
+      for (size_t j = 1; j < t.parts.size(); ++j) {  // stacked: the parts' rows one after another
+        const std::vector<float> part = get(t.parts[j]);
+        values.insert(values.end(), part.begin(), part.end());
+      }
+      return values;
+    }, metadata);
   };
 
   std::set<std::string> written;
@@ -211,7 +232,7 @@ void export_hf_model(const std::string& dir, const ModelConfig& cfg, const Param
       std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
       write_shard(root / name, shards[s]);
       written.insert(name);
-      for (int id : shards[s]) weight_map[layout.params[id].name] = name;
+      for (int i : shards[s]) weight_map[tensors[i].name] = name;
     }
     const nlohmann::json index = {{"metadata", {{"total_size", total_bytes}, {"total_parameters", total_params}}},
                                   {"weight_map", weight_map}};

@@ -1,6 +1,7 @@
 #include "so/model/llama_model.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "so/core/error.h"
 
@@ -8,6 +9,9 @@ namespace so {
 
 namespace {
 void* at(void* p, int64_t elems, DType dt) { return static_cast<char*>(p) + elems * dtype_size(dt); }
+// An optional parameter (a bias the family may not have): null when absent.
+void* weight_or_null(ParamStore& p, int id) { return id < 0 ? nullptr : p.weight(id); }
+void* grad_or_null(ParamStore& p, int id) { return id < 0 ? nullptr : p.grad(id); }
 }  // namespace
 
 // Everything one layer's backward needs from its forward. With activation checkpointing a
@@ -20,6 +24,8 @@ struct LlamaModel::LayerActs {
 
 struct LlamaModel::Activations {
   DeviceBuffer tokens, targets, positions;  // int32 [T]
+  DeviceBuffer rope_inv_freq;               // fp64 [head_dim / 2], the model's RoPE table
+  DeviceBuffer ones;                        // [T] of 1 in dtype: bias GEMMs (families with biases)
   // Residual stream: x[l] is layer l's input, x[L] the last output. Offloaded checkpoints: two
   // slots (layer l's input in x[l % 2]) and x[2], where a recompute writes its unused output.
   std::vector<DeviceBuffer> x;
@@ -80,10 +86,19 @@ void LlamaModel::layout_buffers(Activations& a, const ModelConfig& cfg, const Mo
   // Ulysses: P ranks hold 1/P of every sequence; attention runs on all tokens for Hq/P heads, and
   // on max(1, Hkv/P) KV heads (replicated when P exceeds the KV-head count).
   const int64_t kv_sent = T * cfg.num_kv_heads * kv_copies_for(cfg, P) * cfg.head_dim;
+  // Mistral's window: a query sees keys fewer than sliding_window positions back. No attention
+  // path masks by it, so only sequences it cannot cut are trained (checked where the planner looks,
+  // before anything is allocated).
+  SO_CHECK(cfg.sliding_window == 0 || opts.seq_len * P <= cfg.sliding_window, "sliding_window (",
+           cfg.sliding_window, ") is shorter than the sequences (", opts.seq_len * P,
+           " tokens): sliding-window attention is not supported; train sequences of at most ", cfg.sliding_window,
+           " tokens");
   using Term = ActivationTerm;
   visit(a.tokens, bytes(T, i32), "tokens", Term::Inputs);
   visit(a.targets, bytes(T, i32), "targets", Term::Inputs);
   visit(a.positions, bytes(T, i32), "positions", Term::Inputs);
+  visit(a.rope_inv_freq, bytes(cfg.head_dim / 2, sizeof(double)), "rope frequencies", Term::Inputs);
+  if (cfg.qkv_bias || cfg.o_bias) visit(a.ones, bytes(T, e), "ones (bias GEMMs)", Term::Inputs);
   a.x.resize(opts.offload_checkpoints ? 3 : static_cast<size_t>(cfg.num_layers + 1));
   for (DeviceBuffer& x : a.x) visit(x, bytes(T * H, e), "residual stream", Term::Checkpoints);
   a.layer.resize(opts.activation_checkpointing ? 1 : static_cast<size_t>(cfg.num_layers));
@@ -188,6 +203,20 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
   layout_buffers(a, cfg, opts, P, [&](DeviceBuffer& b, size_t bytes, const char* tag, ActivationTerm) {
     b = backend.alloc(bytes, tag);
   });
+  const RopeFrequencies rope = rope_frequencies(cfg.rope, cfg.rope_theta, cfg.head_dim);
+  rope_scale_ = static_cast<float>(rope.attention_factor);
+  backend.copy_h2d(a.rope_inv_freq.data(), rope.inv_freq.data(), rope.inv_freq.size() * sizeof(double), stream_);
+  std::vector<char> ones;
+  if (a.ones.data()) {
+    const float one_f32 = 1.0f;
+    const bf16 one_bf16 = f32_to_bf16(1.0f);
+    const void* one = opts.dtype == DType::F32 ? static_cast<const void*>(&one_f32) : &one_bf16;
+    const size_t e = dtype_size(opts.dtype);
+    ones.resize(a.ones.bytes());
+    for (size_t i = 0; i < ones.size(); i += e) std::memcpy(ones.data() + i, one, e);
+    backend.copy_h2d(a.ones.data(), ones.data(), ones.size(), stream_);
+  }
+  backend.synchronize(stream_);  // the host copies go away
   a.uploaded = backend.create_event();
   backend.record(*a.uploaded, stream_);
   if (opts.offload_checkpoints) {
@@ -232,16 +261,22 @@ float LlamaModel::read_loss() {
 const void* LlamaModel::final_hidden() const { return acts_->hn.data(); }
 
 void LlamaModel::linear(const void* in, const void* w, void* out, int64_t rows, int64_t out_dim, int64_t in_dim,
-                        float beta) {
-  ops_.gemm(stream_, false, true, rows, out_dim, in_dim, 1.0f, in, w, opts_.dtype, beta, out, opts_.dtype);
+                        float beta, const void* bias) {
+  const DType dt = opts_.dtype;
+  if (bias) {
+    ops_.gemm(stream_, false, false, rows, out_dim, 1, 1.0f, acts_->ones.data(), bias, dt, beta, out, dt);
+    beta = 1.0f;
+  }
+  ops_.gemm(stream_, false, true, rows, out_dim, in_dim, 1.0f, in, w, dt, beta, out, dt);
 }
 
-// y = x W^T:  dW += dy^T x,  dx = dy W (+ din_beta * dx)
+// y = x W^T + b:  dW += dy^T x,  dx = dy W (+ din_beta * dx),  db += dy^T 1
 void LlamaModel::linear_backward(const void* dout, const void* in, const void* w, void* din, void* dw, int64_t rows,
-                                 int64_t out_dim, int64_t in_dim, float din_beta) {
+                                 int64_t out_dim, int64_t in_dim, float din_beta, void* dbias) {
   const DType dt = opts_.dtype;
   ops_.gemm(stream_, true, false, out_dim, in_dim, rows, 1.0f, dout, in, dt, 1.0f, dw, dt);
   ops_.gemm(stream_, false, false, rows, in_dim, out_dim, 1.0f, dout, w, dt, din_beta, din, dt);
+  if (dbias) ops_.gemm(stream_, true, false, out_dim, 1, rows, 1.0f, dout, acts_->ones.data(), dt, 1.0f, dbias, dt);
 }
 
 void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelHooks& hooks, float loss_scale,
@@ -301,7 +336,7 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
   }
   hooks.before_backward(0);
   ops_.embedding_backward(stream_, p.grad(layout_.embedding), a.dx.data(), a.tokens.as<int32_t>(), T,
-                          cfg_.vocab_size, cfg_.hidden_size, opts_.dtype);
+                          cfg_.vocab_size, cfg_.hidden_size, cfg_.pad_token_id, opts_.dtype);
   hooks.after_backward(0);
 }
 
@@ -335,25 +370,27 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
   const DType dt = opts_.dtype;
   const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size;
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), D = cfg_.head_dim;
-  const float theta = static_cast<float>(cfg_.rope_theta);
   const int32_t* pos = acts_->positions.as<int32_t>();
+  const double* freq = acts_->rope_inv_freq.as<double>();
 
   ops_.rmsnorm_forward(stream_, s.h1.data(), s.rstd1.as<float>(), x_in, p.weight(w.attn_norm), T, H,
                        cfg_.rms_norm_eps, dt);
+  const void* q_bias = weight_or_null(p, w.q_bias);
+  const void* k_bias = weight_or_null(p, w.k_bias);
   if (cfg_.qk_norm) {
-    linear(s.h1.data(), p.weight(w.q), s.q_raw.data(), T, qd, H, 0.0f);
+    linear(s.h1.data(), p.weight(w.q), s.q_raw.data(), T, qd, H, 0.0f, q_bias);
     ops_.rmsnorm_forward(stream_, s.q.data(), s.q_rstd.as<float>(), s.q_raw.data(), p.weight(w.q_norm),
                          T * cfg_.num_heads, D, cfg_.rms_norm_eps, dt);
-    linear(s.h1.data(), p.weight(w.k), s.k_raw.data(), T, kvd, H, 0.0f);
+    linear(s.h1.data(), p.weight(w.k), s.k_raw.data(), T, kvd, H, 0.0f, k_bias);
     ops_.rmsnorm_forward(stream_, s.k.data(), s.k_rstd.as<float>(), s.k_raw.data(), p.weight(w.k_norm),
                          T * cfg_.num_kv_heads, D, cfg_.rms_norm_eps, dt);
   } else {
-    linear(s.h1.data(), p.weight(w.q), s.q.data(), T, qd, H, 0.0f);
-    linear(s.h1.data(), p.weight(w.k), s.k.data(), T, kvd, H, 0.0f);
+    linear(s.h1.data(), p.weight(w.q), s.q.data(), T, qd, H, 0.0f, q_bias);
+    linear(s.h1.data(), p.weight(w.k), s.k.data(), T, kvd, H, 0.0f, k_bias);
   }
-  linear(s.h1.data(), p.weight(w.v), s.v.data(), T, kvd, H, 0.0f);
-  ops_.rope(stream_, s.q.data(), pos, T, cfg_.num_heads, D, theta, false, dt);
-  ops_.rope(stream_, s.k.data(), pos, T, cfg_.num_kv_heads, D, theta, false, dt);
+  linear(s.h1.data(), p.weight(w.v), s.v.data(), T, kvd, H, 0.0f, weight_or_null(p, w.v_bias));
+  ops_.rope(stream_, s.q.data(), pos, T, cfg_.num_heads, D, freq, rope_scale_, false, dt);
+  ops_.rope(stream_, s.k.data(), pos, T, cfg_.num_kv_heads, D, freq, rope_scale_, false, dt);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t P = sp_size();
   if (P == 1) {
@@ -374,7 +411,7 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
     gather_heads(s.attn.data(), s.attn_f.data(), cfg_.num_heads);
   }
   backend_.copy_d2d(s.x_mid.data(), x_in, T * H * dtype_size(dt), stream_);
-  linear(s.attn.data(), p.weight(w.o), s.x_mid.data(), T, H, qd, 1.0f);
+  linear(s.attn.data(), p.weight(w.o), s.x_mid.data(), T, H, qd, 1.0f, weight_or_null(p, w.o_bias));
 
   ops_.rmsnorm_forward(stream_, s.h2.data(), s.rstd2.as<float>(), s.x_mid.data(), p.weight(w.mlp_norm), T, H,
                        cfg_.rms_norm_eps, dt);
@@ -443,8 +480,8 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
   const DType dt = opts_.dtype;
   const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size;
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), D = cfg_.head_dim;
-  const float theta = static_cast<float>(cfg_.rope_theta);
   const int32_t* pos = a.positions.as<int32_t>();
+  const double* freq = a.rope_inv_freq.as<double>();
 
   // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2)).
   mlp_backward(l, p, s);
@@ -452,7 +489,8 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
                         s.rstd2.as<float>(), T, H, true, dt);
 
   // Attention: x_mid = x_in + o(attn(rope(q), rope(k), v)).
-  linear_backward(a.dx.data(), s.attn.data(), p.weight(w.o), a.dattn.data(), p.grad(w.o), T, H, qd, 0.0f);
+  linear_backward(a.dx.data(), s.attn.data(), p.weight(w.o), a.dattn.data(), p.grad(w.o), T, H, qd, 0.0f,
+                  grad_or_null(p, w.o_bias));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t P = sp_size();
   if (P == 1) {
@@ -476,8 +514,8 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
       ops_.replicate_heads(stream_, local, a.kv_rep.data(), T, cfg_.num_kv_heads, kv_copies_, D, true, dt);
     }
   }
-  ops_.rope(stream_, a.dq.data(), pos, T, cfg_.num_heads, D, theta, true, dt);
-  ops_.rope(stream_, a.dk.data(), pos, T, cfg_.num_kv_heads, D, theta, true, dt);
+  ops_.rope(stream_, a.dq.data(), pos, T, cfg_.num_heads, D, freq, rope_scale_, true, dt);
+  ops_.rope(stream_, a.dk.data(), pos, T, cfg_.num_kv_heads, D, freq, rope_scale_, true, dt);
   void* dq_proj = a.dq.data();
   void* dk_proj = a.dk.data();
   if (cfg_.qk_norm) {
@@ -488,9 +526,12 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
     dq_proj = a.dq_raw.data();
     dk_proj = a.dk_raw.data();
   }
-  linear_backward(dq_proj, s.h1.data(), p.weight(w.q), a.dh.data(), p.grad(w.q), T, qd, H, 0.0f);
-  linear_backward(dk_proj, s.h1.data(), p.weight(w.k), a.dh.data(), p.grad(w.k), T, kvd, H, 1.0f);
-  linear_backward(a.dv.data(), s.h1.data(), p.weight(w.v), a.dh.data(), p.grad(w.v), T, kvd, H, 1.0f);
+  linear_backward(dq_proj, s.h1.data(), p.weight(w.q), a.dh.data(), p.grad(w.q), T, qd, H, 0.0f,
+                  grad_or_null(p, w.q_bias));
+  linear_backward(dk_proj, s.h1.data(), p.weight(w.k), a.dh.data(), p.grad(w.k), T, kvd, H, 1.0f,
+                  grad_or_null(p, w.k_bias));
+  linear_backward(a.dv.data(), s.h1.data(), p.weight(w.v), a.dh.data(), p.grad(w.v), T, kvd, H, 1.0f,
+                  grad_or_null(p, w.v_bias));
   ops_.rmsnorm_backward(stream_, a.dx.data(), p.grad(w.attn_norm), a.dh.data(), x_in, p.weight(w.attn_norm),
                         s.rstd1.as<float>(), T, H, true, dt);
 }

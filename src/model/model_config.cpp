@@ -1,6 +1,7 @@
 #include "so/model/model_config.h"
 
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 
 #include "so/core/error.h"
@@ -12,9 +13,46 @@ namespace {
 // Keys an HF config carries that do not change the math so_train runs (token ids, inference and
 // bookkeeping settings), whatever their value. Keys whose values can change the math are read
 // and refused unless neutral; anything else unknown is an error.
-const char* kIgnoredHfKeys[] = {"bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "use_cache",
+const char* kIgnoredHfKeys[] = {"bos_token_id", "eos_token_id", "transformers_version", "use_cache",
                                 "_name_or_path", "output_attentions", "output_hidden_states", "return_dict",
-                                "max_window_layers", "model_name", "is_decoder", "sliding_window"};
+                                "max_window_layers", "model_name", "is_decoder"};
+
+// A model family is data: its model_type, the class transformers builds for it, and which of the
+// decoder's optional pieces it switches on.
+struct Family {
+  const char* model_type;
+  const char* architecture;
+  bool qk_norm = false;
+  // Projection biases: the config key that switches them on (null: fixed for the family, and a
+  // key of that name is ignored as transformers ignores it) and the value when absent.
+  const char* qkv_bias_key = nullptr;
+  bool qkv_bias = false;
+  const char* o_bias_key = nullptr;
+  bool o_bias = false;
+  bool window = false;        // sliding_window applies to every layer; elsewhere only with use_sliding_window
+  bool fused = false;         // qkv_proj and gate_up_proj in the checkpoint
+  bool scaled_rope = true;    // transformers' class takes linear/dynamic/yarn/llama3 (Phi-3's only longrope)
+  int64_t default_pad = -1;   // pad_token_id when the config has none (-1: no padding row)
+  int64_t default_head_dim = 0;  // head_dim when the config has none (0: hidden_size / num_attention_heads)
+  double default_dropout = 0.0;  // attention_dropout and residual_dropout when the config has none
+};
+constexpr Family kFamilies[] = {
+    {.model_type = "llama", .architecture = "LlamaForCausalLM", .qkv_bias_key = "attention_bias",
+     .o_bias_key = "attention_bias"},
+    {.model_type = "qwen3", .architecture = "Qwen3ForCausalLM", .qk_norm = true, .qkv_bias_key = "attention_bias",
+     .o_bias_key = "attention_bias"},
+    {.model_type = "qwen2", .architecture = "Qwen2ForCausalLM", .qkv_bias = true},
+    {.model_type = "mistral", .architecture = "MistralForCausalLM", .window = true},
+    {.model_type = "phi3", .architecture = "Phi3ForCausalLM", .window = true, .fused = true, .scaled_rope = false,
+     .default_pad = 32000},
+    {.model_type = "seed_oss", .architecture = "SeedOssForCausalLM", .qkv_bias_key = "attention_bias", .qkv_bias = true,
+     .o_bias_key = "attention_out_bias", .default_pad = 1, .default_head_dim = 128, .default_dropout = 0.1},
+};
+const Family* find_family(const std::string& model_type) {
+  for (const Family& f : kFamilies)
+    if (model_type == f.model_type) return &f;
+  return nullptr;
+}
 
 // Sizes far beyond any model so_train can hold, and small enough that no buffer size computed
 // from them (tokens x intermediate x bytes, vocab x hidden x bytes) can overflow 64 bits.
@@ -40,21 +78,74 @@ double shortest_decimal(float f) {
   *r.ptr = '\0';
   return std::strtod(buf, nullptr);
 }
+// One RoPE dict into c.rope: the keys transformers' _validate_<type>_rope_parameters knows for its
+// type, each checked so that rope_frequencies computes finite, meaningful frequencies.
+void read_rope_scaling(JsonReader& rp, ModelConfig& c, int64_t top_original) {
+  RopeScaling& s = c.rope;
+  s.type = rp.has("rope_type") ? rp.get<std::string>("rope_type", "") : rp.get<std::string>("type", "default");
+  rp.accept("type");
+  if (rp.get<double>("partial_rotary_factor", 1.0) != 1.0)
+    rp.fail("partial_rotary_factor", "is not 1; rotary embedding of part of each head is not supported");
+  if (s.type == "default") return rp.finish();
+  if (s.type != "linear" && s.type != "dynamic" && s.type != "yarn" && s.type != "llama3")
+    rp.fail(rp.has("rope_type") ? "rope_type" : "type",
+            str_cat("is '", s.type, "'; supported RoPE types: default, linear, dynamic, yarn, llama3"));
+  auto positive = [&](const char* key) {
+    if (!rp.has(key)) rp.fail(key, str_cat("is required for rope_type '", s.type, "'"));
+    const double v = rp.get<double>(key, 0.0);
+    if (!(v > 0.0 && std::isfinite(v))) rp.fail(key, str_cat("is ", v, "; it must be positive"));
+    return v;
+  };
+  s.factor = positive("factor");
+  if (s.type == "llama3" || s.type == "yarn") {
+    s.original_max_position_embeddings =
+        rp.get_in("original_max_position_embeddings", c.max_position_embeddings, 1, INT32_MAX);
+    if (top_original > 0) s.original_max_position_embeddings = top_original;
+  }
+  if (s.type == "llama3") {
+    s.low_freq_factor = positive("low_freq_factor");
+    s.high_freq_factor = positive("high_freq_factor");
+    if (!(s.high_freq_factor > s.low_freq_factor))
+      rp.fail("high_freq_factor", str_cat("is ", s.high_freq_factor, "; it must be greater than low_freq_factor (",
+                                          s.low_freq_factor, ")"));
+  }
+  if (s.type == "yarn") {
+    // transformers reads a missing or zero beta as its default ("or 32", "or 1").
+    s.beta_fast = rp.get<double>("beta_fast", 0.0);
+    s.beta_slow = rp.get<double>("beta_slow", 0.0);
+    if (s.beta_fast == 0.0) s.beta_fast = 32.0;
+    if (s.beta_slow == 0.0) s.beta_slow = 1.0;
+    if (!(s.beta_slow > 0.0 && s.beta_fast > s.beta_slow && std::isfinite(s.beta_fast)))
+      rp.fail("beta_fast", str_cat("is ", s.beta_fast, " and beta_slow ", s.beta_slow,
+                                   "; they must satisfy beta_fast > beta_slow > 0"));
+    if (rp.has("attention_factor")) s.attention_factor = positive("attention_factor");
+    s.mscale = rp.get<double>("mscale", 0.0);
+    s.mscale_all_dim = rp.get<double>("mscale_all_dim", 0.0);
+    for (const char* k : {"mscale", "mscale_all_dim"})
+      if (!std::isfinite(rp.get<double>(k, 0.0))) rp.fail(k, "must be finite");
+    s.truncate = rp.get<bool>("truncate", true);
+  }
+  rp.finish();
+}
 }  // namespace
 
 int64_t ModelConfig::num_parameters() const {
   const int64_t H = hidden_size;
   const int64_t per_layer = H * q_dim() + 2 * H * kv_dim() + q_dim() * H + 3 * H * intermediate_size + 2 * H +
-                            (qk_norm ? 2 * head_dim : 0);
+                            (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? q_dim() + 2 * kv_dim() : 0) + (o_bias ? H : 0);
   return vocab_size * H * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + H;
 }
+
+std::string ModelConfig::architecture() const { return find_family(model_type)->architecture; }
 
 ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string& source) {
   JsonReader r(j, source);
   ModelConfig c;
   c.model_type = r.require<std::string>("model_type");
-  if (c.model_type != "llama" && c.model_type != "qwen3")
-    r.fail("model_type", str_cat("is '", c.model_type, "'; supported: llama, qwen3"));
+  const Family* family = find_family(c.model_type);
+  if (!family)
+    r.fail("model_type", str_cat("is '", c.model_type, "'; supported: llama, qwen3, qwen2, mistral, phi3, seed_oss"));
+  c.fused_projections = family->fused;
   auto size = [&](const char* key, int64_t fallback) {
     if (fallback < 0 && !r.has(key)) r.fail(key, "is required");
     return r.get_in(key, fallback, 1, size_bound(key));
@@ -66,12 +157,26 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   c.num_heads = size("num_attention_heads", -1);
   c.num_kv_heads = size("num_key_value_heads", c.num_heads);
   c.max_position_embeddings = size("max_position_embeddings", 4096);
+  // nn.Embedding takes a padding_idx in [-vocab, vocab), a negative one counted from the end.
+  r.accept("pad_token_id");
+  if (r.has("pad_token_id")) {
+    c.pad_token_id = r.get_in("pad_token_id", -1, -c.vocab_size, c.vocab_size - 1);
+    if (c.pad_token_id < 0) c.pad_token_id += c.vocab_size;
+  } else if (family->default_pad >= 0) {
+    if (family->default_pad >= c.vocab_size)
+      r.fail("pad_token_id", str_cat("is absent and ", c.model_type, "'s default (", family->default_pad,
+                                     ") is outside the vocabulary (", c.vocab_size, "); give pad_token_id"));
+    c.pad_token_id = family->default_pad;
+  }
   c.rms_norm_eps = r.get<float>("rms_norm_eps", 1e-6f);
   if (!(c.rms_norm_eps > 0.0f)) r.fail("rms_norm_eps", str_cat("is ", c.rms_norm_eps, "; it must be positive"));
   c.tie_word_embeddings = r.get<bool>("tie_word_embeddings", false);
   c.initializer_range = r.get<float>("initializer_range", 0.02f);
   if (!(c.initializer_range >= 0.0f)) r.fail("initializer_range", "must not be negative");
-  c.qk_norm = c.model_type == "qwen3";
+  c.qk_norm = family->qk_norm;
+  c.qkv_bias = family->qkv_bias_key ? r.get<bool>(family->qkv_bias_key, family->qkv_bias) : family->qkv_bias;
+  c.o_bias = family->o_bias_key ? r.get<bool>(family->o_bias_key, family->o_bias) : family->o_bias;
+  r.accept("attention_bias");  // families without the key ignore it, as transformers does
 
   if (c.num_kv_heads > c.num_heads || c.num_heads % c.num_kv_heads != 0)
     r.fail("num_attention_heads", str_cat("(", c.num_heads, ") is not divisible by num_key_value_heads (",
@@ -79,6 +184,8 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   r.accept("head_dim");  // null: derived, as transformers derives it
   if (r.has("head_dim")) {
     c.head_dim = size("head_dim", -1);
+  } else if (family->default_head_dim > 0) {
+    c.head_dim = family->default_head_dim;
   } else {
     if (c.hidden_size % c.num_heads != 0)
       r.fail("hidden_size", str_cat("(", c.hidden_size, ") is not divisible by num_attention_heads (", c.num_heads,
@@ -88,29 +195,43 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   if (c.head_dim % 2 != 0) r.fail("head_dim", str_cat("must be even (rotary pairs), is ", c.head_dim));
 
   // RoPE: transformers 4 writes rope_theta and rope_scaling (null unless scaled); transformers 5
-  // nests them in rope_parameters. Only the default (unscaled) rotary embedding is implemented:
-  // rope_type "default" (or the legacy "type") is accepted in either place, anything else refused.
+  // nests both in rope_parameters. Phi-3 keeps the pre-training context at the top level, where
+  // transformers looks first.
   c.rope_theta = r.get<double>("rope_theta", 10000.0);
+  const int64_t top_original = r.get_in("original_max_position_embeddings", 0, 1, INT32_MAX);
+  if (r.has("rope_scaling") && r.has("rope_parameters"))
+    r.fail("rope_scaling", "and rope_parameters are both given; a config has one of them");
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     r.accept(key);
     if (!r.has(key)) continue;
     JsonReader rp = r.child(key);
     if (std::string(key) == "rope_parameters") c.rope_theta = rp.get<double>("rope_theta", c.rope_theta);
-    const std::string type = rp.has("rope_type") ? rp.get<std::string>("rope_type", "") : rp.get<std::string>("type", "default");
-    rp.accept("type");
-    if (type != "default")
-      r.fail(key, str_cat("is ", brief_json(rp.raw()), ": RoPE scaling '", type,
-                          "' is not supported; only the default rotary embedding (null, or rope_type \"default\")"));
-    rp.finish();
+    read_rope_scaling(rp, c, top_original);
   }
+  // Phi-3's class renames yarn/su to longrope and takes nothing else but the default.
+  if (!family->scaled_rope && c.rope.type != "default")
+    r.fail(r.has("rope_scaling") ? "rope_scaling" : "rope_parameters",
+           str_cat("has rope_type '", c.rope.type, "'; ", c.model_type,
+                   " models take only the default rotary embedding here (transformers reads yarn as longrope)"));
+  if (r.get<double>("partial_rotary_factor", 1.0) != 1.0)
+    r.fail("partial_rotary_factor", "is not 1; rotary embedding of part of each head is not supported");
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
   const std::string act = r.get<std::string>("hidden_act", "silu");
   if (act != "silu") r.fail("hidden_act", str_cat("is '", act, "'; only 'silu' (SwiGLU) is supported"));
-  for (const char* bias : {"attention_bias", "mlp_bias"})
-    if (r.get<bool>(bias, false)) r.fail(bias, "is true; biases are not supported");
+  if (r.get<bool>("mlp_bias", false)) r.fail("mlp_bias", "is true; MLP biases are not supported");
   if (r.get<bool>("use_sliding_window", false)) r.fail("use_sliding_window", "is true; sliding windows are not supported");
-  if (r.get<double>("attention_dropout", 0.0) != 0.0)
-    r.fail("attention_dropout", "is not 0; so_train trains without attention dropout");
+  // Elsewhere sliding_window only counts with use_sliding_window (refused above).
+  r.accept("sliding_window");
+  if (family->window) c.sliding_window = r.get_in("sliding_window", 0, 1, INT32_MAX);
+  // so_train trains without dropout (Seed-OSS's and Phi-3's residual and embedding dropout too): a
+  // value other than 0 is refused; model.override sets it to 0 where training without it is meant.
+  for (const char* key : {"attention_dropout", "residual_dropout", "resid_pdrop", "embd_pdrop"}) {
+    const bool family_default = std::string(key) == "attention_dropout" || std::string(key) == "residual_dropout";
+    const double p = r.get<double>(key, family_default ? family->default_dropout : 0.0);
+    if (p != 0.0)
+      r.fail(key, str_cat("is ", p, r.has(key) ? "" : str_cat(" (", c.model_type, "'s default)"),
+                          ", not 0; so_train trains without dropout: set it to 0 with model.override to train so"));
+  }
   if (r.get_in("pretraining_tp", 1, INT64_MIN, INT64_MAX) != 1)
     r.fail("pretraining_tp", "is not 1; only unsplit projections are supported");
   r.accept("layer_types");
@@ -122,7 +243,7 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
       r.fail("layer_types", str_cat("is ", brief_json(lt), "; so_train needs one \"full_attention\" per layer (",
                                     c.num_layers, "): sliding-window attention is not supported"));
   }
-  const std::string arch = c.model_type == "qwen3" ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+  const std::string arch = family->architecture;
   r.accept("architectures");
   if (r.has("architectures")) {
     const nlohmann::json& a = r.raw().at("architectures");
@@ -145,7 +266,7 @@ ModelConfig ModelConfig::from_hf_file(const std::string& path) {
 
 nlohmann::json ModelConfig::to_hf_json() const {
   nlohmann::json j = {{"model_type", model_type},
-                      {"architectures", {model_type == "qwen3" ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+                      {"architectures", {architecture()}},
                       {"vocab_size", vocab_size},
                       {"hidden_size", hidden_size},
                       {"intermediate_size", intermediate_size},
@@ -159,6 +280,31 @@ nlohmann::json ModelConfig::to_hf_json() const {
                       {"tie_word_embeddings", tie_word_embeddings},
                       {"initializer_range", shortest_decimal(initializer_range)},
                       {"hidden_act", "silu"}};
+  j["pad_token_id"] = pad_token_id >= 0 ? nlohmann::json(pad_token_id) : nlohmann::json(nullptr);
+  const Family& family = *find_family(model_type);
+  if (family.qkv_bias_key) j[family.qkv_bias_key] = qkv_bias;
+  if (family.o_bias_key) j[family.o_bias_key] = o_bias;
+  // What so_train trained with, where the family's default differs.
+  if (family.default_dropout != 0.0) j["attention_dropout"] = j["residual_dropout"] = 0.0;
+  if (family.window)
+    j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
+  if (rope.type != "default") {
+    nlohmann::json& s = j["rope_scaling"] = {{"rope_type", rope.type}, {"factor", rope.factor}};
+    if (rope.type == "llama3" || rope.type == "yarn")
+      s["original_max_position_embeddings"] = rope.original_max_position_embeddings;
+    if (rope.type == "llama3") {
+      s["low_freq_factor"] = rope.low_freq_factor;
+      s["high_freq_factor"] = rope.high_freq_factor;
+    }
+    if (rope.type == "yarn") {
+      s["beta_fast"] = rope.beta_fast;
+      s["beta_slow"] = rope.beta_slow;
+      s["truncate"] = rope.truncate;
+      if (rope.attention_factor >= 0.0) s["attention_factor"] = rope.attention_factor;
+      if (rope.mscale != 0.0) s["mscale"] = rope.mscale;
+      if (rope.mscale_all_dim != 0.0) s["mscale_all_dim"] = rope.mscale_all_dim;
+    }
+  }
   return j;
 }
 

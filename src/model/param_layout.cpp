@@ -1,5 +1,7 @@
 #include "so/model/param_layout.h"
 
+#include <map>
+
 #include "so/core/error.h"
 
 namespace so {
@@ -7,7 +9,8 @@ namespace so {
 ParamLayout ParamLayout::for_model(const ModelConfig& c) {
   ParamLayout L;
   const int head_unit = static_cast<int>(c.num_layers) + 1;
-  auto add = [&](std::string name, std::vector<int64_t> shape, int unit, bool is_norm = false) {
+  enum Init { Random, One, Zero };
+  auto add = [&](std::string name, std::vector<int64_t> shape, int unit, Init init = Random) {
     ParamInfo p;
     p.name = std::move(name);
     p.shape = std::move(shape);
@@ -15,33 +18,46 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
     for (int64_t d : p.shape) p.numel *= d;
     p.offset = L.total;
     p.first_unit = p.last_unit = unit;
-    p.is_norm = is_norm;
+    p.is_norm = init == One;
+    p.is_bias = init == Zero;
     L.total += (p.numel + kAlign - 1) / kAlign * kAlign;
     L.params.push_back(std::move(p));
     return static_cast<int>(L.params.size()) - 1;
   };
   const int64_t H = c.hidden_size, I = c.intermediate_size;
+  std::map<int, std::pair<std::string, int>> fused;  // first part -> the checkpoint's stacked tensor, parts
   L.embedding = add("model.embed_tokens.weight", {c.vocab_size, H}, 0);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const int u = static_cast<int>(l) + 1;
     LayerParamIds ids{};
-    ids.attn_norm = add(p + "input_layernorm.weight", {H}, u, true);
+    ids.attn_norm = add(p + "input_layernorm.weight", {H}, u, One);
     ids.q = add(p + "self_attn.q_proj.weight", {c.q_dim(), H}, u);
     ids.k = add(p + "self_attn.k_proj.weight", {c.kv_dim(), H}, u);
     ids.v = add(p + "self_attn.v_proj.weight", {c.kv_dim(), H}, u);
     ids.o = add(p + "self_attn.o_proj.weight", {H, c.q_dim()}, u);
-    if (c.qk_norm) {
-      ids.q_norm = add(p + "self_attn.q_norm.weight", {c.head_dim}, u, true);
-      ids.k_norm = add(p + "self_attn.k_norm.weight", {c.head_dim}, u, true);
+    if (c.qkv_bias) {
+      ids.q_bias = add(p + "self_attn.q_proj.bias", {c.q_dim()}, u, Zero);
+      ids.k_bias = add(p + "self_attn.k_proj.bias", {c.kv_dim()}, u, Zero);
+      ids.v_bias = add(p + "self_attn.v_proj.bias", {c.kv_dim()}, u, Zero);
     }
-    ids.mlp_norm = add(p + "post_attention_layernorm.weight", {H}, u, true);
+    if (c.o_bias) ids.o_bias = add(p + "self_attn.o_proj.bias", {H}, u, Zero);
+    if (c.qk_norm) {
+      ids.q_norm = add(p + "self_attn.q_norm.weight", {c.head_dim}, u, One);
+      ids.k_norm = add(p + "self_attn.k_norm.weight", {c.head_dim}, u, One);
+    }
+    ids.mlp_norm = add(p + "post_attention_layernorm.weight", {H}, u, One);
     ids.gate = add(p + "mlp.gate_proj.weight", {I, H}, u);
     ids.up = add(p + "mlp.up_proj.weight", {I, H}, u);
     ids.down = add(p + "mlp.down_proj.weight", {H, I}, u);
+    if (c.fused_projections) {
+      SO_CHECK(!c.qkv_bias && !c.qk_norm, "model: fused projections with biases or q/k norm are not laid out");
+      fused[ids.q] = {p + "self_attn.qkv_proj.weight", 3};  // q, k, v: consecutive ids
+      fused[ids.gate] = {p + "mlp.gate_up_proj.weight", 2};  // gate, up
+    }
     L.layers.push_back(ids);
   }
-  L.final_norm = add("model.norm.weight", {H}, head_unit, true);
+  L.final_norm = add("model.norm.weight", {H}, head_unit, One);
   if (c.tie_word_embeddings) {
     L.lm_head = L.embedding;
     L.params[L.embedding].last_unit = head_unit;
@@ -49,6 +65,18 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
     L.lm_head = add("lm_head.weight", {c.vocab_size, H}, head_unit);
   }
   L.num_units = head_unit + 1;
+  for (int id = 0; id < static_cast<int>(L.params.size());) {
+    HfTensor t{L.params[id].name, L.params[id].shape, {id}};
+    if (const auto f = fused.find(id); f != fused.end()) {
+      t.name = f->second.first;
+      for (int j = 1; j < f->second.second; ++j) {
+        t.parts.push_back(id + j);
+        t.shape[0] += L.params[id + j].shape[0];
+      }
+    }
+    id += static_cast<int>(t.parts.size());
+    L.hf_tensors.push_back(std::move(t));
+  }
   return L;
 }
 
@@ -66,7 +94,9 @@ double train_flops_per_token(const ModelConfig& c, int64_t seq_len, bool causal)
   // QK^T and PV: 2 matmuls x 2 FLOPs x head_dim x heads per (query, visible key) pair.
   const double keys = causal ? (seq_len + 1) / 2.0 : static_cast<double>(seq_len);
   const double attn_fwd = c.num_layers * 4.0 * c.head_dim * c.num_heads * keys;
-  return 3.0 * (2.0 * matmul_params + attn_fwd);
+  // A bias costs one add per element forward and one (its gradient's sum) backward: no input gradient.
+  const double biases = c.num_layers * ((c.qkv_bias ? c.q_dim() + 2.0 * c.kv_dim() : 0.0) + (c.o_bias ? H : 0.0));
+  return 3.0 * (2.0 * matmul_params + attn_fwd) + 2.0 * biases;
 }
 
 }  // namespace so

@@ -264,20 +264,30 @@ void parse_model(JsonReader r, RunConfig& c) {
   if (r.has("config") + r.has("inline") + r.has("hf_dir") != 1)
     r.fail("config", "give exactly one of model.config (path to an HF config.json), model.inline or model.hf_dir "
                      "(a Hugging Face model directory)");
+  nlohmann::json hf;
+  std::string source;  // what errors name
   if (r.has("config")) {
-    c.model_source = r.require<std::string>("config");
-    c.model = ModelConfig::from_hf_file(c.model_source);
+    c.model_source = source = r.require<std::string>("config");
+    hf = read_json_file(source, "model config");
   } else if (r.has("hf_dir")) {
     // The weights are read by the trainer (load_hf_weights), after the engine exists.
     c.init_hf_dir = r.require<std::string>("hf_dir");
     if (!std::filesystem::is_directory(c.init_hf_dir)) r.fail("hf_dir", "names '" + c.init_hf_dir + "', which is not a directory");
     c.model_source = c.init_hf_dir;
-    c.model = ModelConfig::from_hf_file((std::filesystem::path(c.init_hf_dir) / "config.json").string());
+    source = (std::filesystem::path(c.init_hf_dir) / "config.json").string();
+    hf = read_json_file(source, "model config");
   } else {
-    JsonReader in = r.child("inline");
-    c.model_source = c.source + ": model.inline";
-    c.model = ModelConfig::from_hf_json(in.raw(), c.model_source);
+    c.model_source = source = c.source + ": model.inline";
+    hf = r.child("inline").raw();
   }
+  // model.override: keys that replace config.json's, read like them (e.g. Seed-OSS's dropout set
+  // to 0 to train without it).
+  r.accept("override");
+  if (r.has("override")) {
+    for (const auto& [key, value] : r.child("override").raw().items()) hf[key] = value;
+    source += str_cat(" with ", c.source, ": model.override");
+  }
+  c.model = ModelConfig::from_hf_json(hf, source);
   r.finish();
 }
 

@@ -6,7 +6,7 @@
 #   gpu.memcheck/racecheck  compute-sanitizer over the quick op cases (our flash attention);
 #   gpu.memcheck_cudnn      the same memcheck of the attention cases through cuDNN
 # No MPI in this binary (plain gtest main): ~300 cases, each its own process.
-so_add_gtest(test_cuda_ops LABELS gpu SOURCES test_cuda_ops.cpp LIBS so_backend GTest::gtest_main)
+so_add_gtest(test_cuda_ops LABELS gpu SOURCES test_cuda_ops.cpp LIBS so_model GTest::gtest_main)  # so_model: RoPE tables
 # The attention cases once more under each attention kernel: SO_ATTENTION_KERNEL is read once per
 # process, so each variant is its own set of ctest entries with the variable in its environment.
 foreach(kernel 1 2)

@@ -21,6 +21,7 @@
 
 #include "so/backend/backend.h"
 #include "so/core/error.h"
+#include "so/model/rope.h"
 #include "src/backend/cuda/cuda_cast.h"
 #include "tests/gpu/op_tolerances.h"
 #include "tests/test_util.h"
@@ -105,6 +106,11 @@ class OpRun {
     std::vector<uint8_t> bytes(v.size() * 4);
     std::memcpy(bytes.data(), v.data(), bytes.size());
     return static_cast<int32_t*>(in(bytes));
+  }
+  const double* doubles(const std::vector<double>& v) {
+    std::vector<uint8_t> bytes(v.size() * sizeof(double));
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+    return static_cast<const double*>(in(bytes));
   }
   // An overwritten output, filled with NaN first so that an element the op never writes fails.
   void* out(int64_t n, DType dt) {
@@ -216,13 +222,14 @@ OpCase embedding_forward_case(int64_t T, int64_t V, int64_t H, DType dt) {
           }};
 }
 
-// Tokens drawn from the first `distinct` ids, so rows receive many updates each.
-OpCase embedding_backward_case(int64_t T, int64_t V, int64_t H, int64_t distinct, DType dt) {
-  return {case_name("embedding_backward", dn(dt), "T", T, "V", V, "H", H, "distinct", distinct), [=](OpRun& r) {
+// Tokens drawn from the first `distinct` ids, so rows receive many updates each; `pad`'s row none.
+OpCase embedding_backward_case(int64_t T, int64_t V, int64_t H, int64_t distinct, int64_t pad, DType dt) {
+  return {case_name("embedding_backward", dn(dt), "T", T, "V", V, "H", H, "distinct", distinct, "pad", pad),
+          [=](OpRun& r) {
             void* dtable = r.in(normal(V * H, 6, 0.1f), dt);
             void* dout = r.in(normal(T * H, 7), dt);
             const int32_t* tok = r.ints(uniform_ints(T, 8, 0, static_cast<int32_t>(distinct)));
-            r.ops().embedding_backward(r.s(), dtable, dout, tok, T, V, H, dt);
+            r.ops().embedding_backward(r.s(), dtable, dout, tok, T, V, H, pad, dt);
             r.expect("dtable", dtable, V * H, dt, OpClass::Scatter);
           }};
 }
@@ -268,17 +275,23 @@ OpCase rmsnorm_backward_case(int64_t rows, int64_t dim, bool accumulate, DType d
           }};
 }
 
-// Positions: 0, 1, then random up to max_pos (the long-context range).
-OpCase rope_case(int64_t T, int64_t heads, int64_t D, float theta, int32_t max_pos, bool inverse, DType dt) {
+// Positions: 0, 1, then random up to max_pos (the long-context range). A yarn table (factor 4,
+// original context 4096) when `yarn`: scaled frequencies and cos/sin times its attention factor.
+OpCase rope_case(int64_t T, int64_t heads, int64_t D, float theta, int32_t max_pos, bool inverse, DType dt,
+                 bool yarn = false) {
+  RopeScaling s;
+  if (yarn) s = {.type = "yarn", .factor = 4.0, .original_max_position_embeddings = 4096};
+  const RopeFrequencies f = rope_frequencies(s, theta, D);
   return {case_name("rope", dn(dt), "T", T, "heads", heads, "D", D, "theta", static_cast<int64_t>(theta), "maxpos",
-                    max_pos, inverse ? "inverse" : ""),
+                    max_pos, inverse ? "inverse" : "", yarn ? "yarn" : ""),
           [=](OpRun& r) {
             std::vector<int32_t> pos = uniform_ints(T, 14, 0, max_pos + 1);
             pos[0] = 0;
             if (T > 1) pos[1] = 1;
             if (T > 2) pos[2] = max_pos;
             void* x = r.in(normal(T * heads * D, 15), dt);
-            r.ops().rope(r.s(), x, r.ints(pos), T, heads, D, theta, inverse, dt);
+            r.ops().rope(r.s(), x, r.ints(pos), T, heads, D, r.doubles(f.inv_freq),
+                         static_cast<float>(f.attention_factor), inverse, dt);
             r.expect("x", x, T * heads * D, dt, OpClass::Rope);
           }};
 }
@@ -480,7 +493,8 @@ std::vector<OpCase> small_cases() {
     c.push_back(gemm_case({1, 257, 64, false, false}, dt, dt));
     c.push_back(gemm_case({33, 65, 100, true, false, 0.5f, 1.0f}, dt, DType::F32));  // dW += dY^T X in fp32
     c.push_back(embedding_forward_case(37, 1000, 77, dt));
-    c.push_back(embedding_backward_case(37, 1000, 77, 5, dt));
+    c.push_back(embedding_backward_case(37, 1000, 77, 5, -1, dt));
+    c.push_back(embedding_backward_case(37, 1000, 77, 5, 3, dt));
     c.push_back(rmsnorm_forward_case(1, 77, dt));
     c.push_back(rmsnorm_forward_case(333, 40, dt));
     for (bool acc : {false, true}) c.push_back(rmsnorm_backward_case(333, 40, acc, dt));
@@ -489,6 +503,7 @@ std::vector<OpCase> small_cases() {
     for (bool inv : {false, true}) {
       c.push_back(rope_case(37, 3, 80, 10000.0f, 4096, inv, dt));
       c.push_back(rope_case(5, 2, 64, 500000.0f, 4096, inv, dt));
+      c.push_back(rope_case(37, 3, 128, 1000000.0f, 131071, inv, dt, true));
     }
     for (AttnShape a : {AttnShape{1, 1, 4, 1, 64}, AttnShape{2, 70, 4, 4, 80}, AttnShape{1, 130, 8, 2, 128}}) {
       c.push_back(attention_forward_case(a, dt));
@@ -528,7 +543,7 @@ std::vector<OpCase> large_cases() {
     c.push_back(gemm_case({2048, 512, 3000, true, false, 1.0f, 1.0f}, dt, dt));
     c.push_back(embedding_forward_case(4099, 32003, 1024, dt));
     c.push_back(embedding_forward_case(70001, 1000, 40, dt));
-    c.push_back(embedding_backward_case(4099, 32003, 1024, 300, dt));
+    c.push_back(embedding_backward_case(4099, 32003, 1024, 300, -1, dt));
     c.push_back(rmsnorm_forward_case(70001, 40, dt));
     c.push_back(rmsnorm_forward_case(4097, 2048, dt));
     c.push_back(rmsnorm_backward_case(70001, 40, false, dt));
@@ -869,7 +884,7 @@ std::vector<BadIdCase> bad_id_cases() {
            [=](Ops& ops, Stream& s, Backend& be, std::vector<DeviceBuffer>& k) {
              const int32_t* ids = upload_ids(be, s, k);
              ops.embedding_backward(s, zeros(be, s, k, 1000 * 8 * 2), zeros(be, s, k, 300 * 8 * 2), ids, 300, 1000, 8,
-                                    DType::BF16);
+                                    -1, DType::BF16);
            }},
           {"cross_entropy", "cross",
            [=](Ops& ops, Stream& s, Backend& be, std::vector<DeviceBuffer>& k) {

@@ -18,7 +18,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          SeedOssConfig, SeedOssForCausalLM)
+
+CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+           "qwen2": (Qwen2Config, Qwen2ForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
+           "phi3": (Phi3Config, Phi3ForCausalLM), "seed_oss": (SeedOssConfig, SeedOssForCausalLM)}
+PAD_POSITIONS = [(0, 3), (0, 20), (1, 10)]  # where a config with pad_token_id gets that token in every batch
 
 B = 2            # batch size
 S = 37           # input sequence length (input_ids has S + 1 columns)
@@ -62,15 +69,132 @@ FIXTURES = [
             use_sliding_window=False, attention_bias=False, hidden_act="silu",
         ),
     ),
+    # RoPE scaling through the whole model: the original context (16) is shorter than the
+    # sequence (37), so the scaled bands matter; yarn's attention factor multiplies cos and sin.
+    dict(
+        name="llama_rope_llama3",
+        model_type="llama",
+        seed=4567,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=128,
+            attention_bias=False, mlp_bias=False, hidden_act="silu",
+            rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                              original_max_position_embeddings=16),
+        ),
+    ),
+    dict(
+        name="llama_rope_yarn",
+        model_type="llama",
+        seed=5678,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=1, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=128,
+            attention_bias=False, mlp_bias=False, hidden_act="silu",
+            rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32),
+        ),
+    ),
+    # Projection biases (drawn like weights, so that their gradients and values matter): Qwen2's
+    # q/k/v biases with an odd vocabulary, and with q dim (4 x 32) != hidden (64), MQA and tying;
+    # Llama's attention_bias (q/k/v/o).
+    dict(
+        name="qwen2_gqa_untied",
+        model_type="qwen2",
+        seed=6789,
+        config=dict(
+            vocab_size=131, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=1000000.0,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
+            use_sliding_window=False, hidden_act="silu",
+        ),
+    ),
+    dict(
+        name="qwen2_tied_mqa_qdim",
+        model_type="qwen2",
+        seed=7890,
+        config=dict(
+            vocab_size=127, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=32, rope_theta=1000000.0,
+            rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=256,
+            use_sliding_window=False, hidden_act="silu",
+        ),
+    ),
+    dict(
+        name="llama_attention_bias",
+        model_type="llama",
+        seed=8901,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=256,
+            attention_bias=True, mlp_bias=False, hidden_act="silu",
+        ),
+    ),
+    # Phi-3 (Phi-4's family): fused qkv_proj and gate_up_proj, stored here split into so_train's
+    # names (q_proj, k_proj, v_proj, gate_proj, up_proj); pad_token_id 5 occurs in every batch.
+    dict(
+        name="phi3_gqa_pad",
+        model_type="phi3",
+        seed=1357,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=250000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
+            original_max_position_embeddings=256, pad_token_id=5, sliding_window=None,
+            resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, hidden_act="silu",
+        ),
+    ),
+    # padding_idx with a tied head: the lookup's gradient skips row 7, the head's still reaches it.
+    dict(
+        name="llama_tied_pad",
+        model_type="llama",
+        seed=2468,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=256,
+            attention_bias=False, mlp_bias=False, hidden_act="silu", pad_token_id=7,
+        ),
+    ),
+    # Seed-OSS: q/k/v biases and an o bias (attention_out_bias), q dim (4 x 32) != hidden (64), GQA,
+    # odd vocabulary, pad_token_id 1 in every batch; its dropout (default 0.1) set to 0. rope_theta
+    # 1e4, not Seed-OSS's 1e7: with pairs that barely turn over 37 positions, k_proj's bias adds
+    # almost the same q.b to every score of a query (softmax ignores it), its gradient there is
+    # rounding noise that AdamW amplifies, and 10 steps would compare noise.
+    dict(
+        name="seed_oss_qdim_bias",
+        model_type="seed_oss",
+        seed=3579,
+        config=dict(
+            vocab_size=129, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=10000.0,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
+            attention_bias=True, attention_out_bias=True, attention_dropout=0.0, residual_dropout=0.0,
+            pad_token_id=1, hidden_act="silu",
+        ),
+    ),
+    # Mistral: Llama's maths; its sliding window (64) is longer than the sequence (37).
+    dict(
+        name="mistral_window",
+        model_type="mistral",
+        seed=9012,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1000000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
+            sliding_window=64, hidden_act="silu",
+        ),
+    ),
 ]
 
 
 def build_model(spec):
-    kw = dict(spec["config"], rope_scaling=None, attn_implementation="eager")
-    if spec["model_type"] == "llama":
-        cfg, cls = LlamaConfig(**kw), LlamaForCausalLM
-    else:
-        cfg, cls = Qwen3Config(**kw), Qwen3ForCausalLM
+    kw = dict(spec["config"], attn_implementation="eager")
+    kw.setdefault("rope_scaling", None)
+    config_cls, cls = CLASSES[spec["model_type"]]
+    cfg = config_cls(**kw)
     cfg._attn_implementation = "eager"
     model = cls(cfg).float()
     # Sanity checks on how the installed transformers interpreted the config.
@@ -79,15 +203,17 @@ def build_model(spec):
     got_theta = rp["rope_theta"] if rp else cfg.rope_theta
     assert got_theta == theta, (got_theta, theta)
     if rp:
-        assert rp.get("rope_type", "default") == "default", rp
-    if spec["model_type"] == "qwen3":
+        want = (spec["config"].get("rope_scaling") or {}).get("rope_type", "default")
+        assert rp.get("rope_type", "default") == want, rp
+    if spec["model_type"] in ("qwen3", "qwen2"):
         assert all(t == "full_attention" for t in cfg.layer_types), cfg.layer_types
+    if "head_dim" in spec["config"]:
         assert model.model.layers[0].self_attn.head_dim == spec["config"]["head_dim"]
     return model
 
 
 def reinit_(model):
-    """Linear/Embedding weights ~ N(0, INIT_STD); RMSNorm weights = 1 + NORM_JITTER*randn.
+    """Linear/Embedding weights and biases ~ N(0, INIT_STD); RMSNorm weights = 1 + NORM_JITTER*randn.
 
     Tied parameters are initialised once (the first module that owns them, in
     named_modules() order, i.e. the embedding)."""
@@ -101,7 +227,8 @@ def reinit_(model):
             if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding)):
                 w.normal_(0.0, INIT_STD)
                 if getattr(mod, "bias", None) is not None:
-                    mod.bias.zero_()
+                    mod.bias.normal_(0.0, INIT_STD)
+                    seen.add(id(mod.bias))
             elif cls.endswith("RMSNorm"):
                 w.copy_(1.0 + NORM_JITTER * torch.randn_like(w))
             else:
@@ -123,6 +250,25 @@ def np32(t):
     return t.detach().cpu().to(torch.float32).numpy()
 
 
+def split_fused(cfg, tensors):
+    """Phi-3's stacked projections under so_train's parameter names (rows [q; k; v], [gate; up])."""
+    out = {}
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    q, kv = cfg.num_attention_heads * head_dim, cfg.num_key_value_heads * head_dim
+    for n, a in tensors.items():
+        if n.endswith("qkv_proj.weight"):
+            base = n[: -len("qkv_proj.weight")]
+            out[base + "q_proj.weight"], out[base + "k_proj.weight"], out[base + "v_proj.weight"] = (
+                a[:q], a[q:q + kv], a[q + kv:])
+        elif n.endswith("gate_up_proj.weight"):
+            base = n[: -len("gate_up_proj.weight")]
+            half = a.shape[0] // 2
+            out[base + "gate_proj.weight"], out[base + "up_proj.weight"] = a[:half], a[half:]
+        else:
+            out[n] = a
+    return {n: np.ascontiguousarray(a) for n, a in out.items()}
+
+
 def make_fixture(spec, out_dir):
     torch.manual_seed(spec["seed"])
     model = build_model(spec)
@@ -138,17 +284,23 @@ def make_fixture(spec, out_dir):
     gen = torch.Generator().manual_seed(spec["seed"] + 1)
     ids = torch.randint(0, V, (B, S + 1), generator=gen)
     train_ids = torch.randint(0, V, (TRAIN_STEPS, B, S + 1), generator=gen)
+    pad = model.config.pad_token_id
+    if pad is not None:
+        assert model.model.embed_tokens.padding_idx == pad
+        for b, t in PAD_POSITIONS:
+            ids[b, t] = pad
+            train_ids[:, b, t] = pad
 
     train_model = copy.deepcopy(model)  # fresh copy of the initial weights for training
     if tied:
         assert train_model.lm_head.weight is train_model.model.embed_tokens.weight
 
     # ---- single forward / backward ----
-    init_weights = {n: np32(p) for n, p in model.named_parameters()}
+    init_weights = split_fused(model.config, {n: np32(p) for n, p in model.named_parameters()})
     model.zero_grad(set_to_none=True)
     loss, logits = lm_loss(model, ids)
     loss.backward()
-    grads = {n: np32(p.grad) for n, p in model.named_parameters()}
+    grads = split_fused(model.config, {n: np32(p.grad) for n, p in model.named_parameters()})
 
     # ---- 10-step AdamW training run ----
     params = list(train_model.parameters())
@@ -163,7 +315,7 @@ def make_fixture(spec, out_dir):
         opt.step()
         losses.append(l.item())
         norms.append(gn.item())
-    final_weights = {n: np32(p) for n, p in train_model.named_parameters()}
+    final_weights = split_fused(train_model.config, {n: np32(p) for n, p in train_model.named_parameters()})
 
     path = os.path.join(out_dir, spec["name"] + ".h5")
     with h5py.File(path, "w") as f:

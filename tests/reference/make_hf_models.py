@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate tiny Hugging Face model directories for so_train's import tests (hf_models/).
 
-Each model is a LlamaForCausalLM or Qwen3ForCausalLM with seeded random weights (initialised as
+Each model is a LlamaForCausalLM, Qwen3ForCausalLM, Qwen2ForCausalLM or MistralForCausalLM with seeded random weights (initialised as
 make_fixtures.py does), cast to its storage dtype and written with save_pretrained, exactly as a
 user's model would be. Beside them, reference.json holds one token sequence and, per model, the
 loss transformers computes on it after loading the directory back in float32 (bf16 and fp16
@@ -21,10 +21,9 @@ import struct
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from check_hf_export import hf_loss
-from make_fixtures import reinit_
+from make_fixtures import CLASSES, reinit_
 
 SEQ_TOKENS = 33  # one sequence: 32 positions of next-token loss
 TOKEN_SEED = 99
@@ -41,17 +40,27 @@ MODELS = [
          config=dict(tie_word_embeddings=False, rope_theta=10000.0, num_key_value_heads=1)),
     dict(name="qwen3_tied_bf16", cls="qwen3", seed=14, dtype=torch.bfloat16,
          config=dict(tie_word_embeddings=True, rope_theta=1000000.0, head_dim=32, use_sliding_window=False)),
+    dict(name="qwen2_untied_bf16", cls="qwen2", seed=15, dtype=torch.bfloat16,
+         config=dict(tie_word_embeddings=False, rope_theta=1000000.0, use_sliding_window=False)),
+    dict(name="mistral_untied_fp32", cls="mistral", seed=16, dtype=torch.float32,
+         config=dict(tie_word_embeddings=False, rope_theta=1000000.0, head_dim=32, sliding_window=4096)),
+    dict(name="phi3_untied_bf16", cls="phi3", seed=17, dtype=torch.bfloat16,
+         config=dict(tie_word_embeddings=False, rope_theta=250000.0, pad_token_id=3,
+                     original_max_position_embeddings=128)),
+    dict(name="seed_oss_tied_fp32", cls="seed_oss", seed=18, dtype=torch.float32,
+         config=dict(tie_word_embeddings=True, rope_theta=10000000.0, head_dim=32, attention_bias=True,
+                     attention_out_bias=True, attention_dropout=0.0, residual_dropout=0.0)),
 ]
 
 
 def build(spec):
     kw = dict(COMMON, **spec["config"])
     theta = kw.pop("rope_theta")
-    if spec["cls"] == "llama":
-        cfg, cls = LlamaConfig(**kw), LlamaForCausalLM
-    else:
-        cfg, cls = Qwen3Config(**kw), Qwen3ForCausalLM
-    cfg.rope_parameters = {"rope_type": "default", "rope_theta": theta}
+    if spec["cls"] in ("qwen2", "mistral", "phi3"):
+        del kw["attention_bias"]  # not theirs: Qwen2 always has q/k/v biases, Mistral and Phi-3 none
+    config_cls, cls = CLASSES[spec["cls"]]
+    cfg = config_cls(**kw)
+    cfg.rope_parameters = dict(cfg.rope_parameters, rope_type="default", rope_theta=theta)  # Phi-3 adds its partial_rotary_factor
     torch.manual_seed(spec["seed"])
     model = cls(cfg).float()
     reinit_(model)

@@ -24,12 +24,16 @@ namespace {
 struct Tolerance {
   double loss, logits, grad, train_loss;
 };
-constexpr Tolerance kF32{1e-5, 1e-4, 1e-4, 1e-4};
+// fp32 on the CPU: the 1e-5 for loss, logits and every gradient (measured worst: loss
+// 1.9e-7, gradient 1.4e-6 over 15 cases).
+constexpr Tolerance kF32{1e-5, 1e-5, 1e-5, 1e-4};
 constexpr Tolerance kBF16{2e-3, 3e-2, 6e-2, 2e-3};
-// CUDA: fp32 ops compute in fp32 (no TF32), so the fp32 bounds stand. bf16: flash attention also
+// CUDA: fp32 ops compute in fp32 (no TF32); the earlier fp32 bounds stand until measured on a GPU
+// with these fixtures. bf16: flash attention also
 // rounds the softmax probabilities (and dS in backward) to bf16 before its matmuls, which the CPU
 // does not; 1.5x the CPU's bf16 bounds (not yet measured on a GPU).
 constexpr Tolerance kBF16Cuda{3e-3, 4.5e-2, 9e-2, 3e-3};
+constexpr Tolerance kF32Cuda{1e-5, 1e-4, 1e-4, 1e-4};
 
 bool cuda_available() {
 #ifdef SO_HAVE_CUDA
@@ -98,7 +102,7 @@ class ReferenceTest : public testing::TestWithParam<Case> {
     model_ = std::make_unique<LlamaModel>(*backend_, fx_->cfg, mo);
   }
   Tolerance tol() const {
-    if (GetParam().dtype == DType::F32) return kF32;
+    if (GetParam().dtype == DType::F32) return GetParam().backend == "cuda" ? kF32Cuda : kF32;
     return GetParam().backend == "cuda" ? kBF16Cuda : kBF16;
   }
 
@@ -201,7 +205,17 @@ TEST_P(ReferenceTest, TenAdamWStepsMatchTorch) {
   if (GetParam().dtype == DType::F32) {
     for (const std::string& name : f.members("/train/final_weights")) {
       const int id = model_->layout().find(name);
-      EXPECT_LE(test::rel_error(engine->read_weight(id), f.read_f32("/train/final_weights/" + name, model_->layout().params[id].shape)), 1e-4) << name;
+      const std::vector<float> got = engine->read_weight(id), want = f.read_f32("/train/final_weights/" + name, model_->layout().params[id].shape);
+      if (!name.ends_with("k_proj.bias")) {
+        EXPECT_LE(test::rel_error(got, want), 1e-4) << name;
+        continue;
+      }
+      // k_proj's bias reaches the scores only through RoPE's turn of it: on pairs that barely
+      // turn over the sequence (large rope_theta) it adds the same q.b to every score of a query,
+      // which softmax ignores, so its gradient there is rounding noise that AdamW turns into steps
+      // of up to lr of either sign. Both sides may only have moved it that far from each other.
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_LE(std::abs(got[i] - want[i]), 2.0 * lr * steps) << name << "[" << i << "]";
     }
   }
   std::printf("[%s] 10-step losses: first %.6f (torch %.6f), last %.6f (torch %.6f)\n",
@@ -214,7 +228,14 @@ std::vector<Case> cases_on(const std::string& backend) {
   std::vector<Case> cases = {{"llama_gqa_untied", DType::F32, false, 0}, {"llama_tied_mqa", DType::F32, false, 0},
                              {"qwen3_tied", DType::F32, false, 0},       {"llama_gqa_untied", DType::F32, true, 5},
                              {"qwen3_tied", DType::F32, true, 7},        {"llama_gqa_untied", DType::BF16, false, 0},
-                             {"llama_tied_mqa", DType::BF16, true, 0},   {"qwen3_tied", DType::BF16, false, 0}};
+                             {"llama_tied_mqa", DType::BF16, true, 0},   {"qwen3_tied", DType::BF16, false, 0},
+                             {"llama_rope_llama3", DType::F32, false, 0}, {"llama_rope_yarn", DType::F32, true, 0},
+                             {"qwen2_gqa_untied", DType::F32, false, 0},  {"qwen2_tied_mqa_qdim", DType::F32, true, 5},
+                             {"llama_attention_bias", DType::F32, false, 0}, {"mistral_window", DType::F32, false, 0},
+                             {"qwen2_gqa_untied", DType::BF16, false, 0},  {"phi3_gqa_pad", DType::F32, false, 0},
+                             {"phi3_gqa_pad", DType::F32, true, 9},       {"llama_tied_pad", DType::F32, false, 0},
+                             {"seed_oss_qdim_bias", DType::F32, false, 0},
+                             {"seed_oss_qdim_bias", DType::BF16, true, 0}};
   for (Case& c : cases) c.backend = backend;
   return cases;
 }

@@ -15,6 +15,7 @@
 
 #include "so/backend/backend.h"
 #include "so/core/error.h"
+#include "so/core/json_reader.h"
 #include "so/data/batch_sampler.h"
 #include "so/engine/bucket.h"
 #include "so/io/crc32c.h"
@@ -484,6 +485,19 @@ TEST(Model, FlopsAndBucketsFollowTheLayout) {
   const double attn_all = c.num_layers * 4.0 * c.head_dim * c.num_heads * S;
   EXPECT_DOUBLE_EQ(train_flops_per_token(c, S, false), 3.0 * (2.0 * matmul + attn_all));
 
+  // Biases (Seed-OSS: q, k, v and o) are parameters of the layout and of the count, and cost 1
+  // FLOP per element each way.
+  ModelConfig b = c;
+  b.qkv_bias = b.o_bias = true;
+  int64_t bias = 0, with_bias = 0;
+  for (const ParamInfo& p : ParamLayout::for_model(b).params) {
+    with_bias += p.numel;
+    if (p.is_bias) bias += p.numel;
+  }
+  EXPECT_EQ(bias, c.num_layers * (c.q_dim() + 2 * c.kv_dim() + c.hidden_size));
+  EXPECT_EQ(with_bias, b.num_parameters());
+  EXPECT_DOUBLE_EQ(train_flops_per_token(b, S) - train_flops_per_token(c, S), 2.0 * bias);
+
   const auto buckets = make_buckets(L, 20000);
   ASSERT_GT(buckets.size(), 3u);
   EXPECT_EQ(buckets.front().end, L.total);  // head first, in backward order
@@ -505,11 +519,21 @@ namespace {
 TEST(ModelConfigs, ShippedShapesParseWithExpectedSizes) {
   const std::pair<const char*, double> expected[] = {{"llama-3-8b", 8.03e9}, {"llama-3-70b", 70.55e9},
                                                      {"qwen3-14b", 14.77e9}, {"llama-13b", 13.0e9},
-                                                     {"llama-25b", 25.0e9}, {"llama-50b", 50.5e9}};
+                                                     {"llama-25b", 25.0e9}, {"llama-50b", 50.5e9},
+                                                     {"llama-3.1-8b", 8.03e9}, {"llama-3.3-70b", 70.55e9},
+                                                     {"phi-4", 14.66e9},      {"qwen2.5-7b", 7.62e9}};
   for (const auto& [name, params] : expected) {
     const ModelConfig c = ModelConfig::from_hf_file(std::string("configs/models/") + name + ".json");
     EXPECT_NEAR(c.num_parameters() / params, 1.0, 0.02) << name << ": " << c.num_parameters();
   }
+  // Seed-OSS as published trains with dropout, which so_train refuses; with it set to 0 (what
+  // model.override does) it is 36.15 B parameters.
+  const std::string seed = "configs/models/seed-oss-36b.json";
+  EXPECT_NE(test::error_message([&] { ModelConfig::from_hf_file(seed); }).find("'attention_dropout' is 0.1, not 0"),
+            std::string::npos);
+  nlohmann::json j = read_json_file(seed, "model config");
+  j["attention_dropout"] = j["residual_dropout"] = 0.0;
+  EXPECT_NEAR(ModelConfig::from_hf_json(j, seed).num_parameters() / 36.15e9, 1.0, 0.02);
 }
 
 }  // namespace

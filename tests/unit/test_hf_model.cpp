@@ -64,7 +64,8 @@ TEST_P(HfFixtureTest, LoadsAndMatchesTransformersLoss) {
 
 INSTANTIATE_TEST_SUITE_P(SavePretrained, HfFixtureTest,
                          testing::Values("llama_tied_bf16", "llama_untied_fp32", "llama_untied_fp16_sharded",
-                                         "qwen3_tied_bf16"));
+                                         "qwen3_tied_bf16", "qwen2_untied_bf16", "mistral_untied_fp32",
+                                         "phi3_untied_bf16", "seed_oss_tied_fp32"));
 
 class HfDirTest : public testing::Test {
  protected:
@@ -97,7 +98,9 @@ class HfDirTest : public testing::Test {
 };
 
 TEST_F(HfDirTest, ExportRoundTripIsBitwiseInF32AndRoundsInBf16) {
-  for (const std::string name : {"llama_untied_fp32", "qwen3_tied_bf16"}) {
+  for (const std::string name :
+       {"llama_untied_fp32", "qwen3_tied_bf16", "qwen2_untied_bf16", "mistral_untied_fp32", "phi3_untied_bf16",
+        "seed_oss_tied_fp32"}) {
     const HfModel m = load_hf_model((kModels / name).string());
     const auto get = [&](int id) { return m.values[id]; };
     export_hf_model((tmp_ / "f32").string(), m.config, m.layout, get, {DType::F32, 0});

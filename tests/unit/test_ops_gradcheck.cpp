@@ -8,6 +8,7 @@
 
 #include "so/backend/backend.h"
 #include "so/core/error.h"
+#include "so/model/rope.h"
 #include "tests/test_util.h"
 
 namespace so {
@@ -101,13 +102,16 @@ TEST_F(GradCheck, RopeInverseIsTheTranspose) {
   std::vector<int32_t> pos = {0, 3, 17, 1000, 65535};
   auto P = be->alloc(T * 4, "pos");
   be->copy_h2d(P.data(), pos.data(), T * 4, s);
+  // A yarn-like attention scale: the backward is then the scaled transpose.
+  const auto F = test::upload_f64(*be, rope_default_inv_freq(10000.0, D));
+  const float scale = 1.1f;
   auto f = [&](const std::vector<std::vector<float>>& x) {
     auto X = test::upload(*be, x[0], DType::F32);
-    ops.rope(s, X.data(), P.as<int32_t>(), T, heads, D, 10000.0f, false, DType::F32);
+    ops.rope(s, X.data(), P.as<int32_t>(), T, heads, D, F.as<double>(), scale, false, DType::F32);
     return test::download(*be, X.data(), T * heads * D, DType::F32);
   };
   auto dX = test::upload(*be, R, DType::F32);
-  ops.rope(s, dX.data(), P.as<int32_t>(), T, heads, D, 10000.0f, true, DType::F32);
+  ops.rope(s, dX.data(), P.as<int32_t>(), T, heads, D, F.as<double>(), scale, true, DType::F32);
   check(in, 0, f, test::download(*be, dX.data(), T * heads * D, DType::F32), R);
 }
 
@@ -123,7 +127,8 @@ TEST_F(GradCheck, RopeAnglesExactPastAMillionPositions) {
   be->copy_h2d(P.data(), pos.data(), T * 4, s);
   for (const float theta : {10000.0f, 500000.0f}) {
     auto X = test::upload(*be, x, DType::F32);
-    ops.rope(s, X.data(), P.as<int32_t>(), T, heads, D, theta, false, DType::F32);
+    const auto F = test::upload_f64(*be, rope_default_inv_freq(theta, D));
+    ops.rope(s, X.data(), P.as<int32_t>(), T, heads, D, F.as<double>(), 1.0f, false, DType::F32);
     const std::vector<float> got = test::download(*be, X.data(), T * heads * D, DType::F32);
     double worst = 0;
     for (int64_t t = 0; t < T; ++t)
@@ -208,8 +213,24 @@ TEST_F(GradCheck, EmbeddingBackwardScatterAdds) {
   };
   auto dY = test::upload(*be, R, DType::F32);
   auto dW = be->alloc(V * H * 4, "dw");
-  ops.embedding_backward(s, dW.data(), dY.data(), Tk.as<int32_t>(), T, V, H, DType::F32);
+  ops.embedding_backward(s, dW.data(), dY.data(), Tk.as<int32_t>(), T, V, H, -1, DType::F32);
   check(in, 0, f, test::download(*be, dW.data(), V * H, DType::F32), R);
+}
+
+TEST_F(GradCheck, EmbeddingPaddingRowGetsNoGradient) {
+  const int64_t T = 5, V = 4, H = 3;
+  const std::vector<int32_t> tok = {1, 2, 1, 3, 2};
+  auto Tk = be->alloc(T * 4, "tokens");
+  be->copy_h2d(Tk.data(), tok.data(), T * 4, s);
+  auto dY = test::upload(*be, randn(T * H, 31), DType::F32);
+  auto dW = test::upload(*be, std::vector<float>(V * H, 0.5f), DType::F32);
+  ops.embedding_backward(s, dW.data(), dY.data(), Tk.as<int32_t>(), T, V, H, 2, DType::F32);
+  const std::vector<float> got = test::download(*be, dW.data(), V * H, DType::F32);
+  const std::vector<float> dy = test::download(*be, dY.data(), T * H, DType::F32);
+  for (int64_t h = 0; h < H; ++h) {
+    EXPECT_EQ(got[2 * H + h], 0.5f);                                 // padding row: untouched
+    EXPECT_EQ(got[1 * H + h], 0.5f + dy[0 * H + h] + dy[2 * H + h]);  // others: as without padding
+  }
 }
 
 TEST_F(GradCheck, OutOfVocabularyTokenIsAnErrorNotACrash) {

@@ -32,9 +32,10 @@ class Ops {
   // out[T,H] = table[tokens[t], :]. Token ids outside [0, V) are an error.
   virtual void embedding_forward(Stream& s, void* out, const void* table, const int32_t* tokens, int64_t T,
                                  int64_t V, int64_t H, DType dt) = 0;
-  // dtable_acc[tokens[t], :] += dout[t, :]
+  // dtable_acc[tokens[t], :] += dout[t, :] for every token but padding_idx (-1: none), whose row
+  // gets no gradient from the lookup (torch's nn.Embedding padding_idx).
   virtual void embedding_backward(Stream& s, void* dtable_acc, const void* dout, const int32_t* tokens, int64_t T,
-                                  int64_t V, int64_t H, DType dt) = 0;
+                                  int64_t V, int64_t H, int64_t padding_idx, DType dt) = 0;
 
   // out = x * rstd * w over the last dim; rstd[rows] (fp32) saved for backward.
   virtual void rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows,
@@ -44,9 +45,11 @@ class Ops {
                                 const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) = 0;
 
   // In-place rotary embedding (Hugging Face "rotate_half" convention) on x[T, heads, head_dim]
-  // at positions[T]. inverse = true applies the transpose rotation (the backward pass).
+  // at positions[T]: pair i turns by positions[t] * inv_freq[i] (fp64 [head_dim / 2], backend
+  // memory; angles in double), cos and sin multiplied by attention_scale (yarn; else 1).
+  // inverse = true applies the transpose (the backward pass).
   virtual void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
-                    float theta, bool inverse, DType dt) = 0;
+                    const double* inv_freq, float attention_scale, bool inverse, DType dt) = 0;
 
   // Causal grouped-query attention over B sequences of S tokens, computed tile by tile (memory
   // O(S)). q/out: [B*S, Hq*D]; k, v: [B*S, Hkv*D]; lse: [B, Hq, S] fp32 saved for backward.

@@ -44,6 +44,7 @@ class H5File {
 
   // Whole datasets of exactly `shape`, floats (read_f32) or integers (read_i32), converted by HDF5.
   std::vector<float> read_f32(const std::string& dataset, const std::vector<int64_t>& shape) const;
+  std::vector<double> read_f64(const std::string& dataset, const std::vector<int64_t>& shape) const;
   std::vector<int32_t> read_i32(const std::string& dataset, const std::vector<int64_t>& shape) const;
   // Reads count elements starting at flat element `offset` of a 1-D integer dataset.
   void read_i32_range(const std::string& dataset, int64_t offset, int64_t count, int32_t* out) const;

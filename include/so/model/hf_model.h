@@ -1,5 +1,5 @@
 #pragma once
-// A Hugging Face model directory (Llama and Qwen3 families): config.json plus model.safetensors,
+// A Hugging Face model directory (every family of model_config.h): config.json plus model.safetensors,
 // or shards listed by model.safetensors.index.json. Import checks every tensor's name, shape and
 // dtype against the layout of the config before it reads any data; export writes what
 // transformers' save_pretrained writes for the same model, so from_pretrained loads it.

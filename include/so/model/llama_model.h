@@ -1,5 +1,5 @@
 #pragma once
-// The Llama-family decoder (Llama, Qwen3) with explicit forward and backward, layer by layer,
+// The Llama-family decoder (Llama, Qwen3, Qwen2, Mistral) with explicit forward and backward, layer by layer,
 // enqueued on the backend's compute stream. It owns activations, never parameters.
 #include <memory>
 #include <utility>
@@ -117,9 +117,13 @@ class LlamaModel {
   void scatter_heads(void* full, const void* local, int64_t heads);
   void gather_heads(void* local, const void* full, int64_t heads);
   int sp_size() const { return opts_.sequence_parallel ? opts_.sequence_parallel->size() : 1; }
-  void linear(const void* in, const void* w, void* out, int64_t rows, int64_t out_dim, int64_t in_dim, float beta);
+  // out = in W^T (+ bias) (+ beta * out). A bias is broadcast into out first by a K = 1 GEMM with
+  // a column of ones, so the product is added onto it with one rounding and no op of its own.
+  void linear(const void* in, const void* w, void* out, int64_t rows, int64_t out_dim, int64_t in_dim, float beta,
+              const void* bias = nullptr);
+  // dw += dout^T in, din = dout W (+ din_beta * din), dbias += dout^T ones (when given).
   void linear_backward(const void* dout, const void* in, const void* w, void* din, void* dw, int64_t rows,
-                       int64_t out_dim, int64_t in_dim, float din_beta);
+                       int64_t out_dim, int64_t in_dim, float din_beta, void* dbias = nullptr);
 
   Backend& backend_;
   Ops& ops_;
@@ -129,6 +133,7 @@ class LlamaModel {
   ParamLayout layout_;
   std::unique_ptr<Activations> acts_;
   int64_t kv_copies_ = 1;  // Ulysses with more ranks than KV heads: copies of each KV head sent
+  float rope_scale_ = 1.0f;  // cos and sin factor of the RoPE table (yarn's attention factor)
 };
 
 }  // namespace so

@@ -1,13 +1,16 @@
 #pragma once
-// The decoder's shape, read from a Hugging Face config.json (Llama and Qwen3 families).
+// The decoder's shape, read from a Hugging Face config.json. One decoder serves every family
+// (llama, qwen3, qwen2, mistral, phi3, seed_oss); a family only switches its optional pieces on.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "so/model/rope.h"
+
 namespace so {
 
 struct ModelConfig {
-  std::string model_type = "llama";  // llama | qwen3
+  std::string model_type = "llama";  // llama | qwen3 | qwen2 | mistral | phi3 | seed_oss
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -17,17 +20,30 @@ struct ModelConfig {
   int64_t head_dim = 0;
   int64_t max_position_embeddings = 0;
   double rope_theta = 10000.0;
+  RopeScaling rope;  // rope_scaling / rope_parameters beyond rope_theta
   float rms_norm_eps = 1e-6f;
   bool tie_word_embeddings = false;
   bool qk_norm = false;  // Qwen3: RMSNorm over head_dim on q and k, before RoPE
+  bool qkv_bias = false;  // q, k and v projections add a bias (Qwen2; attention_bias of Llama/Qwen3/Seed-OSS)
+  bool o_bias = false;    // o_proj adds a bias (attention_bias of Llama/Qwen3, attention_out_bias of Seed-OSS)
+  // Mistral: a query sees keys fewer than this many positions back; 0 = no window. Trained only
+  // where it cannot bite (sequences no longer than it), LlamaModel checks.
+  int64_t sliding_window = 0;
+  // Phi-3: the checkpoint stores q/k/v as one qkv_proj and gate/up as one gate_up_proj (rows
+  // stacked), split at import and joined at export (ParamLayout::hf_tensors).
+  bool fused_projections = false;
+  // The embedding's padding_idx (transformers builds nn.Embedding(vocab, hidden, pad_token_id)):
+  // that row gets no gradient from the lookup (a tied lm_head's still reaches it); -1 = none.
+  int64_t pad_token_id = -1;
   float initializer_range = 0.02f;
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
   int64_t num_parameters() const;
+  std::string architecture() const;  // the transformers class, e.g. LlamaForCausalLM
 
   // Parses an HF config.json object; `source` names it in errors. Unsupported features
-  // (rope scaling, biases, sliding windows, other activations) are refused by name.
+  // (other RoPE types, biases, sliding windows, other activations) are refused by name.
   static ModelConfig from_hf_json(const nlohmann::json& j, const std::string& source);
   static ModelConfig from_hf_file(const std::string& path);
   nlohmann::json to_hf_json() const;

@@ -11,21 +11,33 @@
 namespace so {
 
 struct ParamInfo {
-  std::string name;             // Hugging Face name, e.g. model.layers.3.self_attn.q_proj.weight
+  std::string name;             // Hugging Face name, e.g. model.layers.3.self_attn.q_proj.weight (of the
+                                // unfused projection where the checkpoint fuses them, see HfTensor)
   std::vector<int64_t> shape;
   int64_t numel = 0;
   int64_t offset = 0;           // element offset into the flat buffer (aligned)
   int first_unit = 0;           // units reading it, lowest and highest (tied embeddings: 0 and L+1)
   int last_unit = 0;
   bool is_norm = false;         // RMSNorm weight: initialised to one
+  bool is_bias = false;         // projection bias: initialised to zero
 };
 
 struct LayerParamIds {
   int attn_norm, q, k, v, o, q_norm = -1, k_norm = -1, mlp_norm, gate, up, down;
+  int q_bias = -1, k_bias = -1, v_bias = -1, o_bias = -1;  // -1: the family has none
+};
+
+// A tensor of the Hugging Face checkpoint: one parameter, or consecutive parameters stacked along
+// dim 0 (Phi-3's qkv_proj = [q; k; v] and gate_up_proj = [gate; up]), split at import, joined at export.
+struct HfTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<int> parts;  // parameter ids, in row order
 };
 
 struct ParamLayout {
   std::vector<ParamInfo> params;
+  std::vector<HfTensor> hf_tensors;  // every parameter in exactly one, in layout order
   int64_t total = 0;  // flat buffer elements, padding included
   int embedding = -1, final_norm = -1, lm_head = -1;  // lm_head == embedding when tied
   std::vector<LayerParamIds> layers;
@@ -40,6 +52,7 @@ struct ParamLayout {
 // 2 FLOPs per multiply-add, and causal attention counts the (S+1)/2 keys a query sees on average.
 // causal = true counts attention's score and value products over the visible (query, key) pairs
 // only, (S + 1) / 2 per query; false over all S, the convention most published MFU figures use.
+// A projection bias counts 1 FLOP per element forward and 1 backward (its gradient's sum).
 double train_flops_per_token(const ModelConfig& cfg, int64_t seq_len, bool causal = true);
 
 }  // namespace so

@@ -20,7 +20,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 template <typename T>
 void embedding_forward(T* out, const T* table, const int32_t* tokens, int64_t T_, int64_t V, int64_t H);
 template <typename T>
-void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t T_, int64_t V, int64_t H);
+void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t T_, int64_t V, int64_t H,
+                        int64_t padding_idx);
 template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t rows, int64_t dim, float eps);
 template <typename T>
@@ -31,7 +32,8 @@ template <typename T>
 void replicate_heads(T* out, const T* in, int64_t rows, int64_t heads, int64_t copies, int64_t head_dim,
                      bool reverse);
 template <typename T>
-void rope(T* x, const int32_t* positions, int64_t T_, int64_t heads, int64_t head_dim, float theta, bool inverse);
+void rope(T* x, const int32_t* positions, int64_t T_, int64_t heads, int64_t head_dim, const double* inv_freq,
+          float attention_scale, bool inverse);
 template <typename T>
 void swiglu_forward(T* out, const T* gate, const T* up, int64_t n);
 template <typename T>

@@ -19,10 +19,12 @@ void embedding_forward(T* out, const T* table, const int32_t* tokens, int64_t T_
 }
 
 template <typename T>
-void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t T_, int64_t V, int64_t H) {
+void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t T_, int64_t V, int64_t H,
+                        int64_t padding_idx) {
   for (int64_t t = 0; t < T_; ++t) {
     const int32_t id = tokens[t];
     SO_CHECK(id >= 0 && id < V, "embedding backward: token id ", id, " outside [0, ", V, ")");
+    if (id == padding_idx) continue;
     T* row = dtable + static_cast<int64_t>(id) * H;
     const T* g = dout + t * H;
     for (int64_t i = 0; i < H; ++i) row[i] = from_f32<T>(to_f32(row[i]) + to_f32(g[i]));
@@ -70,18 +72,16 @@ void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const
 }
 
 template <typename T>
-void rope(T* x, const int32_t* positions, int64_t T_, int64_t heads, int64_t head_dim, float theta, bool inverse) {
+void rope(T* x, const int32_t* positions, int64_t T_, int64_t heads, int64_t head_dim, const double* inv_freq,
+          float attention_scale, bool inverse) {
   SO_CHECK(head_dim % 2 == 0, "rope: head_dim ", head_dim, " must be even");
   const int64_t half = head_dim / 2;
-  std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = 1.0 / std::pow(static_cast<double>(theta), static_cast<double>(2 * i) / head_dim);
   std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
-  const double sign = inverse ? -1.0 : 1.0;
+  const double scale = attention_scale, sign = inverse ? -scale : scale;
   for (int64_t t = 0; t < T_; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const double a = static_cast<double>(positions[t]) * inv_freq[i];
-      cs[i] = static_cast<float>(std::cos(a));
+      cs[i] = static_cast<float>(scale * std::cos(a));
       sn[i] = static_cast<float>(sign * std::sin(a));
     }
     for (int64_t h = 0; h < heads; ++h) {
@@ -153,10 +153,10 @@ void cast(Dst* dst, const Src* src, int64_t n) {
 
 #define SO_INSTANTIATE_LAYER_KERNELS(T)                                                                        \
   template void embedding_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                 \
-  template void embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                \
+  template void embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t);       \
   template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int64_t, float);                   \
   template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const float*, int64_t, int64_t, bool); \
-  template void rope<T>(T*, const int32_t*, int64_t, int64_t, int64_t, float, bool);                           \
+  template void rope<T>(T*, const int32_t*, int64_t, int64_t, int64_t, const double*, float, bool);           \
   template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                                            \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);                             \
   template void cross_entropy<T>(float*, T*, const float*, const int32_t*, int64_t, int64_t, float, float);

@@ -39,10 +39,10 @@ void CpuOps::embedding_forward(Stream& s, void* out, const void* table, const in
 }
 
 void CpuOps::embedding_backward(Stream& s, void* dtable, const void* dout, const int32_t* tokens, int64_t T,
-                                int64_t V, int64_t H, DType dt) {
+                                int64_t V, int64_t H, int64_t padding_idx, DType dt) {
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
-    cpu::embedding_backward(typed<X>(dtable), typed<X>(dout), tokens, T, V, H);
+    cpu::embedding_backward(typed<X>(dtable), typed<X>(dout), tokens, T, V, H, padding_idx);
   }));
 }
 
@@ -64,10 +64,10 @@ void CpuOps::rmsnorm_backward(Stream& s, void* dx, void* dw, const void* dout, c
 }
 
 void CpuOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
-                  float theta, bool inverse, DType dt) {
+                  const double* inv_freq, float attention_scale, bool inverse, DType dt) {
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
-    cpu::rope(typed<X>(x), positions, T, heads, head_dim, theta, inverse);
+    cpu::rope(typed<X>(x), positions, T, heads, head_dim, inv_freq, attention_scale, inverse);
   }));
 }
 

@@ -15,13 +15,13 @@ class CpuOps final : public Ops {
   void embedding_forward(Stream& s, void* out, const void* table, const int32_t* tokens, int64_t T, int64_t V,
                          int64_t H, DType dt) override;
   void embedding_backward(Stream& s, void* dtable_acc, const void* dout, const int32_t* tokens, int64_t T,
-                          int64_t V, int64_t H, DType dt) override;
+                          int64_t V, int64_t H, int64_t padding_idx, DType dt) override;
   void rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows, int64_t dim,
                        float eps, DType dt) override;
   void rmsnorm_backward(Stream& s, void* dx, void* dw_acc, const void* dout, const void* x, const void* w,
                         const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) override;
-  void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim, float theta,
-            bool inverse, DType dt) override;
+  void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
+            const double* inv_freq, float attention_scale, bool inverse, DType dt) override;
   void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v, int64_t B,
                          int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) override;
   std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) override;

@@ -64,10 +64,11 @@ __device__ int64_t run_end(const uint32_t* keys, int64_t lo, int64_t T, uint32_t
 // position order, to that id's table row. Threads own N-element column groups of the row.
 template <typename T, int N>
 __global__ void embedding_backward_runs_kernel(T* dtable, const T* dout, const uint32_t* keys,
-                                               const int32_t* positions, int64_t T_, int64_t V, int64_t H) {
+                                               const int32_t* positions, int64_t T_, int64_t V, int64_t H,
+                                               int64_t padding_idx) {
   for (int64_t i = blockIdx.x; i < T_; i += gridDim.x) {
     const uint32_t key = keys[i];
-    if (key == static_cast<uint32_t>(V) || (i > 0 && keys[i - 1] == key)) continue;
+    if (key == static_cast<uint32_t>(V) || key == padding_idx || (i > 0 && keys[i - 1] == key)) continue;
     const int64_t end = run_end(keys, i + 1, T_, key);
     T* row = dtable + static_cast<int64_t>(key) * H;
     for (int64_t c = threadIdx.x * static_cast<int64_t>(N); c < H; c += static_cast<int64_t>(blockDim.x) * N) {
@@ -123,8 +124,8 @@ size_t embedding_backward_workspace_bytes(int64_t T, int64_t V) {
 }
 
 void launch_embedding_backward(cudaStream_t stream, void* dtable_acc, const void* dout, const int32_t* tokens,
-                               int64_t T, int64_t V, int64_t H, DType dt, DeviceError* err, void* workspace,
-                               size_t workspace_bytes) {
+                               int64_t T, int64_t V, int64_t H, int64_t padding_idx, DType dt, DeviceError* err,
+                               void* workspace, size_t workspace_bytes) {
   if (T == 0 || H == 0) return;
   const SortWorkspace ws = sort_workspace(T, V);
   SO_CHECK(workspace_bytes >= ws.total, "embedding_backward: workspace of ", workspace_bytes, " bytes, need ",
@@ -146,7 +147,7 @@ void launch_embedding_backward(cudaStream_t stream, void* dtable_acc, const void
     with_vector_width<kVec16<X>>(aligned16(dtable_acc) && aligned16(dout) && H % kVec16<X> == 0, [&](auto w) {
       constexpr int N = decltype(w)::value;
       embedding_backward_runs_kernel<X, N><<<grid_for(T), kBlockThreads, 0, stream>>>(
-          static_cast<X*>(dtable_acc), static_cast<const X*>(dout), keys_out, positions_out, T, V, H);
+          static_cast<X*>(dtable_acc), static_cast<const X*>(dout), keys_out, positions_out, T, V, H, padding_idx);
       SO_CUDA_CHECK(cudaGetLastError());
     });
   });

@@ -27,9 +27,10 @@ void launch_embedding_forward(cudaStream_t stream, void* out, const void* table,
 size_t embedding_backward_workspace_bytes(int64_t T, int64_t V);
 // dtable_acc[tokens[t],:] += dout[t,:], each id's tokens added in order t and rounded to dt after
 // every add (the CPU's exact result): sort (id, t), then one block walks each id's run of tokens.
+// The run of padding_idx (-1: none) is skipped.
 void launch_embedding_backward(cudaStream_t stream, void* dtable_acc, const void* dout, const int32_t* tokens,
-                               int64_t T, int64_t V, int64_t H, DType dt, DeviceError* err, void* workspace,
-                               size_t workspace_bytes);
+                               int64_t T, int64_t V, int64_t H, int64_t padding_idx, DType dt, DeviceError* err,
+                               void* workspace, size_t workspace_bytes);
 
 // out = w * (x * rstd) per row, rstd = 1/sqrt(mean(x^2) + eps) saved (fp32); one block per row.
 void launch_rmsnorm_forward(cudaStream_t stream, void* out, float* rstd, const void* x, const void* w, int64_t rows,
@@ -45,7 +46,7 @@ void launch_rmsnorm_backward(cudaStream_t stream, void* dx, void* dw_acc, const 
 // In-place rotate_half rotary embedding of x[T, heads, head_dim] (inverse: the transpose rotation);
 // angles in double as the CPU computes them, rotations without FMA contraction.
 void launch_rope(cudaStream_t stream, void* x, const int32_t* positions, int64_t T, int64_t heads,
-                 int64_t head_dim, float theta, bool inverse, DType dt);
+                 int64_t head_dim, const double* inv_freq, float attention_scale, bool inverse, DType dt);
 
 // out = silu(gate) * up, elementwise.
 void launch_swiglu_forward(cudaStream_t stream, void* out, const void* gate, const void* up, int64_t n, DType dt);

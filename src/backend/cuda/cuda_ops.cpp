@@ -53,9 +53,10 @@ void CudaOps::embedding_forward(Stream& s, void* out, const void* table, const i
 }
 
 void CudaOps::embedding_backward(Stream& s, void* dtable_acc, const void* dout, const int32_t* tokens, int64_t T,
-                                 int64_t V, int64_t H, DType dt) {
+                                 int64_t V, int64_t H, int64_t padding_idx, DType dt) {
   const size_t bytes = embedding_backward_workspace_bytes(T, V);
-  launch_embedding_backward(raw(s), dtable_acc, dout, tokens, T, V, H, dt, device_error_, scratch(s, bytes), bytes);
+  launch_embedding_backward(raw(s), dtable_acc, dout, tokens, T, V, H, padding_idx, dt, device_error_,
+                            scratch(s, bytes), bytes);
 }
 
 void CudaOps::rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows,
@@ -70,8 +71,8 @@ void CudaOps::rmsnorm_backward(Stream& s, void* dx, void* dw_acc, const void* do
 }
 
 void CudaOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
-                   float theta, bool inverse, DType dt) {
-  launch_rope(raw(s), x, positions, T, heads, head_dim, theta, inverse, dt);
+                   const double* inv_freq, float attention_scale, bool inverse, DType dt) {
+  launch_rope(raw(s), x, positions, T, heads, head_dim, inv_freq, attention_scale, inverse, dt);
 }
 
 const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,

@@ -1,8 +1,10 @@
 // Rotary position embedding, Hugging Face "rotate_half" convention, in place on x[T, heads, head_dim]:
 //   x1' = x1 cos - x2 sin,  x2' = x2 cos + x1 sin   (x1 = first half, x2 = second half; inverse: -sin).
-// A block per few tokens: their cos/sin tables are computed once into shared memory (angles in
-// double, as the CPU computes them, then rounded to float), then applied to every head. The rotation uses
-// explicitly rounded multiplies and adds (no FMA contraction), the CPU's operation order.
+// Pair i turns by position * inv_freq[i] (the model's fp64 frequency table), cos and sin scaled by
+// attention_scale. A block per few tokens: their cos/sin tables are computed once into shared
+// memory (angles in double, as the CPU computes them, then rounded to float), then applied to
+// every head. The rotation uses explicitly rounded multiplies and adds (no FMA contraction), the
+// CPU's operation order.
 #include "cuda_bf16.cuh"
 #include "cuda_check.h"
 #include "cuda_kernels.h"
@@ -17,8 +19,8 @@ namespace {
 // per block left most threads idle while a few computed the table, and paid two barriers per token.
 // Dynamic shared memory: per token, cos[half] then sin[half].
 template <typename T, int N>
-__global__ void rope_kernel(T* x, const int32_t* positions, int64_t T_, int64_t heads, int64_t head_dim, float theta,
-                            bool inverse, int64_t tokens) {
+__global__ void rope_kernel(T* x, const int32_t* positions, int64_t T_, int64_t heads, int64_t head_dim,
+                            const double* inv_freq, double attention_scale, bool inverse, int64_t tokens) {
   extern __shared__ float table[];
   const int64_t half = head_dim / 2;
   const int64_t groups = half / N;  // N divides half
@@ -28,12 +30,10 @@ __global__ void rope_kernel(T* x, const int32_t* positions, int64_t T_, int64_t 
     for (int64_t e = threadIdx.x; e < here * half; e += blockDim.x) {
       const int64_t k = e / half, i = e % half;
       const double pos = static_cast<double>(positions[t0 + k]);
-      const double inv_freq =
-          1.0 / ::pow(static_cast<double>(theta), static_cast<double>(2 * i) / static_cast<double>(head_dim));
       double s, c;
-      ::sincos(pos * inv_freq, &s, &c);
-      table[k * head_dim + i] = static_cast<float>(c);
-      table[k * head_dim + half + i] = static_cast<float>(inverse ? -s : s);
+      ::sincos(pos * inv_freq[i], &s, &c);
+      table[k * head_dim + i] = static_cast<float>(attention_scale * c);
+      table[k * head_dim + half + i] = static_cast<float>(inverse ? -attention_scale * s : attention_scale * s);
     }
     __syncthreads();
     for (int64_t j = threadIdx.x; j < here * heads * groups; j += blockDim.x) {
@@ -59,7 +59,7 @@ __global__ void rope_kernel(T* x, const int32_t* positions, int64_t T_, int64_t 
 }  // namespace
 
 void launch_rope(cudaStream_t stream, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
-                 float theta, bool inverse, DType dt) {
+                 const double* inv_freq, float attention_scale, bool inverse, DType dt) {
   SO_CHECK(head_dim % 2 == 0, "rope: head_dim ", head_dim, " must be even");
   // The cos/sin table must fit the default 48 KiB of dynamic shared memory.
   SO_CHECK(head_dim <= 8192, "rope: head_dim ", head_dim, " above the supported 8192");
@@ -72,7 +72,7 @@ void launch_rope(cudaStream_t stream, void* x, const int32_t* positions, int64_t
     with_vector_width<kVec16<X>>(aligned16(x) && half % kVec16<X> == 0, [&](auto vw) {
       constexpr int N = decltype(vw)::value;
       rope_kernel<X, N><<<grid_for((T + tokens - 1) / tokens), kBlockThreads, smem, stream>>>(
-          static_cast<X*>(x), positions, T, heads, head_dim, theta, inverse, tokens);
+          static_cast<X*>(x), positions, T, heads, head_dim, inv_freq, attention_scale, inverse, tokens);
       SO_CUDA_CHECK(cudaGetLastError());
     });
   });
