@@ -363,16 +363,10 @@ constexpr OptimState kSavedParts[] = {OptimState::Master, OptimState::ExpAvg, Op
 
 void Engine::queue_device_state(size_t b, float* out, Event& copied) {
   const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
-  Stream& snap = backend_.stream(StreamKind::Snapshot);
-  backend_.wait(snap, *frozen_ready_);
-  for (int k = 0; k < 3; ++k) backend_.copy_d2h(out + k * n, state_ptr(begin, kSavedParts[k]), n * sizeof(float), snap);
-  backend_.record(copied, snap);
-}
-
-bool Engine::saves_bucket(size_t b) const {
-  for (int id : buckets_[b].params)
-    if (saved_slice(id, comm_.rank()).count > 0) return true;
-  return false;
+  Stream& d2h = backend_.stream(StreamKind::D2H);
+  backend_.wait(d2h, *frozen_ready_);
+  for (int k = 0; k < 3; ++k) backend_.copy_d2h(out + k * n, state_ptr(begin, kSavedParts[k]), n * sizeof(float), d2h);
+  backend_.record(copied, d2h);
 }
 
 void Engine::copy_bucket_state(size_t b, float* out) {
@@ -393,18 +387,13 @@ void Engine::reserve_snapshot_space() {
 
 void Engine::allocate_snapshot_space() {
   int64_t total = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) total += 3 * shards_.buckets[b].shard_size;
   bool device_state = false;
-  for (size_t b = 0; b < buckets_.size(); ++b)
-    if (saves_bucket(b)) {  // only what this rank's writer saves is ever copied aside
-      total += 3 * shards_.buckets[b].shard_size;
-      device_state |= !on_host(shards_.buckets[b].shard_begin);
-    }
-  if (total == 0) return;
+  for (size_t b = 0; b < buckets_.size(); ++b) device_state |= !on_host(shards_.buckets[b].shard_begin);
   snapshot_space_ = HostBuffer(static_cast<size_t>(total) * sizeof(float), opts_.numa_node,
                                device_state ? &backend_ : nullptr, "checkpoint snapshot copies");
   float* at = snapshot_space_.as<float>();
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (!saves_bucket(b)) continue;
     std::lock_guard<std::mutex> lock(frozen_[b]->mu);
     frozen_[b]->copy = at;
     at += 3 * shards_.buckets[b].shard_size;
@@ -426,8 +415,8 @@ void Engine::freeze_state(DeviceSnapshot device) {
     std::lock_guard<std::mutex> lock(f.mu);
     f.wanted = true;
     f.aside = f.staged = false;
-    f.saved = saves_bucket(b);
-    if (device == DeviceSnapshot::Staged && f.saved && !on_host(shards_.buckets[b].shard_begin)) {
+    const BucketShard& sh = shards_.buckets[b];
+    if (device == DeviceSnapshot::Staged && !on_host(sh.shard_begin) && sh.shard_size > 0) {
       if (!f.copied) f.copied = backend_.create_event();
       queue_device_state(b, f.copy, *f.copied);
       f.aside = f.staged = true;
@@ -442,13 +431,13 @@ void Engine::change_state(size_t b, int64_t iteration, AdamArrays a, bool uncond
   // The saving step's own late changes (the CPU optimizer finalising its buckets) are part of the
   // snapshot; a bucket seen wanted here was set so after frozen_iteration_ (same lock).
   Frozen& f = *frozen_[b];
+  reserve_snapshot_space();
   const int64_t n = shards_.buckets[b].shard_size;
   std::unique_lock<std::mutex> lock(f.mu);  // a writer's copy of a piece finishes first
-  if (!f.wanted || !f.saved || iteration <= frozen_iteration_.load()) {  // nothing (more) to keep
+  if (!f.wanted || iteration <= frozen_iteration_.load() || n == 0) {  // nothing (more) to keep
     lock.unlock();
     return pass(a);
   }
-  reserve_snapshot_space();
   if (f.aside) {
     if (f.staged) {  // device state: its pass goes after the staging copy (the stream waits, not the host)
       SO_CHECK(s != nullptr, "engine: bucket ", b, " is staged device state but is changed off a stream");
@@ -482,10 +471,10 @@ void Engine::FrozenBucket::copy(OptimState part, size_t byte_offset, size_t byte
     std::memcpy(dst, host_[k] + byte_offset, bytes);
   } else {
     // Queued behind the saving step's device updates; the lock keeps later changes out.
-    Stream& snap = backend_->stream(StreamKind::Snapshot);
-    backend_->wait(snap, *state_ready_);
-    backend_->copy_d2h(dst, device_[k] + byte_offset, bytes, snap);
-    backend_->record(*copied_, snap);
+    Stream& d2h = backend_->stream(StreamKind::D2H);
+    backend_->wait(d2h, *state_ready_);
+    backend_->copy_d2h(dst, device_[k] + byte_offset, bytes, d2h);
+    backend_->record(*copied_, d2h);
     backend_->synchronize(*copied_);
   }
 }
@@ -493,11 +482,9 @@ void Engine::FrozenBucket::copy(OptimState part, size_t byte_offset, size_t byte
 void Engine::with_frozen(size_t b, const FrozenReader& read) {
   SO_CHECK(b < frozen_.size(), "engine: with_frozen(", b, ") of ", frozen_.size(), " buckets");
   Frozen& f = *frozen_[b];
-  bool saved = false;
   {
     std::lock_guard<std::mutex> lock(f.mu);
     SO_CHECK(f.wanted, "engine: bucket ", b, "'s frozen state was taken already");
-    saved = f.saved;
   }
   struct Release {  // whatever `read` does, the bucket is released
     Frozen& f;
@@ -508,8 +495,8 @@ void Engine::with_frozen(size_t b, const FrozenReader& read) {
       --left;
     }
   } release{f, frozen_wanted_};
-  if (!saved) return;  // this rank's writer saves none of it: nothing to wait for
   const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
+  if (n == 0) return;
   if (offload_ && on_host(begin)) offload_->wait_final(b, frozen_offload_step_);
   FrozenBucket frozen;
   frozen.backend_ = &backend_;
