@@ -24,15 +24,6 @@ void close_id(hid_t id) {
   }
 }
 
-// HDF5 calls that may fail on a damaged file: the error is reported by us, not printed by HDF5.
-template <typename Fn>
-auto quietly(Fn&& fn) {
-  decltype(fn()) r;
-  H5E_BEGIN_TRY { r = fn(); }
-  H5E_END_TRY;
-  return r;
-}
-
 std::string shape_text(const std::vector<int64_t>& shape) {
   if (shape.empty()) return "scalar";
   std::string s = "[";

@@ -39,15 +39,6 @@ H5Id check_id(hid_t id, const std::string& what) {
   return H5Id(id);
 }
 
-// HDF5 calls that may fail on a damaged file: errors are reported by us, not printed by HDF5.
-template <typename Fn>
-auto quietly(Fn&& fn) {
-  decltype(fn()) r;
-  H5E_BEGIN_TRY { r = fn(); }
-  H5E_END_TRY;
-  return r;
-}
-
 void write_string_attr(hid_t obj, const char* name, const std::string& value) {
   H5Id type = check_id(H5Tcopy(H5T_C_S1), "H5Tcopy");
   SO_H5(H5Tset_size(type.get(), std::max<size_t>(1, value.size())), "string type");

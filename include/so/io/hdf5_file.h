@@ -11,6 +11,15 @@
 
 namespace so {
 
+// HDF5 calls that may fail on a damaged file: the error is reported by us, not printed by HDF5.
+template <typename Fn>
+auto quietly(Fn&& fn) {
+  decltype(fn()) r;
+  H5E_BEGIN_TRY { r = fn(); }
+  H5E_END_TRY;
+  return r;
+}
+
 // Owns one HDF5 identifier and closes it with the matching H5*close.
 class H5Id {
  public:
