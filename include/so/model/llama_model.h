@@ -32,8 +32,11 @@ struct ModelOptions {
 };
 
 // One micro-batch on the host: B*S input ids, targets (-1 = ignore) and RoPE positions.
+// doc_start (B*S, or empty when every row is one document): for each token, the index within its
+// row of the first token of its document. Attention is causal within a document only (packed
+// rows); positions restart at each document's start.
 struct TokenBatch {
-  std::vector<int32_t> inputs, targets, positions;
+  std::vector<int32_t> inputs, targets, positions, doc_start;
 };
 
 // What a device buffer of the model holds, for the memory planner's table.
