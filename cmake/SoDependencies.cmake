@@ -12,6 +12,7 @@ if(NOT HDF5_IS_PARALLEL)
 endif()
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(GTest REQUIRED)
+find_package(Protobuf 3.12 REQUIRED)  # TensorBoard event files (src/train/tensorboard_event.proto)
 
 # OpenBLAS: the pthread build, deliberately. so_train's own threads (streams, optimizer pool) are
 # std::threads; an OpenMP BLAS would add a second, competing OpenMP pool. The CPU backend sets

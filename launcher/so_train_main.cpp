@@ -1,6 +1,6 @@
 // so_train: the training binary. Launch directly, or under mpirun / srun (docs/launching.md).
 //   so_train --config FILE [--model DIR|config.json] [--data FILE --seq-len N] [--steps N]
-//            [--set key.path=value ...] [--metrics FILE] [--trace FILE]
+//            [--set key.path=value ...] [--metrics FILE] [--tensorboard DIR] [--trace FILE]
 //            [--bind auto|none] [--bind-core-list LIST] [--print-binding]
 #include <algorithm>
 #include <charconv>
@@ -24,7 +24,7 @@ namespace {
 
 int run(int argc, char** argv, so::MpiSession& mpi) {
   po::options_description desc("so_train options");
-  std::string config, metrics, trace, bind_mode, bind_core_list, model, data;
+  std::string config, metrics, tensorboard, trace, bind_mode, bind_core_list, model, data;
   std::vector<std::string> sets;
   int64_t steps = 0, seq_len = 0;
   std::string save_dir, resume, async_save, profile_steps;
@@ -48,6 +48,9 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       "set", po::value<std::vector<std::string>>(&sets)->composing(),
       "override a config value: --set optimizer.params.lr=3e-4 (repeatable)")(
       "metrics", po::value<std::string>(&metrics), "append one JSON line per step to this file")(
+      "tensorboard", po::value<std::string>(&tensorboard),
+      "write TensorBoard event files to DIR/<tensorboard.job_name>/ (sets tensorboard.enabled and "
+      "tensorboard.output_path)")(
       "quiet,q", "short logs: no start-up notes (warnings and errors only) and short step lines (progress, loss, lr, "
                  "norm, throughput, ETA) every steps_per_print steps")(
       "trace", po::value<std::string>(&trace),
@@ -112,6 +115,11 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
     if (vm.count("seq-len")) so::apply_override(doc, "data.seq_len=" + std::to_string(seq_len));
     for (const std::string& s : sets) so::apply_override(doc, s);
     if (vm.count("steps")) so::apply_override(doc, "train.steps=" + std::to_string(steps));
+    if (!tensorboard.empty() && doc.is_object()) {
+      if (!doc.contains("tensorboard") || !doc["tensorboard"].is_object()) doc["tensorboard"] = nlohmann::json::object();
+      doc["tensorboard"]["enabled"] = true;
+      doc["tensorboard"]["output_path"] = tensorboard;
+    }
     cfg = so::parse_run_config(doc, config);
   }
 

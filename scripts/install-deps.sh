@@ -13,6 +13,7 @@ packages=(
   libhdf5-openmpi-dev hdf5-tools        # parallel HDF5: checkpoints, fixtures, token datasets
   libopenblas-pthread-dev               # CPU GEMM; pthread build chosen on purpose (see cmake/SoDependencies.cmake)
   nlohmann-json3-dev libgtest-dev googletest
+  libprotobuf-dev protobuf-compiler     # TensorBoard event files (src/train/tensorboard_event.proto)
   g++-aarch64-linux-gnu qemu-user       # Arm NEON/SVE optimizer kernels: cross build + emulated tests (tests/cross)
   clang libclang-rt-14-dev              # the ASan+UBSan tree and the libFuzzer targets (tests/sanitize, tests/fuzz)
 )

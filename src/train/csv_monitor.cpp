@@ -2,20 +2,14 @@
 
 #include <algorithm>
 #include <charconv>
-#include <filesystem>
 #include <fstream>
 
 #include "so/core/error.h"
 
 namespace so {
 
-CsvMonitor::CsvMonitor(const CsvMonitorConfig& cfg, bool writer) : on_(cfg.enabled && writer) {
-  if (!on_) return;
-  dir_ = (std::filesystem::path(cfg.output_path) / cfg.job_name).string();
-  std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  SO_CHECK(!ec && std::filesystem::is_directory(dir_), "csv_monitor: cannot create the directory '", dir_, "'",
-           ec ? str_cat(": ", ec.message()) : "");
+CsvMonitor::CsvMonitor(const MonitorConfig& cfg, bool writer) : on_(cfg.enabled && writer) {
+  if (on_) dir_ = make_monitor_directory(cfg, "csv_monitor");
 }
 
 void CsvMonitor::step_events(int64_t samples_before, double train_loss, int64_t samples_after, double next_lr) {

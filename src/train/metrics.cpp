@@ -44,16 +44,31 @@ std::string format_step_line(const StepMetrics& m, int64_t total_steps, bool com
   return buf + progress;
 }
 
+std::vector<std::pair<std::string, double>> metric_scalars(const StepMetrics& m) {
+  return {{"loss", m.loss},
+          {"lr", m.lr},
+          {"grad_norm", m.grad_norm},
+          {"skipped", m.skipped ? 1.0 : 0.0},
+          {"step_seconds", m.seconds},
+          {"exposed_optimizer_s", m.exposed_optimizer_s},
+          {"optimizer_busy_s", m.optimizer_busy_s},
+          {"tokens_per_s", m.tokens_per_s},
+          {"tflops", m.tflops},
+          {"mfu", m.mfu},
+          {"mfu_noncausal", m.mfu_noncausal},
+          {"mfu_gemm", m.mfu_gemm},
+          {"mem_mib", m.mem_mib},
+          {"peak_mem_mib", m.peak_mem_mib},
+          {"elapsed_s", m.elapsed_s},
+          {"eta_s", m.eta_s}};
+}
+
 void MetricsSink::write(const StepMetrics& m, int64_t total_steps, bool print) {
   if (print) std::printf("%s\n", format_step_line(m, total_steps, compact_).c_str());
   if (!jsonl_.is_open()) return;
-  nlohmann::json j = {{"step", m.step},           {"loss", m.loss},       {"lr", m.lr},
-                      {"grad_norm", m.grad_norm}, {"skipped", m.skipped}, {"step_seconds", m.seconds},
-                      {"exposed_optimizer_s", m.exposed_optimizer_s}, {"optimizer_busy_s", m.optimizer_busy_s},
-                      {"tokens_per_s", m.tokens_per_s}, {"tflops", m.tflops}, {"mfu", m.mfu},
-                      {"mfu_noncausal", m.mfu_noncausal}, {"mfu_gemm", m.mfu_gemm},
-                      {"mem_mib", m.mem_mib},     {"peak_mem_mib", m.peak_mem_mib},
-                      {"elapsed_s", m.elapsed_s}, {"eta_s", m.eta_s}};
+  nlohmann::json j = {{"step", m.step}};
+  for (const auto& [name, value] : metric_scalars(m)) j[name] = value;
+  j["skipped"] = m.skipped;  // a boolean in the file
   jsonl_ << j.dump() << '\n';
   jsonl_.flush();
   SO_CHECK(jsonl_.good(), "writing metrics file '", path_, "' failed");

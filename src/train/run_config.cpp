@@ -352,12 +352,13 @@ void parse_train(JsonReader r, RunConfig& c) {
   r.finish();
 }
 
-// DeepSpeed's csv_monitor section (deepspeed/monitor/config.py: enabled, output_path, job_name).
-void parse_csv_monitor(JsonReader r, CsvMonitorConfig& m) {
+// DeepSpeed's csv_monitor and tensorboard sections (deepspeed/monitor/config.py: enabled,
+// output_path, job_name); any other key is refused by name.
+void parse_monitor(JsonReader r, MonitorConfig& m) {
   m.enabled = r.get<bool>("enabled", m.enabled);
   m.output_path = r.get<std::string>("output_path", m.output_path);
   m.job_name = r.get<std::string>("job_name", m.job_name);
-  if (m.job_name.empty()) r.fail("job_name", "is empty; it names the directory the CSV files go to");
+  if (m.job_name.empty()) r.fail("job_name", "is empty; it names the directory the monitor's files go to");
   r.finish();
 }
 
@@ -465,9 +466,8 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
   parse_data(r.child("data"), c);
   parse_train(r.child("train"), c);
   parse_backend(r.child("backend"), c);
-  if (r.has("csv_monitor")) parse_csv_monitor(r.child("csv_monitor"), c.csv_monitor);
-  if (r.has("tensorboard"))
-    parse_unsupported_monitor(r.child("tensorboard"), "tensorboard", "TensorBoard event files", {"output_path", "job_name"});
+  if (r.has("csv_monitor")) parse_monitor(r.child("csv_monitor"), c.csv_monitor);
+  if (r.has("tensorboard")) parse_monitor(r.child("tensorboard"), c.tensorboard);
   if (r.has("wandb"))
     parse_unsupported_monitor(r.child("wandb"), "wandb", "Weights & Biases runs", {"team", "group", "project"});
   if (r.has("comet"))

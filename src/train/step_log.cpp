@@ -9,8 +9,12 @@
 
 namespace so {
 
-StepLog::StepLog(const StepLogOptions& opts, const ThroughputBasis& basis)
-    : opts_(opts), basis_(basis), sink_(opts.lead ? opts.metrics_path : "", opts.quiet), run_start_(now_seconds()) {}
+StepLog::StepLog(const StepLogOptions& opts, const ThroughputBasis& basis, TensorBoardMonitor& tensorboard)
+    : opts_(opts),
+      basis_(basis),
+      sink_(opts.lead ? opts.metrics_path : "", opts.quiet),
+      tensorboard_(tensorboard),
+      run_start_(now_seconds()) {}
 
 void StepLog::hold(const StepMetrics& m) { held_ = m; }
 
@@ -35,6 +39,11 @@ void StepLog::write_held(StepTimeline& timeline) {
   sink_.write(m, opts_.last_step,
               opts_.lead && (m.step % opts_.log_every == 0 || m.step == 1 || m.step == opts_.last_step));
   std::fflush(stdout);
+  if (tensorboard_.on()) {
+    std::vector<std::pair<std::string, double>> scalars = metric_scalars(m);
+    for (auto& [name, value] : scalars) name = "train/" + name;
+    tensorboard_.scalars(m.step, scalars);
+  }
   tokens_per_s_sum_ += m.tokens_per_s;
   step_seconds_.push_back(m.seconds);
   if (m.step > opts_.first_step)  // the first step of a run pays start-up effects

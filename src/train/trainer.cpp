@@ -1,7 +1,7 @@
 // The training loop, top to bottom: set up the run (ranks, backend, memory plan, model, engine,
 // weights, data), announce it, then per step: take the step, log it, check its health, save;
 // finally report. Each feature lives in its own file: the step log and monitors (step_log.h,
-// csv_monitor.h), the NaN policy (nan_policy.h), checkpoints (run_saves.h, checkpoint.h).
+// csv_monitor.h, tensorboard_monitor.h), the NaN policy (nan_policy.h), checkpoints (run_saves.h, checkpoint.h).
 #include "so/train/trainer.h"
 
 #include <cstdio>
@@ -24,6 +24,7 @@
 #include "so/train/rank_agreement.h"
 #include "so/train/run_saves.h"
 #include "so/train/step_log.h"
+#include "so/train/tensorboard_monitor.h"
 
 namespace so {
 
@@ -299,9 +300,12 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   RunSaves saves(engine, run.comm(), cfg, opts);
   announce(run);
   const int64_t first_step = run.state.iteration + 1;
-  StepLog log({opts.metrics_path, opts.quiet, run.lead(), first_step, cfg.steps, cfg.log_every}, run.throughput);
   CsvMonitor csv(cfg.csv_monitor, run.lead());
   if (!csv.directory().empty()) log_info(str_cat("csv_monitor: DeepSpeed's CSV files in ", csv.directory()));
+  TensorBoardMonitor tensorboard(cfg.tensorboard, run.lead(), cfg.resolved.dump(2));
+  if (tensorboard.on()) log_info(str_cat("tensorboard: event file ", tensorboard.path()));
+  StepLog log({opts.metrics_path, opts.quiet, run.lead(), first_step, cfg.steps, cfg.log_every}, run.throughput,
+              tensorboard);
   SO_CHECK(opts.profile_first == 0 || (opts.profile_first >= first_step && opts.profile_last <= cfg.steps),
            "--profile-steps ", opts.profile_first, ":", opts.profile_last, " is not within the steps this run takes (",
            first_step, " to ", cfg.steps, ")");

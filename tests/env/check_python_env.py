@@ -8,7 +8,7 @@ import importlib.metadata
 import sys
 
 # What the tests and tools import, by module name (the first block of requirements.txt).
-MODULES = ("h5py", "matplotlib", "numpy", "safetensors", "tokenizers", "torch", "transformers")
+MODULES = ("h5py", "matplotlib", "numpy", "safetensors", "tensorboard", "tokenizers", "torch", "transformers", "wandb")
 
 pins = {}
 for line in open(sys.argv[1]):

@@ -9,18 +9,14 @@
 #include <set>
 #include <string>
 
-namespace so {
+#include "so/train/monitor_config.h"
 
-struct CsvMonitorConfig {
-  bool enabled = false;
-  std::string output_path;                   // DeepSpeed's default "": job_name relative to the cwd
-  std::string job_name = "DeepSpeedJobName";  // DeepSpeed's default
-};
+namespace so {
 
 class CsvMonitor {
  public:
   // writer: this process writes (rank 0); the directory is made now, so a bad path fails at start.
-  CsvMonitor(const CsvMonitorConfig& cfg, bool writer);
+  CsvMonitor(const MonitorConfig& cfg, bool writer);
   // The events DeepSpeed's engine writes per optimizer step, with its x values: the step's loss at
   // the samples seen before it (written in backward), and after the step the learning rate the
   // scheduler has set for the next one, at the samples seen after it.

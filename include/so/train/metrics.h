@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace so {
 
@@ -38,6 +40,9 @@ class MetricsSink {
   std::string path_;
   bool compact_ = false;
 };
+
+// The step's numbers as the JSONL file names them (skipped as 0 or 1), for the monitors.
+std::vector<std::pair<std::string, double>> metric_scalars(const StepMetrics& m);
 
 // The full line, or the compact one (progress, loss, lr, norm, throughput); both end with the
 // elapsed time and the ETA.

@@ -11,7 +11,7 @@
 #include "so/engine/offload_config.h"
 #include "so/model/model_config.h"
 #include "so/optim/adamw.h"
-#include "so/train/csv_monitor.h"
+#include "so/train/monitor_config.h"
 #include "so/train/decay_groups.h"
 #include "so/train/lr_schedule.h"
 #include "so/train/nan_policy.h"
@@ -62,7 +62,8 @@ struct RunConfig {
   int64_t loss_chunk_tokens = 0;
   float z_loss = 0.0f;  // train.z_loss: OLMo's z-loss coefficient (0 = off)
   NanPolicyConfig nan_policy;
-  CsvMonitorConfig csv_monitor;  // DeepSpeed's csv_monitor section
+  MonitorConfig csv_monitor;  // DeepSpeed's csv_monitor section
+  MonitorConfig tensorboard;  // DeepSpeed's tensorboard section (so_train --tensorboard DIR)
   BackendOptions backend;
 };
 

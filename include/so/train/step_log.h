@@ -1,6 +1,6 @@
 #pragma once
 // The log of a run's steps: each step's metrics (throughput, MFU, exposed optimizer time, ETA) to
-// the step line, the JSONL file and the monitors, and the means the run's summary reports.
+// the step line, the JSONL file and TensorBoard, and the means the run's summary reports.
 // A step's timing is known only once the next step's forward has started (an offloaded step's
 // optimizer overlaps it), so each step is held and written one step late.
 #include <cstdint>
@@ -10,6 +10,7 @@
 
 #include "so/engine/step_timeline.h"
 #include "so/train/metrics.h"
+#include "so/train/tensorboard_monitor.h"
 
 namespace so {
 
@@ -33,7 +34,8 @@ struct StepLogOptions {
 
 class StepLog {
  public:
-  StepLog(const StepLogOptions& opts, const ThroughputBasis& basis);
+  // tensorboard: the step's metrics go there too as scalars "train/<name>" (when it is on).
+  StepLog(const StepLogOptions& opts, const ThroughputBasis& basis, TensorBoardMonitor& tensorboard);
 
   // A finished step's loss, lr, norm and memory; written by the next write_held.
   void hold(const StepMetrics& m);
@@ -47,6 +49,7 @@ class StepLog {
   StepLogOptions opts_;
   ThroughputBasis basis_;
   MetricsSink sink_;
+  TensorBoardMonitor& tensorboard_;
   std::optional<StepMetrics> held_;
   double run_start_ = 0.0;
   std::vector<double> step_seconds_;  // every step written
