@@ -172,6 +172,9 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   auto comm = so::make_mpi_world_communicator();
   so::TrainOptions opts;
   opts.metrics_path = metrics;
+  if (cfg.wandb.enabled && metrics.empty())
+    throw so::Error("command line: wandb.enabled is true but there is no --metrics FILE: scripts/wandb_log.py logs the "
+                    "run to wandb from that file");
   opts.quiet = vm.count("quiet") > 0;
   opts.trace_path = trace;
   if (save_every < 0) throw so::Error("command line: --save-every must not be negative");

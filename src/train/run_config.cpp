@@ -362,16 +362,35 @@ void parse_monitor(JsonReader r, MonitorConfig& m) {
   r.finish();
 }
 
-// DeepSpeed's other monitors and its FLOPs profiler write what so_train cannot (TensorBoard event
-// files, wandb and Comet runs, a per-module profile): a section that leaves them off (DeepSpeed's
-// default) has nothing to honour and is accepted, its keys checked; one that turns them on is refused.
-void parse_unsupported_monitor(JsonReader r, const char* section, const char* what,
-                               std::initializer_list<const char*> keys) {
-  if (r.get<bool>("enabled", false))
-    r.fail("enabled", str_cat("is true; so_train does not write ", what, " (csv_monitor writes the loss and learning ",
-                              "rate as DeepSpeed's CSV files), so ", section, " must stay disabled"));
-  for (const char* k : keys) r.accept(k);
+// DeepSpeed's wandb section: enabled, group, team, project (deepspeed/monitor/config.py).
+void parse_wandb(JsonReader r, WandbConfig& w) {
+  w.enabled = r.get<bool>("enabled", w.enabled);
+  w.group = r.get<std::string>("group", w.group);
+  w.team = r.get<std::string>("team", w.team);
+  w.project = r.get<std::string>("project", w.project);
   r.finish();
+}
+
+// DeepSpeed's Comet monitor writes what so_train cannot: a section that leaves it off (DeepSpeed's
+// default) is accepted, its keys checked; one that turns it on is refused.
+void parse_comet(JsonReader r) {
+  if (r.get<bool>("enabled", false))
+    r.fail("enabled", "is true; so_train does not write Comet experiments (it writes tensorboard and csv_monitor "
+                      "files, and scripts/wandb_log.py logs to wandb), so comet must stay disabled");
+  for (const char* k : {"samples_log_interval", "project", "workspace", "api_key", "experiment_name",
+                        "experiment_key", "online", "mode"})
+    r.accept(k);
+  r.finish();
+}
+
+// DeepSpeed's FLOPs profiler: its per-module profile is not written; the step line's TFLOP/s and
+// MFU answer what it is used for. Its keys are checked by name.
+bool parse_flops_profiler(JsonReader r) {
+  const bool enabled = r.get<bool>("enabled", false);
+  for (const char* k : {"recompute_fwd_factor", "profile_step", "module_depth", "top_modules", "detailed", "output_file"})
+    r.accept(k);
+  r.finish();
+  return enabled;
 }
 
 void parse_backend(JsonReader r, RunConfig& c) {
@@ -468,16 +487,9 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
   parse_backend(r.child("backend"), c);
   if (r.has("csv_monitor")) parse_monitor(r.child("csv_monitor"), c.csv_monitor);
   if (r.has("tensorboard")) parse_monitor(r.child("tensorboard"), c.tensorboard);
-  if (r.has("wandb"))
-    parse_unsupported_monitor(r.child("wandb"), "wandb", "Weights & Biases runs", {"team", "group", "project"});
-  if (r.has("comet"))
-    parse_unsupported_monitor(r.child("comet"), "comet", "Comet experiments",
-                              {"samples_log_interval", "project", "workspace", "api_key", "experiment_name",
-                               "experiment_key", "online", "mode"});
-  if (r.has("flops_profiler"))
-    parse_unsupported_monitor(r.child("flops_profiler"), "flops_profiler", "DeepSpeed's per-module FLOPs profile",
-                              {"recompute_fwd_factor", "profile_step", "module_depth", "top_modules", "detailed",
-                               "output_file"});
+  if (r.has("wandb")) parse_wandb(r.child("wandb"), c.wandb);
+  if (r.has("comet")) parse_comet(r.child("comet"));
+  if (r.has("flops_profiler")) c.flops_profiler = parse_flops_profiler(r.child("flops_profiler"));
   r.finish();
 
   if (c.data.type == "text" && c.model.vocab_size < kByteVocabSize)

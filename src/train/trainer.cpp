@@ -185,8 +185,9 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
   run.throughput.gemm_tflops = run.backend->measured_gemm_tflops(cfg.dtype);
 }
 
-// The start-up notes (rank 0): batch, model, decay groups, attention, memory, cores, engine.
-void announce(Run& run) {
+// The start-up notes (rank 0): batch, model, decay groups, attention, memory, cores, engine, and
+// what is done with DeepSpeed's wandb and flops_profiler sections.
+void announce(Run& run, const TrainOptions& opts) {
   const RunConfig& cfg = run.cfg;
   const std::string attention = run.model->attention_implementation();  // every rank builds its plans now
   if (!run.lead()) return;
@@ -213,6 +214,17 @@ void announce(Run& run) {
     log_info(str_cat("cores: compute stream on ", format_core_list(run.cores.compute), ", optimizer pool on ",
                      format_core_list(run.cores.optimizer)));
   log_info(engine.describe());
+  if (cfg.wandb.enabled)
+    log_info(str_cat("wandb: so_train writes no wandb run itself; scripts/wandb_log.py logs this run's --metrics file "
+                     "through the official client, after the run: WANDB_MODE=offline $SO_PYTHON scripts/wandb_log.py "
+                     "--metrics ", opts.metrics_path, " --config ", cfg.source, " --project '", cfg.wandb.project, "'",
+                     cfg.wandb.group.empty() ? "" : str_cat(" --group '", cfg.wandb.group, "'"),
+                     cfg.wandb.team.empty() ? "" : str_cat(" --team '", cfg.wandb.team, "'"),
+                     ", then `wandb sync wandb/offline-run-*` where there is a network"));
+  if (cfg.flops_profiler)
+    log_info(str_cat("flops_profiler: DeepSpeed's per-module profile is not written; every step line and --metrics record "
+                     "carry the model's TFLOP/s and MFU (", run.throughput.flops_per_token / 1e6,
+                     " MFLOP/token, forward and backward, attention counted causally; the non-causal MFU beside it)"));
 }
 
 // What one step did.
@@ -298,7 +310,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   set_up(run, job, opts);
   Engine& engine = *run.engine;
   RunSaves saves(engine, run.comm(), cfg, opts);
-  announce(run);
+  announce(run, opts);
   const int64_t first_step = run.state.iteration + 1;
   CsvMonitor csv(cfg.csv_monitor, run.lead());
   if (!csv.directory().empty()) log_info(str_cat("csv_monitor: DeepSpeed's CSV files in ", csv.directory()));

@@ -64,6 +64,8 @@ struct RunConfig {
   NanPolicyConfig nan_policy;
   MonitorConfig csv_monitor;  // DeepSpeed's csv_monitor section
   MonitorConfig tensorboard;  // DeepSpeed's tensorboard section (so_train --tensorboard DIR)
+  WandbConfig wandb;          // DeepSpeed's wandb section (scripts/wandb_log.py)
+  bool flops_profiler = false;  // flops_profiler.enabled: answered by the step line's TFLOP/s and MFU
   BackendOptions backend;
 };
 
