@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "so/core/error.h"
+#include "so/core/log.h"
 
 namespace so {
 
@@ -14,11 +15,14 @@ CsvMonitor::CsvMonitor(const MonitorConfig& cfg, bool writer) : on_(cfg.enabled 
 
 void CsvMonitor::step_events(int64_t samples_before, double train_loss, int64_t samples_after, double next_lr) {
   if (!on_) return;
-  write("Train/Samples/train_loss", train_loss, samples_before);
-  write("Train/Samples/lr", next_lr, samples_after);
+  // A failed write (a full disk) is reported once; the monitor then stops and training goes on.
+  if (write("Train/Samples/train_loss", train_loss, samples_before) && write("Train/Samples/lr", next_lr, samples_after))
+    return;
+  log_warn(str_cat("csv_monitor: writing to '", dir_, "' failed; no more CSV rows are written, training goes on"));
+  on_ = false;
 }
 
-void CsvMonitor::write(const std::string& log_name, double value, int64_t step) {
+bool CsvMonitor::write(const std::string& log_name, double value, int64_t step) {
   const std::string header = log_name.substr(log_name.rfind('/') + 1);
   std::string file = log_name;
   std::replace(file.begin(), file.end(), '/', '_');
@@ -31,7 +35,7 @@ void CsvMonitor::write(const std::string& log_name, double value, int64_t step) 
   const std::to_chars_result r = std::to_chars(text, text + sizeof(text), value);
   out << step << ',' << std::string(text, r.ptr) << "\r\n";
   out.flush();
-  SO_CHECK(out.good(), "csv_monitor: writing '", path, "' failed");
+  return out.good();
 }
 
 }  // namespace so

@@ -4,7 +4,9 @@
 // one file per event in <output_path>/<job_name>/, named after the event with '/' and ' ' turned
 // into '_' ("Train/Samples/train_loss" -> Train_Samples_train_loss.csv), appended to, with the
 // header "step,<last part of the name>" written the first time this process writes the file, then
-// one "<global samples>,<value>" row per event.
+// one "<global samples>,<value>" row per event. A directory that cannot be made is an error at
+// start-up; a write that fails later (a full disk) is reported once, the monitor stops and training
+// goes on.
 #include <cstdint>
 #include <set>
 #include <string>
@@ -24,7 +26,7 @@ class CsvMonitor {
   const std::string& directory() const { return dir_; }
 
  private:
-  void write(const std::string& log_name, double value, int64_t step);
+  bool write(const std::string& log_name, double value, int64_t step);  // false: the write failed
   bool on_ = false;
   std::string dir_;
   std::set<std::string> started_;  // files whose header this process has written

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A TensorBoard event file that stops taking writes mid-run (here: a 2 KiB file-size limit, the
-# effect of a full disk, EFBIG instead of ENOSPC) is reported once and training goes on to its last
-# step; what was written before stays readable by TensorBoard.
-# usage: tensorboard_disk_full.sh SO_TRAIN PYTHON WORK_DIR
+# A monitor whose files stop taking writes mid-run (here: a file-size limit, the effect of a full
+# disk, EFBIG instead of ENOSPC) is reported once and training goes on to its last step: the
+# TensorBoard event file (what was written before stays readable by TensorBoard), then the
+# csv_monitor files.
+# usage: monitor_disk_full.sh SO_TRAIN PYTHON WORK_DIR
 set -uo pipefail
 so_train=$1 python=$2 dir=$3
 rm -rf "$dir" && mkdir -p "$dir"
@@ -25,4 +26,15 @@ steps = [e.step for e in ea.Scalars("train/loss")]
 assert steps and steps == list(range(1, len(steps) + 1)) and len(steps) < 8, steps
 print(f"steps {steps} readable before the write failed")
 PY
-echo "tensorboard disk full ok"
+
+# csv_monitor: 60 steps of rows pass 1 KiB.
+rm -rf "$dir/csv"
+out=$(export PMIX_MCA_gds=hash; trap '' XFSZ; ulimit -f 1; "$so_train" --config configs/runs/tiny-demo.json --steps 60 \
+        --set data.seq_len=32 --set "csv_monitor={\"enabled\": true, \"output_path\": \"$dir/csv\"}" 2>&1)
+rc=$?
+echo "$out" | grep -E "csv_monitor|^done"
+[ $rc -eq 0 ] || { echo "FAIL: so_train exited $rc"; exit 1; }
+warnings=$(echo "$out" | grep -c "csv_monitor: writing to .* failed; no more CSV rows are written, training goes on")
+[ "$warnings" -eq 1 ] || { echo "FAIL: $warnings csv_monitor failure reports, want 1"; exit 1; }
+echo "$out" | grep -q "^done: 60 steps" || { echo "FAIL: the run did not finish its 60 steps"; exit 1; }
+echo "monitors on a full disk ok"
