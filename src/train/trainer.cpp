@@ -290,6 +290,16 @@ void record_step(Run& run, const StepOutcome& out, StepLog& log, CsvMonitor& csv
   csv.step_events(out.samples_before, out.loss, out.samples_after, run.cfg.schedule.lr_at(run.engine->steps_taken()));
 }
 
+// A diverged run stops with an error, its state saved first when saving is on (the steps it
+// skipped changed nothing, so that state is the last good one).
+[[noreturn]] void stop_diverged(Run& run, RunSaves& saves, StepLog& log, const std::string& why) {
+  std::string saved;
+  if (saves.on()) saves.save_now(run.state), saved = str_cat("; saved to ", saves.directory());
+  run.engine->finish();
+  log.write_held(run.engine->timeline());
+  throw Error(str_cat(why, saved));
+}
+
 // Every rank's measured device peak against its plan (rank 0 says the largest of each).
 void report_peak_memory(Run& run) {
   Communicator& comm = run.comm();
@@ -329,17 +339,10 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     const StepOutcome out = take_step(run, step, opts, log);
     // Log.
     record_step(run, out, log, csv, summary);
-    // Health: a diverged run stops with an error, its state saved first when saving is on (the
-    // steps it skipped changed nothing, so that state is the last good one).
+    // Health: loss spikes reported, a diverged run stopped.
     const StepGuard::Verdict verdict = guard.observe(step, out.loss, out.result.skipped);
     if (run.lead() && !verdict.warning.empty()) log_warn(verdict.warning);
-    if (!verdict.stop.empty()) {
-      std::string saved;
-      if (saves.on()) saves.save_now(run.state), saved = str_cat("; saved to ", opts.save_dir);
-      engine.finish();
-      log.write_held(engine.timeline());
-      throw Error(str_cat(verdict.stop, saved));
-    }
+    if (!verdict.stop.empty()) stop_diverged(run, saves, log, verdict.stop);
     // Save (and stop on a termination signal).
     if (saves.after_step(step, run.state)) {
       summary.stopped_by_signal = true;

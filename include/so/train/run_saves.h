@@ -19,6 +19,7 @@ class RunSaves {
   // Installs the signal handlers and reserves the asynchronous saves' host memory when saving is on.
   RunSaves(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainOptions& opts);
   bool on() const { return !opts_.save_dir.empty(); }
+  const std::string& directory() const { return opts_.save_dir; }
   // Collective, after each step: commits a finished save, saves when one is due or a signal came.
   // Returns true when a signal asks the run to stop (its state is then saved).
   bool after_step(int64_t step, TrainState& state);
