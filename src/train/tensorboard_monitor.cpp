@@ -26,18 +26,20 @@ std::string little_endian(uint64_t v, int bytes) {
   return s;
 }
 
-}  // namespace
-
 uint32_t masked_crc32c(const void* data, size_t n) {
   const uint32_t crc = crc32c(data, n);
   return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
 }
 
+// TFRecord framing of one record: length (u64 little-endian), its masked CRC32C, the payload, the
+// payload's masked CRC32C (tensorflow/core/lib/io/record_writer.cc).
 std::string tfrecord_frame(const std::string& payload) {
   const std::string length = little_endian(payload.size(), 8);
   return length + little_endian(masked_crc32c(length.data(), length.size()), 4) + payload +
          little_endian(masked_crc32c(payload.data(), payload.size()), 4);
 }
+
+}  // namespace
 
 TensorBoardMonitor::TensorBoardMonitor(const MonitorConfig& cfg, bool writer, const std::string& config_text) {
   if (!cfg.enabled || !writer) return;

@@ -39,9 +39,4 @@ class TensorBoardMonitor {
   std::string path_;
 };
 
-// TFRecord framing of one record: length (u64 little-endian), its masked CRC32C, the payload, the
-// payload's masked CRC32C (tensorflow/core/lib/io/record_writer.cc).
-std::string tfrecord_frame(const std::string& payload);
-uint32_t masked_crc32c(const void* data, size_t n);
-
 }  // namespace so
