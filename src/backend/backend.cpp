@@ -17,6 +17,7 @@ const char* stream_kind_name(StreamKind k) {
     case StreamKind::D2H: return "d2h";
     case StreamKind::H2D: return "h2d";
     case StreamKind::Comm: return "comm";
+    case StreamKind::Snapshot: return "snapshot";
   }
   return "?";
 }

@@ -16,6 +16,7 @@ TokenBatch BatchSampler::batch_at(int64_t first_sample) const {
   const int64_t S = seq_len_;
   const uint64_t starts = static_cast<uint64_t>(source_.size() - S);  // valid window starts
   TokenBatch b;
+  b.first_sample = first_sample;
   b.inputs.resize(micro_batch_ * S);
   b.targets.resize(micro_batch_ * S);
   b.positions.resize(micro_batch_ * S);
@@ -48,6 +49,7 @@ TokenBatch slice_sequences(const TokenBatch& batch, int64_t seq_len, int parts, 
   if (parts == 1) return batch;
   const int64_t n = static_cast<int64_t>(batch.inputs.size()) / seq_len, local = seq_len / parts;
   TokenBatch out;
+  out.first_sample = batch.first_sample;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t from = i * seq_len + part * local;
     out.inputs.insert(out.inputs.end(), batch.inputs.begin() + from, batch.inputs.begin() + from + local);

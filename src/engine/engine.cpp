@@ -64,6 +64,7 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
     stepped_ev_.push_back(backend.create_event());
     frozen_.push_back(std::make_unique<Frozen>());
   }
+  for (size_t b = 0; b < nb; ++b) frozen_[b]->saved = saves_bucket(b);
   weights_waited_.assign(nb, 1);
   // The forward reads the buckets by their first unit (ties: the later bucket first, which holds
   // the earlier parameters of that unit in backward-order packing).
@@ -363,10 +364,16 @@ constexpr OptimState kSavedParts[] = {OptimState::Master, OptimState::ExpAvg, Op
 
 void Engine::queue_device_state(size_t b, float* out, Event& copied) {
   const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
-  Stream& d2h = backend_.stream(StreamKind::D2H);
-  backend_.wait(d2h, *frozen_ready_);
-  for (int k = 0; k < 3; ++k) backend_.copy_d2h(out + k * n, state_ptr(begin, kSavedParts[k]), n * sizeof(float), d2h);
-  backend_.record(copied, d2h);
+  Stream& snap = backend_.stream(StreamKind::Snapshot);
+  backend_.wait(snap, *frozen_ready_);
+  for (int k = 0; k < 3; ++k) backend_.copy_d2h(out + k * n, state_ptr(begin, kSavedParts[k]), n * sizeof(float), snap);
+  backend_.record(copied, snap);
+}
+
+bool Engine::saves_bucket(size_t b) const {
+  for (int id : buckets_[b].params)
+    if (saved_slice(id, comm_.rank()).count > 0) return true;
+  return false;
 }
 
 void Engine::copy_bucket_state(size_t b, float* out) {
@@ -385,19 +392,27 @@ void Engine::reserve_snapshot_space() {
   std::call_once(snapshot_space_reserved_, [this] { allocate_snapshot_space(); });
 }
 
+// Takes no bucket lock: the copies' addresses are published by reserve_snapshot_space's call_once
+// to every thread that calls it before using them (and to readers through the bucket lock of the
+// thread that put the bucket aside). Locking here while change_state held a bucket's lock and
+// another thread waited in call_once holding its own was the deadlock of 26c10ec.
 void Engine::allocate_snapshot_space() {
   int64_t total = 0;
-  for (size_t b = 0; b < buckets_.size(); ++b) total += 3 * shards_.buckets[b].shard_size;
   bool device_state = false;
-  for (size_t b = 0; b < buckets_.size(); ++b) device_state |= !on_host(shards_.buckets[b].shard_begin);
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    if (frozen_[b]->saved) {  // only what this rank's writer saves is ever copied aside
+      total += 3 * shards_.buckets[b].shard_size;
+      device_state |= !on_host(shards_.buckets[b].shard_begin);
+    }
+  if (total == 0) return;
   snapshot_space_ = HostBuffer(static_cast<size_t>(total) * sizeof(float), opts_.numa_node,
                                device_state ? &backend_ : nullptr, "checkpoint snapshot copies");
   float* at = snapshot_space_.as<float>();
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    std::lock_guard<std::mutex> lock(frozen_[b]->mu);
-    frozen_[b]->copy = at;
-    at += 3 * shards_.buckets[b].shard_size;
-  }
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    if (frozen_[b]->saved) {
+      frozen_[b]->copy = at;
+      at += 3 * shards_.buckets[b].shard_size;
+    }
 }
 
 void Engine::freeze_state(DeviceSnapshot device) {
@@ -415,8 +430,7 @@ void Engine::freeze_state(DeviceSnapshot device) {
     std::lock_guard<std::mutex> lock(f.mu);
     f.wanted = true;
     f.aside = f.staged = false;
-    const BucketShard& sh = shards_.buckets[b];
-    if (device == DeviceSnapshot::Staged && !on_host(sh.shard_begin) && sh.shard_size > 0) {
+    if (device == DeviceSnapshot::Staged && f.saved && !on_host(shards_.buckets[b].shard_begin)) {
       if (!f.copied) f.copied = backend_.create_event();
       queue_device_state(b, f.copy, *f.copied);
       f.aside = f.staged = true;
@@ -431,10 +445,13 @@ void Engine::change_state(size_t b, int64_t iteration, AdamArrays a, bool uncond
   // The saving step's own late changes (the CPU optimizer finalising its buckets) are part of the
   // snapshot; a bucket seen wanted here was set so after frozen_iteration_ (same lock).
   Frozen& f = *frozen_[b];
+  if (!f.saved) return pass(a);  // this rank's writer saves none of it: nothing to keep
+  // Never under a bucket lock: the first reservation may run here, beside other threads'
+  // change_state calls holding their own buckets' locks.
   reserve_snapshot_space();
   const int64_t n = shards_.buckets[b].shard_size;
   std::unique_lock<std::mutex> lock(f.mu);  // a writer's copy of a piece finishes first
-  if (!f.wanted || iteration <= frozen_iteration_.load() || n == 0) {  // nothing (more) to keep
+  if (!f.wanted || iteration <= frozen_iteration_.load()) {  // nothing (more) to keep
     lock.unlock();
     return pass(a);
   }
@@ -471,10 +488,10 @@ void Engine::FrozenBucket::copy(OptimState part, size_t byte_offset, size_t byte
     std::memcpy(dst, host_[k] + byte_offset, bytes);
   } else {
     // Queued behind the saving step's device updates; the lock keeps later changes out.
-    Stream& d2h = backend_->stream(StreamKind::D2H);
-    backend_->wait(d2h, *state_ready_);
-    backend_->copy_d2h(dst, device_[k] + byte_offset, bytes, d2h);
-    backend_->record(*copied_, d2h);
+    Stream& snap = backend_->stream(StreamKind::Snapshot);
+    backend_->wait(snap, *state_ready_);
+    backend_->copy_d2h(dst, device_[k] + byte_offset, bytes, snap);
+    backend_->record(*copied_, snap);
     backend_->synchronize(*copied_);
   }
 }
@@ -495,8 +512,8 @@ void Engine::with_frozen(size_t b, const FrozenReader& read) {
       --left;
     }
   } release{f, frozen_wanted_};
+  if (!f.saved) return;  // this rank's writer saves none of it: nothing to wait for
   const int64_t begin = shards_.buckets[b].shard_begin, n = shards_.buckets[b].shard_size;
-  if (n == 0) return;
   if (offload_ && on_host(begin)) offload_->wait_final(b, frozen_offload_step_);
   FrozenBucket frozen;
   frozen.backend_ = &backend_;

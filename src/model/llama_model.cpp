@@ -35,6 +35,7 @@ struct LlamaModel::Activations {
   DeviceBuffer gate_t, up_t;                // tiled MLP: one tile's gate and up, recomputed in backward
   DeviceBuffer act, dact, dgate, dup;       // MLP scratch [tile, I]
   DeviceBuffer dx, dh, dq, dk, dv, dattn, dq_raw, dk_raw;
+  DeviceBuffer branch;                      // residual dropout: a branch's output, then its gradient [T, H]
   DeviceBuffer dq_f, dk_f, dv_f, dattn_f, kv_rep, a2a_send, a2a_recv;  // Ulysses scratch
   DeviceBuffer loss;                        // fp32 accumulator
   TokenBatch staged;                        // host copy being uploaded
@@ -150,6 +151,7 @@ void LlamaModel::layout_buffers(Activations& a, const ModelConfig& cfg, const Mo
   const Term scratch = Term::BackwardScratch;
   visit(a.dx, bytes(T * H, e), "residual grad", scratch);
   visit(a.dh, bytes(T * H, e), "norm out grad", scratch);
+  if (cfg.residual_dropout > 0) visit(a.branch, bytes(T * H, e), "residual branch (dropout)", scratch);
   visit(a.dq, bytes(T * qd, e), "q grad", scratch);
   visit(a.dk, bytes(T * kvd, e), "k grad", scratch);
   visit(a.dv, bytes(T * kvd, e), "v grad", scratch);
@@ -295,6 +297,8 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
   backend_.copy_h2d(a.targets.data(), a.staged.targets.data(), id_bytes, stream_);
   backend_.copy_h2d(a.positions.data(), a.staged.positions.data(), id_bytes, stream_);
   backend_.record(*a.uploaded, stream_);
+  dropping_ = backward && cfg_.residual_dropout > 0;  // evaluation runs without dropout
+  first_sample_ = batch.first_sample;
 
   const bool offload = opts_.offload_checkpoints;
   hooks.before_unit(0);
@@ -338,6 +342,18 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
   ops_.embedding_backward(stream_, p.grad(layout_.embedding), a.dx.data(), a.tokens.as<int32_t>(), T,
                           cfg_.vocab_size, cfg_.hidden_size, cfg_.pad_token_id, opts_.dtype);
   hooks.after_backward(0);
+}
+
+DropoutMask LlamaModel::residual_mask(int l, int site, int64_t row0) const {
+  DropoutMask m;
+  m.p = cfg_.residual_dropout;
+  m.key = dropout_key(opts_.dropout_seed, static_cast<uint64_t>(l), static_cast<uint64_t>(site));
+  m.first_sample = first_sample_;
+  m.seq_local = opts_.seq_len;
+  m.seq_global = opts_.seq_len * sp_size();
+  m.seq_offset = opts_.sequence_parallel ? opts_.sequence_parallel->rank() * opts_.seq_len : 0;
+  m.row0 = row0;
+  return m;
 }
 
 void* LlamaModel::residual(int64_t l) {
@@ -411,7 +427,12 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
     gather_heads(s.attn.data(), s.attn_f.data(), cfg_.num_heads);
   }
   backend_.copy_d2d(s.x_mid.data(), x_in, T * H * dtype_size(dt), stream_);
-  linear(s.attn.data(), p.weight(w.o), s.x_mid.data(), T, H, qd, 1.0f, weight_or_null(p, w.o_bias));
+  if (dropping_) {
+    linear(s.attn.data(), p.weight(w.o), acts_->branch.data(), T, H, qd, 0.0f, weight_or_null(p, w.o_bias));
+    ops_.dropout_add(stream_, s.x_mid.data(), acts_->branch.data(), T, H, residual_mask(l, 0, 0), dt);
+  } else {
+    linear(s.attn.data(), p.weight(w.o), s.x_mid.data(), T, H, qd, 1.0f, weight_or_null(p, w.o_bias));
+  }
 
   ops_.rmsnorm_forward(stream_, s.h2.data(), s.rstd2.as<float>(), s.x_mid.data(), p.weight(w.mlp_norm), T, H,
                        cfg_.rms_norm_eps, dt);
@@ -447,7 +468,13 @@ void LlamaModel::mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out) {
     const int64_t n = std::min(M, T - r);
     const auto [gate, up] = mlp_gate_up(l, p, s, r, n, true);
     ops_.swiglu_forward(stream_, a.act.data(), gate, up, n * I, dt);
-    linear(a.act.data(), p.weight(layout_.layers[l].down), at(x_out, r * H, dt), n, H, I, 1.0f);
+    if (!dropping_) {
+      linear(a.act.data(), p.weight(layout_.layers[l].down), at(x_out, r * H, dt), n, H, I, 1.0f);
+      continue;
+    }
+    void* branch = at(a.branch.data(), r * H, dt);
+    linear(a.act.data(), p.weight(layout_.layers[l].down), branch, n, H, I, 0.0f);
+    ops_.dropout_add(stream_, at(x_out, r * H, dt), branch, n, H, residual_mask(l, 1, r), dt);
   }
 }
 
@@ -465,8 +492,12 @@ void LlamaModel::mlp_backward(int l, ParamStore& p, LayerActs& s) {
     const void* h2 = at(s.h2.data(), r * H, dt);
     void* dh = at(a.dh.data(), r * H, dt);
     ops_.swiglu_forward(stream_, a.act.data(), gate, up, n * I, dt);
-    linear_backward(at(a.dx.data(), r * H, dt), a.act.data(), p.weight(w.down), a.dact.data(), p.grad(w.down), n, H,
-                    I, 0.0f);
+    const void* dy = at(a.dx.data(), r * H, dt);  // the branch's output gradient: masked when dropped
+    if (dropping_) {
+      ops_.dropout_backward(stream_, at(a.branch.data(), r * H, dt), dy, n, H, residual_mask(l, 1, r), dt);
+      dy = at(a.branch.data(), r * H, dt);
+    }
+    linear_backward(dy, a.act.data(), p.weight(w.down), a.dact.data(), p.grad(w.down), n, H, I, 0.0f);
     ops_.swiglu_backward(stream_, a.dgate.data(), a.dup.data(), a.dact.data(), gate, up, n * I, dt);
     linear_backward(a.dgate.data(), h2, p.weight(w.gate), dh, p.grad(w.gate), n, I, H, 0.0f);
     linear_backward(a.dup.data(), h2, p.weight(w.up), dh, p.grad(w.up), n, I, H, 1.0f);
@@ -489,7 +520,12 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
                         s.rstd2.as<float>(), T, H, true, dt);
 
   // Attention: x_mid = x_in + o(attn(rope(q), rope(k), v)).
-  linear_backward(a.dx.data(), s.attn.data(), p.weight(w.o), a.dattn.data(), p.grad(w.o), T, H, qd, 0.0f,
+  const void* dy = a.dx.data();
+  if (dropping_) {
+    ops_.dropout_backward(stream_, a.branch.data(), dy, T, H, residual_mask(l, 0, 0), dt);
+    dy = a.branch.data();
+  }
+  linear_backward(dy, s.attn.data(), p.weight(w.o), a.dattn.data(), p.grad(w.o), T, H, qd, 0.0f,
                   grad_or_null(p, w.o_bias));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t P = sp_size();

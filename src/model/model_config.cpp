@@ -35,6 +35,7 @@ struct Family {
   int64_t default_pad = -1;   // pad_token_id when the config has none (-1: no padding row)
   int64_t default_head_dim = 0;  // head_dim when the config has none (0: hidden_size / num_attention_heads)
   double default_dropout = 0.0;  // attention_dropout and residual_dropout when the config has none
+  bool residual_dropout = false;  // residual_dropout is honoured (else only 0 is accepted)
 };
 constexpr Family kFamilies[] = {
     {.model_type = "llama", .architecture = "LlamaForCausalLM", .qkv_bias_key = "attention_bias",
@@ -46,7 +47,8 @@ constexpr Family kFamilies[] = {
     {.model_type = "phi3", .architecture = "Phi3ForCausalLM", .window = true, .fused = true, .scaled_rope = false,
      .default_pad = 32000},
     {.model_type = "seed_oss", .architecture = "SeedOssForCausalLM", .qkv_bias_key = "attention_bias", .qkv_bias = true,
-     .o_bias_key = "attention_out_bias", .default_pad = 1, .default_head_dim = 128, .default_dropout = 0.1},
+     .o_bias_key = "attention_out_bias", .default_pad = 1, .default_head_dim = 128, .default_dropout = 0.1,
+     .residual_dropout = true},
 };
 const Family* find_family(const std::string& model_type) {
   for (const Family& f : kFamilies)
@@ -78,6 +80,9 @@ double shortest_decimal(float f) {
   *r.ptr = '\0';
   return std::strtod(buf, nullptr);
 }
+constexpr const char* kPartialRotary =
+    ", not 1; rotating only part of each head (Phi-4-mini, Phi-3.5) is not supported, nor is their longrope";
+
 // One RoPE dict into c.rope: the keys transformers' _validate_<type>_rope_parameters knows for its
 // type, each checked so that rope_frequencies computes finite, meaningful frequencies.
 void read_rope_scaling(JsonReader& rp, ModelConfig& c, int64_t top_original) {
@@ -85,11 +90,12 @@ void read_rope_scaling(JsonReader& rp, ModelConfig& c, int64_t top_original) {
   s.type = rp.has("rope_type") ? rp.get<std::string>("rope_type", "") : rp.get<std::string>("type", "default");
   rp.accept("type");
   if (rp.get<double>("partial_rotary_factor", 1.0) != 1.0)
-    rp.fail("partial_rotary_factor", "is not 1; rotary embedding of part of each head is not supported");
+    rp.fail("partial_rotary_factor", str_cat("is ", rp.get<double>("partial_rotary_factor", 1.0), kPartialRotary));
   if (s.type == "default") return rp.finish();
   if (s.type != "linear" && s.type != "dynamic" && s.type != "yarn" && s.type != "llama3")
     rp.fail(rp.has("rope_type") ? "rope_type" : "type",
-            str_cat("is '", s.type, "'; supported RoPE types: default, linear, dynamic, yarn, llama3"));
+            str_cat("is '", s.type, "'; supported RoPE types: default, linear, dynamic, yarn, llama3",
+                    s.type == "longrope" || s.type == "su" ? " (Phi-3.5's and Phi-4-mini's longrope is not)" : ""));
   auto positive = [&](const char* key) {
     if (!rp.has(key)) rp.fail(key, str_cat("is required for rope_type '", s.type, "'"));
     const double v = rp.get<double>(key, 0.0);
@@ -199,6 +205,10 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   // transformers looks first.
   c.rope_theta = r.get<double>("rope_theta", 10000.0);
   const int64_t top_original = r.get_in("original_max_position_embeddings", 0, 1, INT32_MAX);
+  // Phi-4-mini's shape (transformers 4 writes it here, 5 inside rope_parameters): before its
+  // longrope, which a partial rotary always comes with there.
+  if (r.get<double>("partial_rotary_factor", 1.0) != 1.0)
+    r.fail("partial_rotary_factor", str_cat("is ", r.get<double>("partial_rotary_factor", 1.0), kPartialRotary));
   if (r.has("rope_scaling") && r.has("rope_parameters"))
     r.fail("rope_scaling", "and rope_parameters are both given; a config has one of them");
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
@@ -213,8 +223,6 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
     r.fail(r.has("rope_scaling") ? "rope_scaling" : "rope_parameters",
            str_cat("has rope_type '", c.rope.type, "'; ", c.model_type,
                    " models take only the default rotary embedding here (transformers reads yarn as longrope)"));
-  if (r.get<double>("partial_rotary_factor", 1.0) != 1.0)
-    r.fail("partial_rotary_factor", "is not 1; rotary embedding of part of each head is not supported");
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
   const std::string act = r.get<std::string>("hidden_act", "silu");
   if (act != "silu") r.fail("hidden_act", str_cat("is '", act, "'; only 'silu' (SwiGLU) is supported"));
@@ -223,11 +231,17 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   // Elsewhere sliding_window only counts with use_sliding_window (refused above).
   r.accept("sliding_window");
   if (family->window) c.sliding_window = r.get_in("sliding_window", 0, 1, INT32_MAX);
-  // so_train trains without dropout (Seed-OSS's and Phi-3's residual and embedding dropout too): a
-  // value other than 0 is refused; model.override sets it to 0 where training without it is meant.
+  // Seed-OSS's residual dropout is trained as configured. Other dropout (attention probabilities,
+  // Phi-3's residual and embedding dropout) is not implemented: a value other than 0 is refused;
+  // model.override sets it to 0 where training without it is meant.
   for (const char* key : {"attention_dropout", "residual_dropout", "resid_pdrop", "embd_pdrop"}) {
     const bool family_default = std::string(key) == "attention_dropout" || std::string(key) == "residual_dropout";
     const double p = r.get<double>(key, family_default ? family->default_dropout : 0.0);
+    if (std::string(key) == "residual_dropout" && family->residual_dropout) {
+      if (!(p >= 0.0 && p < 1.0)) r.fail(key, str_cat("is ", p, "; a drop probability is in [0, 1)"));
+      c.residual_dropout = static_cast<float>(p);
+      continue;
+    }
     if (p != 0.0)
       r.fail(key, str_cat("is ", p, r.has(key) ? "" : str_cat(" (", c.model_type, "'s default)"),
                           ", not 0; so_train trains without dropout: set it to 0 with model.override to train so"));
@@ -285,7 +299,8 @@ nlohmann::json ModelConfig::to_hf_json() const {
   if (family.qkv_bias_key) j[family.qkv_bias_key] = qkv_bias;
   if (family.o_bias_key) j[family.o_bias_key] = o_bias;
   // What so_train trained with, where the family's default differs.
-  if (family.default_dropout != 0.0) j["attention_dropout"] = j["residual_dropout"] = 0.0;
+  if (family.default_dropout != 0.0) j["attention_dropout"] = 0.0;
+  if (family.residual_dropout) j["residual_dropout"] = shortest_decimal(residual_dropout);
   if (family.window)
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
   if (rope.type != "default") {

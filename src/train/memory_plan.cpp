@@ -193,6 +193,7 @@ ModelOptions model_options(const RunConfig& cfg, int64_t micro_batch, int sp_siz
   mo.mlp_tile_tokens = cfg.mlp_tile_tokens;
   mo.loss_chunk_tokens = cfg.loss_chunk_tokens;
   mo.z_loss = cfg.z_loss;
+  mo.dropout_seed = cfg.seed;
   return mo;
 }
 

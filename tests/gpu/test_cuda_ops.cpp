@@ -350,6 +350,31 @@ OpCase attention_backward_case(AttnShape a, DType dt) {
           [=] { return attention_refusal(a, dt); }};
 }
 
+// Residual dropout: the same keep bits (the shared hash) and the same fused multiply-add, so bit for
+// bit; a Ulysses-like placement (second half of sequences of 2 x rows / B tokens, sample 7, a block
+// from row 3) exercises the token numbering.
+OpCase dropout_case(int64_t rows, int64_t cols, bool backward, DType dt) {
+  return {case_name(backward ? "dropout_backward" : "dropout_add", dn(dt), "rows", rows, "cols", cols),
+          [=](OpRun& r) {
+            DropoutMask m;
+            m.p = 0.3f;
+            m.key = dropout_key(99, 5, 1);
+            m.first_sample = 7;
+            m.seq_local = rows, m.seq_global = 2 * rows, m.seq_offset = rows, m.row0 = 3;
+            const int64_t n = rows * cols;
+            void* y = r.in(normal(n, 23), dt);
+            void* x = r.in(normal(n, 24), dt);
+            if (backward) {
+              void* dy = r.out(n, dt);
+              r.ops().dropout_backward(r.s(), dy, y, rows, cols, m, dt);
+              r.expect("dy", dy, n, dt, OpClass::Exact);
+              return;
+            }
+            r.ops().dropout_add(r.s(), x, y, rows, cols, m, dt);
+            r.expect("x", x, n, dt, OpClass::Exact);
+          }};
+}
+
 OpCase swiglu_case(int64_t n, bool backward, DType dt) {
   return {case_name(backward ? "swiglu_backward" : "swiglu_forward", dn(dt), "n", n), [=](OpRun& r) {
             void* gate = r.in(normal(n, 20, 3.0f), dt);  // wide: both tails of the sigmoid
@@ -512,6 +537,7 @@ std::vector<OpCase> small_cases() {
     for (bool bwd : {false, true}) {
       c.push_back(swiglu_case(1, bwd, dt));
       c.push_back(swiglu_case(1001, bwd, dt));
+      c.push_back(dropout_case(37, 129, bwd, dt));
     }
     for (bool grad : {false, true}) c.push_back(cross_entropy_case(3, 11, grad, dt));
     c.push_back(cross_entropy_case(5, 1003, true, dt));

@@ -172,6 +172,26 @@ TEST(DistributedCheckpoint, ReshardedLoadIsExact) {
   }
 }
 
+// Asynchronous saves copy aside only what this rank's writer saves: unsharded state is saved by
+// rank 0 alone, so the other ranks reserve (and stage) nothing; sharded, every rank its shard.
+TEST(DistributedCheckpoint, OnlyWhatARankSavesIsKeptForAsyncSaves) {
+  std::unique_ptr<Communicator> world = make_mpi_world_communicator();
+  ASSERT_GE(world->size(), 2) << "run with 2 or 4 ranks";
+  const ParamLayout layout = ParamLayout::for_model(ModelConfig::from_hf_file("configs/models/tiny.json"));
+  for (int stage : {0, 3}) {
+    auto backend = create_backend(test::cpu_backend_options());
+    EngineOptions eo;
+    eo.bucket_size = 60000;
+    eo.zero_stage = stage;
+    Engine e(*backend, layout, eo, *world);
+    e.reserve_snapshot_space();
+    size_t shards = 0;
+    for (size_t b = 0; b < e.buckets().size(); ++b) shards += static_cast<size_t>(e.bucket_shard_size(b)) * 12;
+    const bool saves = stage > 0 || world->rank() == 0;
+    EXPECT_EQ(e.snapshot_space_bytes(), saves ? shards : 0) << "stage " << stage << ", rank " << world->rank();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, Distributed,
                          testing::Values(Mode{"device", R"({"device": "none"})", false},
                                          Mode{"zero_offload", R"({"device": "cpu"})", false},

@@ -274,8 +274,8 @@ TEST_F(OffloadEquivalence, Bf16CastSitesAndGradientAccumulationAgreeBitwise) {
 // others before they are read. Host state is put aside first by a copy (exact-rollback
 // speculation: the step's snapshot is taken) or by the step's own pass (inverse rollback,
 // ZeRO-Offload); device state is copied aside before its step (in place) or staged at the freeze.
-// Staged, the D2H stream is also held up until the step is issued (opened from another thread a
-// while later): a device update not queued behind its bucket's staging copy would be staged instead.
+// Staged, the snapshot stream is also held up until the step is issued (opened from another thread
+// a while later): a device update not queued behind its bucket's staging copy would be staged instead.
 TEST_F(OffloadEquivalence, AsyncSnapshotIsTheSavingStepWhileTheOptimizerFinishesItAndMovesOn) {
   constexpr int kSaveAt = 4;
   const float always_clip = clip_ * 1e-3f;
@@ -310,7 +310,7 @@ TEST_F(OffloadEquivalence, AsyncSnapshotIsTheSavingStepWhileTheOptimizerFinishes
       if (!overlap) engine.finish();
       const bool gated = overlap && device == Engine::DeviceSnapshot::Staged;
       std::promise<void> gate;
-      if (gated) backend->host_func(backend->stream(StreamKind::D2H), [open = gate.get_future().share()] { open.wait(); });
+      if (gated) backend->host_func(backend->stream(StreamKind::Snapshot), [open = gate.get_future().share()] { open.wait(); });
       engine.freeze_state(device);
       const size_t nb = engine.buckets().size();
       std::vector<std::vector<float>> parts(nb);
@@ -342,6 +342,64 @@ TEST_F(OffloadEquivalence, AsyncSnapshotIsTheSavingStepWhileTheOptimizerFinishes
     ASSERT_EQ(got.size(), ref.size());
     EXPECT_TRUE(test::same_bits(got, ref)) << "max |diff| " << max_abs_diff(got, ref);
   }
+}
+
+// An asynchronous save's staging copies must not hold up the D2H traffic queued after them (the
+// next step's activation-checkpoint stashes, offloaded gradients): they have their own stream.
+// The saving step's end is held on the comm stream, so every staging copy is in flight, waiting;
+// the D2H copy queued after the freeze is what opens it. Queued behind the staging on one stream,
+// it could never run: the watchdog then opens the gate so the test fails instead of hanging. The
+// verdict is the order (the copy ran while the staging still waited), not a duration.
+TEST_F(OffloadEquivalence, StagedSnapshotInFlightDoesNotDelayLaterDeviceToHostCopies) {
+  auto backend = create_backend(test::cpu_backend_options());
+  ModelOptions mo;
+  mo.micro_batch = 2;
+  mo.seq_len = 32;
+  LlamaModel model(*backend, *cfg_, mo);
+  EngineOptions eo;
+  eo.bucket_size = 100000;
+  Engine engine(*backend, model.layout(), eo, *comm_);  // every bucket's state on the device
+  engine.init_weights(42, 0.02f);
+  BatchSampler sampler(*tokens_, mo.seq_len, mo.micro_batch, cfg_->vocab_size, 3);
+  engine.begin_step(kLr, 1);
+  model.zero_loss();
+  model.forward_backward(sampler.next(), engine, engine, 1.0f / (mo.micro_batch * mo.seq_len), true);
+  engine.end_step();
+  engine.finish();
+  const std::vector<float> saved = engine.read_weight(0);
+
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  std::once_flag open_once;
+  auto open = [&] { std::call_once(open_once, [&] { gate.set_value(); }); };
+  backend->host_func(backend->stream(StreamKind::Comm), [opened] { opened.wait(); });
+  engine.freeze_state(Engine::DeviceSnapshot::Staged);  // staging waits for the comm stream
+
+  DeviceBuffer activation = backend->alloc(4096, "an activation checkpoint");
+  std::vector<char> host(4096);
+  Stream& d2h = backend->stream(StreamKind::D2H);
+  backend->copy_d2h(host.data(), activation.data(), host.size(), d2h);
+  std::promise<bool> copy_ran;  // true: while the staging still waited
+  backend->host_func(d2h, [&] {
+    copy_ran.set_value(opened.wait_for(std::chrono::seconds(0)) != std::future_status::ready);
+    open();
+  });
+  std::future<bool> ran = copy_ran.get_future();
+  const bool before_staging = ran.wait_for(std::chrono::minutes(2)) == std::future_status::ready && ran.get();
+  open();  // the watchdog: a D2H copy stuck behind the staging never opens it
+  backend->synchronize(d2h);
+  EXPECT_TRUE(before_staging) << "a D2H copy queued after an asynchronous save waited for its staging copies";
+
+  // The staged snapshot is still the saving step's state.
+  const size_t b0 = engine.bucket_of(0);
+  const int64_t at = model.layout().params[0].offset - engine.buckets()[b0].begin;  // unsharded
+  std::vector<float> master(saved.size());
+  for (size_t b = 0; b < engine.buckets().size(); ++b)
+    engine.with_frozen(b, [&](const Engine::FrozenBucket& f) {
+      if (b == b0) f.copy(OptimState::Master, at * sizeof(float), master.size() * sizeof(float), master.data());
+    });
+  EXPECT_TRUE(test::same_bits(master, saved));
+  engine.finish();
 }
 
 TEST(BucketPlacement, RatioCountsParametersNotBuckets) {

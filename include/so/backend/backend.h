@@ -14,9 +14,11 @@
 namespace so {
 
 // The engine's lanes. Compute runs the model; the copy lanes move gradients down (D2H) and
-// weights up (H2D) while compute continues; Comm runs collectives.
-enum class StreamKind { Compute = 0, D2H = 1, H2D = 2, Comm = 3 };
-constexpr int kNumStreamKinds = 4;
+// weights up (H2D) while compute continues; Comm runs collectives; Snapshot copies checkpoint
+// state to the host at the lowest priority, off the D2H lane, so that a save's copies never queue
+// ahead of the next step's (ordered against the updates by events).
+enum class StreamKind { Compute = 0, D2H = 1, H2D = 2, Comm = 3, Snapshot = 4 };
+constexpr int kNumStreamKinds = 5;
 const char* stream_kind_name(StreamKind k);
 
 class Stream {

@@ -9,6 +9,7 @@
 // (tied embeddings) and micro-batches without extra buffers.
 #include <cstdint>
 
+#include "so/backend/dropout_mask.h"
 #include "so/core/dtype.h"
 #include "so/optim/adamw.h"
 
@@ -70,6 +71,14 @@ class Ops {
   virtual void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) = 0;
   virtual void swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                                int64_t n, DType dt) = 0;
+
+  // Residual dropout over a block of rows [rows, cols] (include/so/backend/dropout_mask.h):
+  // forward x += keep ? y / (1 - p) : 0, one fp32 fused multiply-add per kept value (bitwise the
+  // same on every backend); backward dy = keep ? dx / (1 - p) : 0, the branch's gradient.
+  virtual void dropout_add(Stream& s, void* x, const void* y, int64_t rows, int64_t cols, const DropoutMask& m,
+                           DType dt) = 0;
+  virtual void dropout_backward(Stream& s, void* dy, const void* dx, int64_t rows, int64_t cols,
+                                const DropoutMask& m, DType dt) = 0;
 
   // Cross-entropy over one chunk of rows of fp32 logits[rows, V], with OLMo's z-loss (z_loss x
   // logsumexp^2 per row, 0 = off): loss_acc += sum_t scale * (nll_t + z_loss * lse_t^2); when

@@ -144,14 +144,15 @@ class Engine final : public ParamStore, public ModelHooks {
   using FrozenReader = std::function<void(const FrozenBucket& frozen)>;
   // How a snapshot takes device-resident state: read in place by the writer (a synchronous save:
   // nothing changes it before the writer has it), or staged to host memory at once, behind the
-  // saving step on the D2H stream and in the order the next step changes the buckets (an
+  // saving step on the Snapshot stream and in the order the next step changes the buckets (an
   // asynchronous save: the copies overlap what runs next, and each of the next step's device
   // updates waits, on its stream, for its own bucket's copy only).
   enum class DeviceSnapshot { InPlace, Staged };
   void freeze_state(DeviceSnapshot device);
   void with_frozen(size_t b, const FrozenReader& read);
-  // Room to copy every bucket of this rank aside once (12 bytes per owned parameter, pinned when
-  // state lives on the device); trainers saving asynchronously reserve it before the first step.
+  // Room to copy every bucket this rank saves aside once (12 bytes per owned parameter; none on
+  // ranks other than 0 when unsharded; pinned when state lives on the device); trainers saving
+  // asynchronously reserve it before the first step.
   // A copy aside without it reserves it then.
   void reserve_snapshot_space();
   size_t snapshot_space_bytes() const { return snapshot_space_.bytes(); }
@@ -227,8 +228,10 @@ class Engine final : public ParamStore, public ModelHooks {
                     const AdamPass& pass);
   AdamArrays device_arrays(size_t b, bool with_snapshot);  // a device bucket's state, grads and weights
   void allocate_snapshot_space();
+  // Whether this rank's checkpoint writer saves any of bucket b (unsharded state: rank 0 alone).
+  bool saves_bucket(size_t b) const;
   void copy_bucket_state(size_t b, float* out);  // p, m, v of bucket b's shard: 3 x shard_size values
-  // The same of a device bucket, queued on the D2H stream behind the saving step's device updates;
+  // The same of a device bucket, queued on the Snapshot stream behind the saving step's device updates;
   // `copied` is recorded after it.
   void queue_device_state(size_t b, float* out, Event& copied);
 
@@ -270,8 +273,9 @@ class Engine final : public ParamStore, public ModelHooks {
     std::mutex mu;
     bool wanted = false;
     bool aside = false;
-    float* copy = nullptr;  // 3 x shard_size values in snapshot_space_
-    // Device state staged to the copy aside by freeze_state: done when `copied` is (D2H stream).
+    bool saved = false;  // fixed at construction: this rank's writer saves some of it (else nothing is staged or kept)
+    float* copy = nullptr;  // 3 x shard_size values in snapshot_space_ (buckets this rank saves)
+    // Device state staged to the copy aside by freeze_state: done when `copied` is (Snapshot stream).
     bool staged = false;
     std::unique_ptr<Event> copied;
   };

@@ -29,6 +29,7 @@ struct ModelOptions {
   int64_t loss_chunk_tokens = 0;     // tokens per output-projection + cross-entropy chunk; 0 = auto
   float z_loss = 0.0f;               // OLMo's z-loss: each token's loss adds z_loss * logsumexp(logits)^2
   SequenceParallel* sequence_parallel = nullptr;  // Ulysses group; null = the whole sequence is here
+  uint64_t dropout_seed = 0;         // residual dropout's masks (ModelConfig::residual_dropout): the run's seed
 };
 
 // One micro-batch on the host: B*S input ids, targets (-1 = ignore) and RoPE positions.
@@ -37,6 +38,7 @@ struct ModelOptions {
 // rows); positions restart at each document's start.
 struct TokenBatch {
   std::vector<int32_t> inputs, targets, positions, doc_start;
+  int64_t first_sample = 0;  // the run's index of its first sequence: names its tokens in dropout masks
 };
 
 // What a device buffer of the model holds, for the memory planner's table.
@@ -111,6 +113,8 @@ class LlamaModel {
   void mlp_backward(int l, ParamStore& p, LayerActs& s);
   // The residual stream: layer l reads residual(l) and writes residual(l + 1).
   void* residual(int64_t l);
+  // Residual dropout's mask of layer l's attention (site 0) or MLP (site 1) branch, for rows from row0.
+  DropoutMask residual_mask(int l, int site, int64_t row0) const;
   // Offloaded checkpoints: residual(l) to host slot l (D2H stream), or back (H2D stream).
   void move_checkpoint(int64_t l, bool to_host, ModelHooks& hooks);
   void layer_backward(int l, ParamStore& p, LayerActs& a, const void* x_in);
@@ -137,6 +141,8 @@ class LlamaModel {
   std::unique_ptr<Activations> acts_;
   int64_t kv_copies_ = 1;  // Ulysses with more ranks than KV heads: copies of each KV head sent
   float rope_scale_ = 1.0f;  // cos and sin factor of the RoPE table (yarn's attention factor)
+  bool dropping_ = false;    // this forward drops residual branches (training with residual_dropout > 0)
+  int64_t first_sample_ = 0;
 };
 
 }  // namespace so

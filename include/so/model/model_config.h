@@ -22,6 +22,9 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScaling rope;  // rope_scaling / rope_parameters beyond rope_theta
   float rms_norm_eps = 1e-6f;
+  // Seed-OSS's residual_dropout: each layer's attention and MLP outputs dropped with this
+  // probability before they join the residual stream (training only; counter-based masks).
+  float residual_dropout = 0.0f;
   bool tie_word_embeddings = false;
   bool qk_norm = false;  // Qwen3: RMSNorm over head_dim on q and k, before RoPE
   bool qkv_bias = false;  // q, k and v projections add a bias (Qwen2; attention_bias of Llama/Qwen3/Seed-OSS)

@@ -3,6 +3,7 @@
 // streams). Templated on the storage type T (float or bf16); all arithmetic is fp32 or wider.
 #include <cstdint>
 
+#include "so/backend/dropout_mask.h"
 #include "so/core/dtype.h"
 
 namespace so::cpu {
@@ -38,6 +39,10 @@ template <typename T>
 void swiglu_forward(T* out, const T* gate, const T* up, int64_t n);
 template <typename T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n);
+template <typename T>
+void dropout_add(T* x, const T* y, int64_t rows, int64_t cols, const DropoutMask& m);
+template <typename T>
+void dropout_backward(T* dy, const T* dx, int64_t rows, int64_t cols, const DropoutMask& m);
 template <typename T>
 void cross_entropy(float* loss_acc, T* dlogits, const float* logits, const int32_t* targets, int64_t rows, int64_t V,
                    float scale, float z_loss);

@@ -104,6 +104,34 @@ void swiglu_forward(T* out, const T* gate, const T* up, int64_t n) {
 }
 
 template <typename T>
+void dropout_add(T* x, const T* y, int64_t rows, int64_t cols, const DropoutMask& m) {
+  const uint32_t threshold = m.threshold();
+  const float scale = m.scale();
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint64_t token = dropout_token(m, m.row0 + r);
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * cols + c;
+      if (dropout_keep(m.key, token, static_cast<uint64_t>(c), threshold))
+        x[i] = from_f32<T>(std::fma(to_f32(y[i]), scale, to_f32(x[i])));
+    }
+  }
+}
+
+template <typename T>
+void dropout_backward(T* dy, const T* dx, int64_t rows, int64_t cols, const DropoutMask& m) {
+  const uint32_t threshold = m.threshold();
+  const float scale = m.scale();
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint64_t token = dropout_token(m, m.row0 + r);
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * cols + c;
+      dy[i] = dropout_keep(m.key, token, static_cast<uint64_t>(c), threshold) ? from_f32<T>(to_f32(dx[i]) * scale)
+                                                                               : from_f32<T>(0.0f);
+    }
+  }
+}
+
+template <typename T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = to_f32(gate[i]), u = to_f32(up[i]), dy = to_f32(dout[i]);
@@ -159,6 +187,8 @@ void cast(Dst* dst, const Src* src, int64_t n) {
   template void rope<T>(T*, const int32_t*, int64_t, int64_t, int64_t, const double*, float, bool);           \
   template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                                            \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);                             \
+  template void dropout_add<T>(T*, const T*, int64_t, int64_t, const DropoutMask&);                            \
+  template void dropout_backward<T>(T*, const T*, int64_t, int64_t, const DropoutMask&);                       \
   template void cross_entropy<T>(float*, T*, const float*, const int32_t*, int64_t, int64_t, float, float);
 SO_INSTANTIATE_LAYER_KERNELS(float)
 SO_INSTANTIATE_LAYER_KERNELS(bf16)

@@ -112,6 +112,22 @@ void CpuOps::swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout
   }));
 }
 
+void CpuOps::dropout_add(Stream& s, void* x, const void* y, int64_t rows, int64_t cols, const DropoutMask& m,
+                         DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::dropout_add(typed<X>(x), typed<X>(y), rows, cols, m);
+  }));
+}
+
+void CpuOps::dropout_backward(Stream& s, void* dy, const void* dx, int64_t rows, int64_t cols, const DropoutMask& m,
+                              DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::dropout_backward(typed<X>(dy), typed<X>(dx), rows, cols, m);
+  }));
+}
+
 void CpuOps::cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
                            int64_t rows, int64_t V, float scale, float z_loss, DType dt) {
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {

@@ -30,6 +30,10 @@ class CpuOps final : public Ops {
                           const void* v, const void* out, const float* lse, int64_t B, int64_t S, int64_t Hq,
                           int64_t Hkv, int64_t D, float scale, DType dt) override;
   void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) override;
+  void dropout_add(Stream& s, void* x, const void* y, int64_t rows, int64_t cols, const DropoutMask& m,
+                   DType dt) override;
+  void dropout_backward(Stream& s, void* dy, const void* dx, int64_t rows, int64_t cols, const DropoutMask& m,
+                        DType dt) override;
   void swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                        int64_t n, DType dt) override;
   void cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,

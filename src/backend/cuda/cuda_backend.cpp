@@ -88,7 +88,8 @@ CudaBackend::CudaBackend(const BackendOptions& opts) : device_(opts.device < 0 ?
   // Lower number = higher priority. Comm and H2D get the highest: their work gates compute (a
   // layer cannot start before its weights are up and gathered), and priority lets their kernels
   // (NCCL's, the casts after an upload) claim SMs as compute kernels drain instead of queueing
-  // behind a whole GEMM. Compute and D2H (gradients leaving, off the critical path) get the lowest.
+  // behind a whole GEMM. Compute, D2H (gradients leaving, off the critical path) and Snapshot
+  // (checkpoint copies, which wait for nothing but the writer) get the lowest.
   int least = 0, greatest = 0;
   SO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   for (int k = 0; k < kNumStreamKinds; ++k) {

@@ -1,5 +1,5 @@
 #pragma once
-// The CUDA backend: device memory from a caching allocator, the engine's four lanes as CUDA
+// The CUDA backend: device memory from a caching allocator, the engine's lanes as CUDA
 // streams, events as CUDA events, ops as CUDA kernels and cuBLASLt GEMMs.
 //
 // Errors follow the CPU backend's contract: whatever fails asynchronously (a kernel fault, a bad

@@ -54,6 +54,12 @@ void launch_swiglu_forward(cudaStream_t stream, void* out, const void* gate, con
 void launch_swiglu_backward(cudaStream_t stream, void* dgate, void* dup, const void* dout, const void* gate,
                             const void* up, int64_t n, DType dt);
 
+// Residual dropout (Ops::dropout_add / dropout_backward), the mask of include/so/backend/dropout_mask.h.
+void launch_dropout_add(cudaStream_t stream, void* x, const void* y, int64_t rows, int64_t cols,
+                        const DropoutMask& m, DType dt);
+void launch_dropout_backward(cudaStream_t stream, void* dy, const void* dx, int64_t rows, int64_t cols,
+                             const DropoutMask& m, DType dt);
+
 size_t cross_entropy_workspace_bytes(int64_t rows);
 // One block per row of fp32 logits[rows, V]: online max / sum of exp, per-row nll (double) to the
 // workspace (plus z_loss * lse^2), optional dlogits = scale * (softmax * (1 + 2 z_loss lse) - onehot)

@@ -163,6 +163,16 @@ void CudaOps::swiglu_forward(Stream& s, void* out, const void* gate, const void*
   launch_swiglu_forward(raw(s), out, gate, up, n, dt);
 }
 
+void CudaOps::dropout_add(Stream& s, void* x, const void* y, int64_t rows, int64_t cols, const DropoutMask& m,
+                          DType dt) {
+  launch_dropout_add(raw(s), x, y, rows, cols, m, dt);
+}
+
+void CudaOps::dropout_backward(Stream& s, void* dy, const void* dx, int64_t rows, int64_t cols,
+                               const DropoutMask& m, DType dt) {
+  launch_dropout_backward(raw(s), dy, dx, rows, cols, m, dt);
+}
+
 void CudaOps::swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                               int64_t n, DType dt) {
   launch_swiglu_backward(raw(s), dgate, dup, dout, gate, up, n, dt);
