@@ -20,6 +20,39 @@ class Stream;
 // and its undo followed by a step with another grad_scale, in one pass.
 enum class AdamCall { Step, Rollback, Redo };
 
+// How a mixture-of-experts router turns logits into k weights per token.
+struct MoeRouting {
+  enum class Kind {
+    SoftmaxTopK,  // qwen3_moe: softmax over all E, top-k; renormalised to sum 1 when `normalize`
+    TopKSoftmax,  // gpt_oss: top-k of the raw logits, softmax over those k
+  };
+  Kind kind = Kind::SoftmaxTopK;
+  int64_t experts = 0, top_k = 0;
+  bool normalize = false;
+  // The storage dtype the weights are rounded through (transformers casts them to the model's).
+  DType weight_dtype = DType::F32;
+};
+
+// Grouped GEMM over G groups of consecutive rows; group g has rows[g] rows of the varying
+// dimension, starting at the sum of the earlier ones. Row-major, as Ops::gemm.
+//   vary_m (trans_a false): C_g[m_g, N] = alpha op(A_g)[m_g, K] op(B_g) + beta C_g, with A_g and
+//     C_g the group's rows of A [sum m, K] and C [sum m, N], B_g = B + g * N * K (one matrix each).
+//   vary_k (trans_a true, trans_b false): C_g[M, N] = alpha A_g^T B_g + beta C_g with A_g, B_g the
+//     group's rows of A [sum k, M] and B [sum k, N], C_g = C + g * M * N (a weight gradient).
+struct GroupedGemm {
+  bool vary_k = false;
+  bool trans_b = false;
+  const int64_t* rows = nullptr;
+  int64_t groups = 0;
+  int64_t M = 0, N = 0, K = 0;  // the fixed dimensions (the varying one is ignored)
+  float alpha = 1.0f, beta = 0.0f;
+  const void* A = nullptr;
+  const void* B = nullptr;
+  DType ab = DType::F32;
+  void* C = nullptr;
+  DType c = DType::F32;
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -77,6 +110,41 @@ class Ops {
   // Targets < 0 are ignored (padding: no loss, no z-loss); targets >= V are an error.
   virtual void cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
                              int64_t rows, int64_t V, float scale, float z_loss, DType dt) = 0;
+
+  // ---- Mixture of experts (one token's hidden state goes to k of E experts) ----
+  // Routing, as transformers computes it from fp32 router logits [T, E]: weights[T, k] (fp32) and
+  // experts[T, k] (int32, in descending order of the value top-k ranks by; ties to the lower index).
+  virtual void moe_route(Stream& s, const MoeRouting& r, float* weights, int32_t* experts, const float* logits,
+                         int64_t T) = 0;
+  // dlogits[T, E] (overwritten) from dweights[T, k]. aux_dprob [E] (or null) is added to the
+  // gradient of every token's full softmax over E (the load-balancing loss's term).
+  virtual void moe_route_backward(Stream& s, const MoeRouting& r, float* dlogits, const float* dweights,
+                                  const float* logits, const int32_t* experts, const float* aux_dprob, int64_t T) = 0;
+  // Sorts the T*k (token, choice) slots by expert, stably (token order within an expert):
+  // slot_of[p] = t*k + j of sorted row p, row_of[t*k + j] = p, offsets[E + 1] the rows' starts.
+  virtual void moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets,
+                              const int32_t* experts, int64_t T, int64_t k, int64_t E) = 0;
+  // Dispatch: dst[p, :] = x[slot_of[p] / k, :] for the T*k sorted rows.
+  virtual void moe_dispatch(Stream& s, void* dst, const void* x, const int32_t* slot_of, int64_t T, int64_t k,
+                            int64_t H, DType dt) = 0;
+  // Combine: out[t, :] (+= when accumulate) = sum_j w[t*k + j] * y[row_of[t*k + j], :], in fp32;
+  // weights null = 1 (the dispatch's backward).
+  virtual void moe_combine(Stream& s, void* out, const void* y, const float* weights, const int32_t* row_of,
+                           int64_t T, int64_t k, int64_t H, bool accumulate, DType dt) = 0;
+  // The combine's backward: dy[p, :] = w[slot] * dout[slot / k, :] and dweights[slot] =
+  // dot(dout[slot / k, :], y[p, :]) (overwritten), slot = slot_of[p].
+  virtual void moe_combine_backward(Stream& s, void* dy, float* dweights, const void* dout, const void* y,
+                                    const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
+                                    DType dt) = 0;
+  // One GEMM per group of consecutive rows (an expert's tokens); group_rows (host, G entries)
+  // are the sizes of the varying dimension. See GroupedGemm for which operand is which.
+  virtual void grouped_gemm(Stream& s, const GroupedGemm& g) = 0;
+  // GPT-OSS's clamped GLU: out = g * sigmoid(alpha * g) * (u + 1) with g = min(gate, limit),
+  // u = clamp(up, -limit, limit), elementwise over n.
+  virtual void clamped_swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n,
+                                      float alpha, float limit, DType dt) = 0;
+  virtual void clamped_swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate,
+                                       const void* up, int64_t n, float alpha, float limit, DType dt) = 0;
 
   // out_acc += sum(x^2) in fp32 (non-finite inputs make it non-finite).
   virtual void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) = 0;

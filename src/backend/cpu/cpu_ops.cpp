@@ -1,6 +1,7 @@
 #include "cpu_ops.h"
 
 #include <cmath>
+#include <vector>
 
 #include "cpu_backend.h"
 #include "cpu_kernels.h"
@@ -117,6 +118,73 @@ void CpuOps::cross_entropy(Stream& s, float* loss_acc, void* dlogits, const floa
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
     cpu::cross_entropy(loss_acc, typed<X>(dlogits), logits, targets, rows, V, scale, z_loss);
+  }));
+}
+
+void CpuOps::moe_route(Stream& s, const MoeRouting& r, float* weights, int32_t* experts, const float* logits,
+                       int64_t T) {
+  SO_ENQUEUE(s, cpu::moe_route(weights, experts, logits, T, r));
+}
+
+void CpuOps::moe_route_backward(Stream& s, const MoeRouting& r, float* dlogits, const float* dweights,
+                                const float* logits, const int32_t* experts, const float* aux_dprob, int64_t T) {
+  SO_ENQUEUE(s, cpu::moe_route_backward(dlogits, dweights, logits, experts, aux_dprob, T, r));
+}
+
+void CpuOps::moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets, const int32_t* experts,
+                            int64_t T, int64_t k, int64_t E) {
+  SO_ENQUEUE(s, cpu::moe_sort_slots(slot_of, row_of, offsets, experts, T, k, E));
+}
+
+void CpuOps::moe_dispatch(Stream& s, void* dst, const void* x, const int32_t* slot_of, int64_t T, int64_t k,
+                          int64_t H, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::moe_dispatch(typed<X>(dst), typed<X>(x), slot_of, T, k, H);
+  }));
+}
+
+void CpuOps::moe_combine(Stream& s, void* out, const void* y, const float* weights, const int32_t* row_of,
+                         int64_t T, int64_t k, int64_t H, bool accumulate, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::moe_combine(typed<X>(out), typed<X>(y), weights, row_of, T, k, H, accumulate);
+  }));
+}
+
+void CpuOps::moe_combine_backward(Stream& s, void* dy, float* dweights, const void* dout, const void* y,
+                                  const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
+                                  DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::moe_combine_backward(typed<X>(dy), dweights, typed<X>(dout), typed<X>(y), weights, slot_of, T, k, H);
+  }));
+}
+
+void CpuOps::grouped_gemm(Stream& s, const GroupedGemm& g) {
+  // The group sizes are the caller's host array: copy them, the call runs later.
+  std::vector<int64_t> rows(g.rows, g.rows + g.groups);
+  SO_ENQUEUE(s, {
+    GroupedGemm call = g;
+    call.rows = rows.data();
+    cpu::grouped_gemm(call);
+  });
+}
+
+void CpuOps::clamped_swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, float alpha,
+                                    float limit, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::clamped_swiglu_forward(typed<X>(out), typed<X>(gate), typed<X>(up), n, alpha, limit);
+  }));
+}
+
+void CpuOps::clamped_swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate,
+                                     const void* up, int64_t n, float alpha, float limit, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::clamped_swiglu_backward(typed<X>(dgate), typed<X>(dup), typed<X>(dout), typed<X>(gate), typed<X>(up), n,
+                                 alpha, limit);
   }));
 }
 

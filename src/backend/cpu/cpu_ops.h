@@ -34,6 +34,24 @@ class CpuOps final : public Ops {
                        int64_t n, DType dt) override;
   void cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
                      int64_t rows, int64_t V, float scale, float z_loss, DType dt) override;
+  void moe_route(Stream& s, const MoeRouting& r, float* weights, int32_t* experts, const float* logits,
+                 int64_t T) override;
+  void moe_route_backward(Stream& s, const MoeRouting& r, float* dlogits, const float* dweights, const float* logits,
+                          const int32_t* experts, const float* aux_dprob, int64_t T) override;
+  void moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets, const int32_t* experts,
+                      int64_t T, int64_t k, int64_t E) override;
+  void moe_dispatch(Stream& s, void* dst, const void* x, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
+                    DType dt) override;
+  void moe_combine(Stream& s, void* out, const void* y, const float* weights, const int32_t* row_of, int64_t T,
+                   int64_t k, int64_t H, bool accumulate, DType dt) override;
+  void moe_combine_backward(Stream& s, void* dy, float* dweights, const void* dout, const void* y,
+                            const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
+                            DType dt) override;
+  void grouped_gemm(Stream& s, const GroupedGemm& g) override;
+  void clamped_swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, float alpha,
+                              float limit, DType dt) override;
+  void clamped_swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                               int64_t n, float alpha, float limit, DType dt) override;
   void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) override;
   void transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
                         DType dt) override;

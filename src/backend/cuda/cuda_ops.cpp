@@ -175,6 +175,75 @@ void CudaOps::cross_entropy(Stream& s, float* loss_acc, void* dlogits, const flo
                        scratch(s, bytes), bytes);
 }
 
+void CudaOps::moe_route(Stream& s, const MoeRouting& r, float* weights, int32_t* experts, const float* logits,
+                        int64_t T) {
+  SO_CHECK(r.experts > 0 && r.top_k > 0 && r.top_k <= r.experts, "moe: top_k (", r.top_k,
+           ") must be in [1, experts = ", r.experts, "]");
+  launch_moe_route(raw(s), r, weights, experts, logits, T);
+}
+
+void CudaOps::moe_route_backward(Stream& s, const MoeRouting& r, float* dlogits, const float* dweights,
+                                 const float* logits, const int32_t* experts, const float* aux_dprob, int64_t T) {
+  launch_moe_route_backward(raw(s), r, dlogits, dweights, logits, experts, aux_dprob, T);
+}
+
+void CudaOps::moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets,
+                             const int32_t* experts, int64_t T, int64_t k, int64_t E) {
+  launch_moe_sort_slots(raw(s), slot_of, row_of, offsets, experts, T, k, E, scratch(s, E * sizeof(int32_t)));
+}
+
+void CudaOps::moe_dispatch(Stream& s, void* dst, const void* x, const int32_t* slot_of, int64_t T, int64_t k,
+                           int64_t H, DType dt) {
+  launch_moe_dispatch(raw(s), dst, x, slot_of, T, k, H, dt);
+}
+
+void CudaOps::moe_combine(Stream& s, void* out, const void* y, const float* weights, const int32_t* row_of,
+                          int64_t T, int64_t k, int64_t H, bool accumulate, DType dt) {
+  launch_moe_combine(raw(s), out, y, weights, row_of, T, k, H, accumulate, dt);
+}
+
+void CudaOps::moe_combine_backward(Stream& s, void* dy, float* dweights, const void* dout, const void* y,
+                                   const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
+                                   DType dt) {
+  launch_moe_combine_backward(raw(s), dy, dweights, dout, y, weights, slot_of, T, k, H, dt);
+}
+
+// One cuBLASLt call per non-empty group (its plan cached by shape like every GEMM's). cuBLAS's
+// grouped batched GEMM would make it one launch; it is the thing to measure on a GPU.
+void CudaOps::grouped_gemm(Stream& s, const GroupedGemm& g) {
+  const size_t ab = dtype_size(g.ab), c = dtype_size(g.c);
+  const auto* A = static_cast<const char*>(g.A);
+  const auto* B = static_cast<const char*>(g.B);
+  auto* C = static_cast<char*>(g.C);
+  int64_t start = 0;
+  for (int64_t grp = 0; grp < g.groups; ++grp) {
+    const int64_t n = g.rows[grp];
+    SO_CHECK(n >= 0, "grouped_gemm: group ", grp, " has ", n, " rows");
+    if (!g.vary_k) {
+      if (n > 0)
+        gemm_.gemm(raw(s), false, g.trans_b, n, g.N, g.K, g.alpha, A + start * g.K * ab, B + grp * g.N * g.K * ab,
+                   g.ab, g.beta, C + start * g.N * c, g.c);
+    } else if (n > 0) {
+      gemm_.gemm(raw(s), true, false, g.M, g.N, n, g.alpha, A + start * g.M * ab, B + start * g.N * ab, g.ab, g.beta,
+                 C + grp * g.M * g.N * c, g.c);
+    } else if (g.beta != 1.0f) {  // an expert without tokens: its gradient is beta * C
+      SO_CHECK(g.beta == 0.0f, "grouped_gemm: an empty group with beta ", g.beta, " (only 0 or 1 is supported)");
+      SO_CUDA_CHECK(cudaMemsetAsync(C + grp * g.M * g.N * c, 0, g.M * g.N * c, raw(s)));
+    }
+    start += n;
+  }
+}
+
+void CudaOps::clamped_swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, float alpha,
+                                     float limit, DType dt) {
+  launch_clamped_swiglu_forward(raw(s), out, gate, up, n, alpha, limit, dt);
+}
+
+void CudaOps::clamped_swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate,
+                                      const void* up, int64_t n, float alpha, float limit, DType dt) {
+  launch_clamped_swiglu_backward(raw(s), dgate, dup, dout, gate, up, n, alpha, limit, dt);
+}
+
 void CudaOps::sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) {
   const size_t bytes = sum_squares_workspace_bytes(n);
   launch_sum_squares(raw(s), out_acc, x, n, dt, scratch(s, bytes), bytes);

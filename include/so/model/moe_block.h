@@ -1,0 +1,68 @@
+#pragma once
+// The mixture-of-experts block of a decoder layer, as transformers' Qwen3MoeSparseMoeBlock and
+// GptOssMLP compute it: a router (linear, optional bias) picks k of E experts per token, each
+// expert is a gated MLP (optional biases), and the outputs are summed with the routing weights.
+// Built only from backend ops (so/backend/ops.h), so every backend runs the same block.
+//
+// Expert weights are stored as nn.Linear stacks: gate and up [E, I, H], down [E, H, I]; biases
+// [E, I], [E, I], [E, H]. Loaders split or transpose the families' fused tensors into this layout.
+#include <cstdint>
+#include <vector>
+
+#include "so/backend/backend.h"
+
+namespace so {
+
+struct MoeSpec {
+  MoeRouting routing;
+  int64_t hidden = 0, intermediate = 0;  // H and the experts' I
+  enum class Activation { SwiGLU, ClampedSwiGLU } activation = Activation::SwiGLU;
+  float glu_alpha = 1.702f, glu_limit = 7.0f;  // ClampedSwiGLU (GPT-OSS's swiglu_alpha/limit)
+};
+
+// Pointers in the block's storage dtype; the biases are null when the family has none.
+struct MoeParams {
+  void* router = nullptr;  // [E, H]
+  void* router_bias = nullptr;
+  void* gate = nullptr;  // [E, I, H]
+  void* up = nullptr;    // [E, I, H]
+  void* down = nullptr;  // [E, H, I]
+  void* gate_bias = nullptr;
+  void* up_bias = nullptr;
+  void* down_bias = nullptr;
+};
+
+class MoeBlock {
+ public:
+  MoeBlock(Backend& backend, const MoeSpec& spec, DType dt);
+
+  // out[T, H] = the block applied to x[T, H]; keeps what backward needs (one forward in flight).
+  // Synchronises the stream once: the experts' GEMM sizes are read on the host.
+  void forward(Stream& s, void* out, const void* x, const MoeParams& w, int64_t T);
+  // dx[T, H] (+= when accumulate) and every gradient in g (+=) from dout[T, H], for the last
+  // forward's x. aux_dprob [E] (fp32, or null): the load-balancing loss's gradient per token and
+  // expert probability.
+  void backward(Stream& s, void* dx, const MoeParams& w, const MoeParams& g, const void* dout, const void* x,
+                bool accumulate, const float* aux_dprob = nullptr);
+
+  // Tokens each expert received in the last forward (for the metrics and the aux loss).
+  const std::vector<int64_t>& tokens_per_expert() const { return rows_; }
+  // Router logits [T, E] (fp32) of the last forward.
+  const float* router_logits() const { return logits_.as<float>(); }
+
+ private:
+  void ensure_capacity(int64_t T);
+  void expert_gemm(Stream& s, void* out, const void* in, const void* weight, const void* bias, int64_t N, int64_t K,
+                   float beta);
+  void weight_grad(Stream& s, void* dweight, void* dbias, const void* dout, const void* in, int64_t M, int64_t N);
+
+  Backend& backend_;
+  MoeSpec spec_;
+  DType dt_;
+  int64_t T_ = 0, capacity_ = 0;
+  std::vector<int64_t> rows_;  // tokens per expert (host): the grouped GEMMs' sizes
+  DeviceBuffer logits_, weights_, experts_, slot_of_, row_of_, offsets_, ones_;
+  DeviceBuffer xs_, gate_, up_, act_, y_;  // [T*k, *] in expert order
+};
+
+}  // namespace so

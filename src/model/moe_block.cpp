@@ -1,0 +1,159 @@
+#include "so/model/moe_block.h"
+
+#include <cstring>
+#include <utility>
+
+#include "so/core/error.h"
+
+namespace so {
+
+MoeBlock::MoeBlock(Backend& backend, const MoeSpec& spec, DType dt) : backend_(backend), spec_(spec), dt_(dt) {
+  const MoeRouting& r = spec.routing;
+  SO_CHECK(r.experts > 0 && r.top_k > 0 && r.top_k <= r.experts, "moe: num_experts_per_tok (", r.top_k,
+           ") must be in [1, num_experts = ", r.experts, "]");
+  SO_CHECK(spec.hidden > 0 && spec.intermediate > 0, "moe: hidden (", spec.hidden, ") and expert intermediate (",
+           spec.intermediate, ") sizes must be positive");
+  rows_.assign(r.experts, 0);
+}
+
+void MoeBlock::ensure_capacity(int64_t T) {
+  if (T <= capacity_) return;
+  const int64_t E = spec_.routing.experts, k = spec_.routing.top_k, H = spec_.hidden, I = spec_.intermediate;
+  const size_t e = dtype_size(dt_), rows = static_cast<size_t>(T * k);
+  logits_ = backend_.alloc(T * E * 4, "moe router logits");
+  weights_ = backend_.alloc(rows * 4, "moe routing weights");
+  experts_ = backend_.alloc(rows * 4, "moe routed experts");
+  slot_of_ = backend_.alloc(rows * 4, "moe slot order");
+  row_of_ = backend_.alloc(rows * 4, "moe slot rows");
+  offsets_ = backend_.alloc((E + 1) * 4, "moe expert offsets");
+  xs_ = backend_.alloc(rows * H * e, "moe dispatched tokens");
+  gate_ = backend_.alloc(rows * I * e, "moe expert gate");
+  up_ = backend_.alloc(rows * I * e, "moe expert up");
+  act_ = backend_.alloc(rows * I * e, "moe expert activation");
+  y_ = backend_.alloc(rows * H * e, "moe expert outputs");
+  ones_ = backend_.alloc(rows * e, "moe ones (bias GEMMs)");
+  std::vector<char> ones(rows * e);
+  const float one = 1.0f;
+  const bf16 one_bf16 = f32_to_bf16(1.0f);
+  for (size_t i = 0; i < rows; ++i) std::memcpy(ones.data() + i * e, dt_ == DType::F32 ? static_cast<const void*>(&one) : &one_bf16, e);
+  backend_.copy_h2d_sync(ones_.data(), ones.data(), ones.size(), backend_.stream(StreamKind::Compute));
+  capacity_ = T;
+}
+
+// out[rows, N] = beta * out + in[rows, K] @ weight_g^T (+ bias_g) per expert's rows.
+void MoeBlock::expert_gemm(Stream& s, void* out, const void* in, const void* weight, const void* bias, int64_t N,
+                           int64_t K, float beta) {
+  GroupedGemm g;
+  g.rows = rows_.data();
+  g.groups = spec_.routing.experts;
+  g.ab = g.c = dt_;
+  g.trans_b = true;
+  g.N = N, g.K = K, g.A = in, g.B = weight, g.C = out, g.beta = beta;
+  backend_.ops().grouped_gemm(s, g);
+  if (bias) {  // + ones[rows, 1] @ bias_g[1, N]
+    g.trans_b = false;
+    g.K = 1, g.A = ones_.data(), g.B = bias, g.beta = 1.0f;
+    backend_.ops().grouped_gemm(s, g);
+  }
+}
+
+// dweight_g[M, N] += dout_g^T @ in_g and dbias_g[N... M] += sum of dout_g's rows, per expert.
+void MoeBlock::weight_grad(Stream& s, void* dweight, void* dbias, const void* dout, const void* in, int64_t M,
+                           int64_t N) {
+  GroupedGemm g;
+  g.vary_k = true;
+  g.rows = rows_.data();
+  g.groups = spec_.routing.experts;
+  g.ab = g.c = dt_;
+  g.M = M, g.N = N, g.A = dout, g.B = in, g.C = dweight, g.beta = 1.0f;
+  backend_.ops().grouped_gemm(s, g);
+  if (dbias) {  // dbias_g[1, M] += ones^T @ dout_g
+    g.M = 1, g.N = M, g.A = ones_.data(), g.B = dout, g.C = dbias;
+    backend_.ops().grouped_gemm(s, g);
+  }
+}
+
+void MoeBlock::forward(Stream& s, void* out, const void* x, const MoeParams& w, int64_t T) {
+  ensure_capacity(T);
+  T_ = T;
+  Ops& ops = backend_.ops();
+  const MoeRouting& r = spec_.routing;
+  const int64_t E = r.experts, k = r.top_k, H = spec_.hidden, I = spec_.intermediate;
+
+  // Router logits in fp32 (transformers takes the softmax in fp32 too).
+  ops.gemm(s, false, true, T, E, H, 1.0f, x, w.router, dt_, 0.0f, logits_.data(), DType::F32);
+  if (w.router_bias) ops.gemm(s, false, false, T, E, 1, 1.0f, ones_.data(), w.router_bias, dt_, 1.0f, logits_.data(), DType::F32);
+  ops.moe_route(s, r, weights_.as<float>(), experts_.as<int32_t>(), logits_.as<float>(), T);
+  ops.moe_sort_slots(s, slot_of_.as<int32_t>(), row_of_.as<int32_t>(), offsets_.as<int32_t>(),
+                     experts_.as<int32_t>(), T, k, E);
+  std::vector<int32_t> offsets(E + 1);
+  backend_.copy_d2h(offsets.data(), offsets_.data(), offsets.size() * 4, s);
+  backend_.synchronize(s);
+  for (int64_t e = 0; e < E; ++e) rows_[e] = offsets[e + 1] - offsets[e];
+
+  ops.moe_dispatch(s, xs_.data(), x, slot_of_.as<int32_t>(), T, k, H, dt_);
+  expert_gemm(s, gate_.data(), xs_.data(), w.gate, w.gate_bias, I, H, 0.0f);
+  expert_gemm(s, up_.data(), xs_.data(), w.up, w.up_bias, I, H, 0.0f);
+  if (spec_.activation == MoeSpec::Activation::SwiGLU)
+    ops.swiglu_forward(s, act_.data(), gate_.data(), up_.data(), T * k * I, dt_);
+  else
+    ops.clamped_swiglu_forward(s, act_.data(), gate_.data(), up_.data(), T * k * I, spec_.glu_alpha,
+                               spec_.glu_limit, dt_);
+  expert_gemm(s, y_.data(), act_.data(), w.down, w.down_bias, H, I, 0.0f);
+  ops.moe_combine(s, out, y_.data(), weights_.as<float>(), row_of_.as<int32_t>(), T, k, H, false, dt_);
+}
+
+void MoeBlock::backward(Stream& s, void* dx, const MoeParams& w, const MoeParams& g, const void* dout, const void* x,
+                        bool accumulate, const float* aux_dprob) {
+  Ops& ops = backend_.ops();
+  const MoeRouting& r = spec_.routing;
+  const int64_t T = T_, E = r.experts, k = r.top_k, H = spec_.hidden, I = spec_.intermediate;
+  const size_t e = dtype_size(dt_), rows = static_cast<size_t>(T * k);
+  DeviceBuffer dy = backend_.alloc(rows * H * e, "moe expert output grad");
+  DeviceBuffer dweights = backend_.alloc(rows * 4, "moe routing weight grad");
+  DeviceBuffer dact = backend_.alloc(rows * I * e, "moe activation grad");
+  DeviceBuffer dgate = backend_.alloc(rows * I * e, "moe gate grad");
+  DeviceBuffer dup = backend_.alloc(rows * I * e, "moe up grad");
+  DeviceBuffer dxs = backend_.alloc(rows * H * e, "moe dispatched token grad");
+  DeviceBuffer dlogits = backend_.alloc(T * E * 4, "moe router logit grad");
+  DeviceBuffer dlogits_dt = backend_.alloc(T * E * e, "moe router logit grad (storage dtype)");
+
+  // Combine: the experts' outputs and the routing weights.
+  ops.moe_combine_backward(s, dy.data(), dweights.as<float>(), dout, y_.data(), weights_.as<float>(),
+                           slot_of_.as<int32_t>(), T, k, H, dt_);
+  // Down projection, activation, gate and up projections, per expert.
+  weight_grad(s, g.down, g.down_bias, dy.data(), act_.data(), H, I);
+  GroupedGemm back;  // d(in)[rows, K] = d(out)[rows, N] @ weight_g[N, K]
+  back.rows = rows_.data();
+  back.groups = E;
+  back.ab = back.c = dt_;
+  back.N = I, back.K = H, back.A = dy.data(), back.B = w.down, back.C = dact.data();
+  ops.grouped_gemm(s, back);
+  if (spec_.activation == MoeSpec::Activation::SwiGLU)
+    ops.swiglu_backward(s, dgate.data(), dup.data(), dact.data(), gate_.data(), up_.data(), T * k * I, dt_);
+  else
+    ops.clamped_swiglu_backward(s, dgate.data(), dup.data(), dact.data(), gate_.data(), up_.data(), T * k * I,
+                                spec_.glu_alpha, spec_.glu_limit, dt_);
+  weight_grad(s, g.gate, g.gate_bias, dgate.data(), xs_.data(), I, H);
+  weight_grad(s, g.up, g.up_bias, dup.data(), xs_.data(), I, H);
+  back.N = H, back.K = I, back.A = dgate.data(), back.B = w.gate, back.C = dxs.data(), back.beta = 0.0f;
+  ops.grouped_gemm(s, back);
+  back.A = dup.data(), back.B = w.up, back.beta = 1.0f;
+  ops.grouped_gemm(s, back);
+  // Dispatch's backward: each token sums its k rows.
+  ops.moe_combine(s, dx, dxs.data(), nullptr, row_of_.as<int32_t>(), T, k, H, accumulate, dt_);
+
+  // Router: the weights' gradient through top-k and the softmax, then the linear layer.
+  ops.moe_route_backward(s, r, dlogits.as<float>(), dweights.as<float>(), logits_.as<float>(),
+                         experts_.as<int32_t>(), aux_dprob, T);
+  ops.cast(s, dlogits_dt.data(), dt_, dlogits.data(), DType::F32, T * E);
+  ops.gemm(s, false, false, T, H, E, 1.0f, dlogits_dt.data(), w.router, dt_, 1.0f, dx, dt_);
+  ops.gemm(s, true, false, E, H, T, 1.0f, dlogits_dt.data(), x, dt_, 1.0f, g.router, dt_);
+  if (g.router_bias)
+    ops.gemm(s, true, false, 1, E, T, 1.0f, ones_.data(), dlogits_dt.data(), dt_, 1.0f, g.router_bias, dt_);
+
+  for (DeviceBuffer* b : {&dy, &dweights, &dact, &dgate, &dup, &dxs, &dlogits, &dlogits_dt})
+    backend_.release_after(std::move(*b), s);
+}
+
+}  // namespace so
