@@ -40,40 +40,51 @@ void MoeBlock::ensure_capacity(int64_t T) {
   capacity_ = T;
 }
 
-// out[rows, N] = beta * out + in[rows, K] @ weight_g^T (+ bias_g) per expert's rows.
-void MoeBlock::expert_gemm(Stream& s, void* out, const void* in, const void* weight, const void* bias, int64_t N,
-                           int64_t K, float beta) {
+void MoeBlock::check_params(const MoeParams& w, const char* what) const {
+  const size_t E = static_cast<size_t>(spec_.routing.experts);
+  SO_CHECK(w.router && w.gate.size() == E && w.up.size() == E && w.down.size() == E, "moe: ", what,
+           " name the router and ", E, " experts' gate, up and down (got ", w.gate.size(), ", ", w.up.size(), ", ",
+           w.down.size(), ")");
+  SO_CHECK(w.gate_bias.size() == w.up_bias.size() && w.up_bias.size() == w.down_bias.size() &&
+               (w.gate_bias.empty() || w.gate_bias.size() == E),
+           "moe: ", what, " have expert biases for some projections or experts only");
+}
+
+// out[rows, N] = beta * out + in[rows, K] @ weight_e^T (+ bias_e) per expert's rows.
+void MoeBlock::expert_gemm(Stream& s, void* out, const void* in, const std::vector<void*>& weight,
+                           const std::vector<void*>& bias, int64_t N, int64_t K, float beta) {
   GroupedGemm g;
   g.rows = rows_.data();
   g.groups = spec_.routing.experts;
   g.ab = g.c = dt_;
   g.trans_b = true;
-  g.N = N, g.K = K, g.A = in, g.B = weight, g.C = out, g.beta = beta;
+  g.N = N, g.K = K, g.A = in, g.C = out, g.beta = beta, g.per_group = weight.data();
   backend_.ops().grouped_gemm(s, g);
-  if (bias) {  // + ones[rows, 1] @ bias_g[1, N]
+  if (!bias.empty()) {  // + ones[rows, 1] @ bias_e[1, N]
     g.trans_b = false;
-    g.K = 1, g.A = ones_.data(), g.B = bias, g.beta = 1.0f;
+    g.K = 1, g.A = ones_.data(), g.per_group = bias.data(), g.beta = 1.0f;
     backend_.ops().grouped_gemm(s, g);
   }
 }
 
-// dweight_g[M, N] += dout_g^T @ in_g and dbias_g[N... M] += sum of dout_g's rows, per expert.
-void MoeBlock::weight_grad(Stream& s, void* dweight, void* dbias, const void* dout, const void* in, int64_t M,
-                           int64_t N) {
+// dweight_e[M, N] += dout_e^T @ in_e and dbias_e[M] += the sum of dout_e's rows, per expert.
+void MoeBlock::weight_grad(Stream& s, const std::vector<void*>& dweight, const std::vector<void*>& dbias,
+                           const void* dout, const void* in, int64_t M, int64_t N) {
   GroupedGemm g;
   g.vary_k = true;
   g.rows = rows_.data();
   g.groups = spec_.routing.experts;
   g.ab = g.c = dt_;
-  g.M = M, g.N = N, g.A = dout, g.B = in, g.C = dweight, g.beta = 1.0f;
+  g.M = M, g.N = N, g.A = dout, g.B = in, g.per_group = dweight.data(), g.beta = 1.0f;
   backend_.ops().grouped_gemm(s, g);
-  if (dbias) {  // dbias_g[1, M] += ones^T @ dout_g
-    g.M = 1, g.N = M, g.A = ones_.data(), g.B = dout, g.C = dbias;
+  if (!dbias.empty()) {  // dbias_e[1, M] += ones^T @ dout_e
+    g.M = 1, g.N = M, g.A = ones_.data(), g.B = dout, g.per_group = dbias.data();
     backend_.ops().grouped_gemm(s, g);
   }
 }
 
 void MoeBlock::forward(Stream& s, void* out, const void* x, const MoeParams& w, int64_t T) {
+  check_params(w, "weights");
   ensure_capacity(T);
   T_ = T;
   Ops& ops = backend_.ops();
@@ -82,7 +93,8 @@ void MoeBlock::forward(Stream& s, void* out, const void* x, const MoeParams& w, 
 
   // Router logits in fp32 (transformers takes the softmax in fp32 too).
   ops.gemm(s, false, true, T, E, H, 1.0f, x, w.router, dt_, 0.0f, logits_.data(), DType::F32);
-  if (w.router_bias) ops.gemm(s, false, false, T, E, 1, 1.0f, ones_.data(), w.router_bias, dt_, 1.0f, logits_.data(), DType::F32);
+  if (w.router_bias)
+    ops.gemm(s, false, false, T, E, 1, 1.0f, ones_.data(), w.router_bias, dt_, 1.0f, logits_.data(), DType::F32);
   ops.moe_route(s, r, weights_.as<float>(), experts_.as<int32_t>(), logits_.as<float>(), T);
   ops.moe_sort_slots(s, slot_of_.as<int32_t>(), row_of_.as<int32_t>(), offsets_.as<int32_t>(),
                      experts_.as<int32_t>(), T, k, E);
@@ -105,6 +117,7 @@ void MoeBlock::forward(Stream& s, void* out, const void* x, const MoeParams& w, 
 
 void MoeBlock::backward(Stream& s, void* dx, const MoeParams& w, const MoeParams& g, const void* dout, const void* x,
                         bool accumulate, const float* aux_dprob) {
+  check_params(g, "gradients");
   Ops& ops = backend_.ops();
   const MoeRouting& r = spec_.routing;
   const int64_t T = T_, E = r.experts, k = r.top_k, H = spec_.hidden, I = spec_.intermediate;
@@ -127,7 +140,7 @@ void MoeBlock::backward(Stream& s, void* dx, const MoeParams& w, const MoeParams
   back.rows = rows_.data();
   back.groups = E;
   back.ab = back.c = dt_;
-  back.N = I, back.K = H, back.A = dy.data(), back.B = w.down, back.C = dact.data();
+  back.N = I, back.K = H, back.A = dy.data(), back.C = dact.data(), back.per_group = w.down.data();
   ops.grouped_gemm(s, back);
   if (spec_.activation == MoeSpec::Activation::SwiGLU)
     ops.swiglu_backward(s, dgate.data(), dup.data(), dact.data(), gate_.data(), up_.data(), T * k * I, dt_);
@@ -136,9 +149,10 @@ void MoeBlock::backward(Stream& s, void* dx, const MoeParams& w, const MoeParams
                                 spec_.glu_alpha, spec_.glu_limit, dt_);
   weight_grad(s, g.gate, g.gate_bias, dgate.data(), xs_.data(), I, H);
   weight_grad(s, g.up, g.up_bias, dup.data(), xs_.data(), I, H);
-  back.N = H, back.K = I, back.A = dgate.data(), back.B = w.gate, back.C = dxs.data(), back.beta = 0.0f;
+  back.N = H, back.K = I, back.A = dgate.data(), back.C = dxs.data(), back.per_group = w.gate.data(),
+  back.beta = 0.0f;
   ops.grouped_gemm(s, back);
-  back.A = dup.data(), back.B = w.up, back.beta = 1.0f;
+  back.A = dup.data(), back.per_group = w.up.data(), back.beta = 1.0f;
   ops.grouped_gemm(s, back);
   // Dispatch's backward: each token sums its k rows.
   ops.moe_combine(s, dx, dxs.data(), nullptr, row_of_.as<int32_t>(), T, k, H, accumulate, dt_);

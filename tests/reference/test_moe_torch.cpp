@@ -68,10 +68,20 @@ CaseResult run_case(Backend& be, const H5File& f, const std::string& name, DType
     grad.emplace(n, test::upload(be, std::vector<float>(w.size(), 0.0f), dt));
     want_grad[n] = f.read_f32(g + "/d" + n, shape);
   }
+  // Each expert's tensors as their own pointers into the fixture's [E, ...] stacks.
   auto ptrs = [&](std::map<std::string, DeviceBuffer>& m) {
-    auto get = [&](const char* n) { return m.count(n) ? m.at(n).data() : nullptr; };
-    return MoeParams{get("router"), get("router_bias"), get("gate"), get("up"), get("down"), get("gate_bias"),
-                     get("up_bias"), get("down_bias")};
+    MoeParams p;
+    p.router = m.at("router").data();
+    if (m.count("router_bias")) p.router_bias = m.at("router_bias").data();
+    auto experts = [&](const std::string& n, int64_t per_expert) {
+      std::vector<void*> v;
+      if (m.count(n))
+        for (int64_t e = 0; e < E; ++e) v.push_back(m.at(n).as<char>() + e * per_expert * dtype_size(dt));
+      return v;
+    };
+    p.gate = experts("gate", I * H), p.up = experts("up", I * H), p.down = experts("down", H * I);
+    p.gate_bias = experts("gate_bias", I), p.up_bias = experts("up_bias", I), p.down_bias = experts("down_bias", H);
+    return p;
   };
   const MoeParams w = ptrs(weight), dw = ptrs(grad);
   auto x = test::upload(be, f.read_f32(g + "/x", {T, H}), dt);

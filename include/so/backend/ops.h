@@ -36,9 +36,11 @@ struct MoeRouting {
 // Grouped GEMM over G groups of consecutive rows; group g has rows[g] rows of the varying
 // dimension, starting at the sum of the earlier ones. Row-major, as Ops::gemm.
 //   vary_m (trans_a false): C_g[m_g, N] = alpha op(A_g)[m_g, K] op(B_g) + beta C_g, with A_g and
-//     C_g the group's rows of A [sum m, K] and C [sum m, N], B_g = B + g * N * K (one matrix each).
+//     C_g the group's rows of A [sum m, K] and C [sum m, N]; B_g one matrix per group.
 //   vary_k (trans_a true, trans_b false): C_g[M, N] = alpha A_g^T B_g + beta C_g with A_g, B_g the
-//     group's rows of A [sum k, M] and B [sum k, N], C_g = C + g * M * N (a weight gradient).
+//     group's rows of A [sum k, M] and B [sum k, N]; C_g one matrix per group (a weight gradient).
+// The per-group matrix is per_group[g] (host array of G pointers: experts' weights need not be
+// adjacent), or, when per_group is null, B + g * N * K (vary_m) / C + g * M * N (vary_k).
 struct GroupedGemm {
   bool vary_k = false;
   bool trans_b = false;
@@ -51,6 +53,7 @@ struct GroupedGemm {
   DType ab = DType::F32;
   void* C = nullptr;
   DType c = DType::F32;
+  void* const* per_group = nullptr;
 };
 
 class Ops {

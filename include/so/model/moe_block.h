@@ -4,8 +4,8 @@
 // expert is a gated MLP (optional biases), and the outputs are summed with the routing weights.
 // Built only from backend ops (so/backend/ops.h), so every backend runs the same block.
 //
-// Expert weights are stored as nn.Linear stacks: gate and up [E, I, H], down [E, H, I]; biases
-// [E, I], [E, I], [E, H]. Loaders split or transpose the families' fused tensors into this layout.
+// Expert weights are nn.Linear weights, one per expert (transformers' per-expert checkpoint
+// names); loaders split or transpose the families' fused tensors into them.
 #include <cstdint>
 #include <vector>
 
@@ -20,16 +20,14 @@ struct MoeSpec {
   float glu_alpha = 1.702f, glu_limit = 7.0f;  // ClampedSwiGLU (GPT-OSS's swiglu_alpha/limit)
 };
 
-// Pointers in the block's storage dtype; the biases are null when the family has none.
+// Pointers in the block's storage dtype. Each expert's tensors are their own (the engine need not
+// keep experts adjacent): gate and up [I, H], down [H, I], biases [I], [I], [H]; the bias lists
+// are empty when the family has none, as router_bias is null.
 struct MoeParams {
   void* router = nullptr;  // [E, H]
   void* router_bias = nullptr;
-  void* gate = nullptr;  // [E, I, H]
-  void* up = nullptr;    // [E, I, H]
-  void* down = nullptr;  // [E, H, I]
-  void* gate_bias = nullptr;
-  void* up_bias = nullptr;
-  void* down_bias = nullptr;
+  std::vector<void*> gate, up, down;
+  std::vector<void*> gate_bias, up_bias, down_bias;
 };
 
 class MoeBlock {
@@ -52,9 +50,11 @@ class MoeBlock {
 
  private:
   void ensure_capacity(int64_t T);
-  void expert_gemm(Stream& s, void* out, const void* in, const void* weight, const void* bias, int64_t N, int64_t K,
-                   float beta);
-  void weight_grad(Stream& s, void* dweight, void* dbias, const void* dout, const void* in, int64_t M, int64_t N);
+  void expert_gemm(Stream& s, void* out, const void* in, const std::vector<void*>& weight,
+                   const std::vector<void*>& bias, int64_t N, int64_t K, float beta);
+  void weight_grad(Stream& s, const std::vector<void*>& dweight, const std::vector<void*>& dbias, const void* dout,
+                   const void* in, int64_t M, int64_t N);
+  void check_params(const MoeParams& w, const char* what) const;
 
   Backend& backend_;
   MoeSpec spec_;

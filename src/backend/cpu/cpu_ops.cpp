@@ -162,11 +162,14 @@ void CpuOps::moe_combine_backward(Stream& s, void* dy, float* dweights, const vo
 }
 
 void CpuOps::grouped_gemm(Stream& s, const GroupedGemm& g) {
-  // The group sizes are the caller's host array: copy them, the call runs later.
+  // The group sizes and matrices are the caller's host arrays: copied, the call runs later.
   std::vector<int64_t> rows(g.rows, g.rows + g.groups);
+  std::vector<void*> per_group;
+  if (g.per_group) per_group.assign(g.per_group, g.per_group + g.groups);
   SO_ENQUEUE(s, {
     GroupedGemm call = g;
     call.rows = rows.data();
+    if (call.per_group) call.per_group = per_group.data();
     cpu::grouped_gemm(call);
   });
 }

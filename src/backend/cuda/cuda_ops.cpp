@@ -213,22 +213,24 @@ void CudaOps::moe_combine_backward(Stream& s, void* dy, float* dweights, const v
 void CudaOps::grouped_gemm(Stream& s, const GroupedGemm& g) {
   const size_t ab = dtype_size(g.ab), c = dtype_size(g.c);
   const auto* A = static_cast<const char*>(g.A);
-  const auto* B = static_cast<const char*>(g.B);
-  auto* C = static_cast<char*>(g.C);
   int64_t start = 0;
   for (int64_t grp = 0; grp < g.groups; ++grp) {
     const int64_t n = g.rows[grp];
     SO_CHECK(n >= 0, "grouped_gemm: group ", grp, " has ", n, " rows");
     if (!g.vary_k) {
+      const void* B = g.per_group ? g.per_group[grp] : static_cast<const char*>(g.B) + grp * g.N * g.K * ab;
       if (n > 0)
-        gemm_.gemm(raw(s), false, g.trans_b, n, g.N, g.K, g.alpha, A + start * g.K * ab, B + grp * g.N * g.K * ab,
-                   g.ab, g.beta, C + start * g.N * c, g.c);
-    } else if (n > 0) {
-      gemm_.gemm(raw(s), true, false, g.M, g.N, n, g.alpha, A + start * g.M * ab, B + start * g.N * ab, g.ab, g.beta,
-                 C + grp * g.M * g.N * c, g.c);
-    } else if (g.beta != 1.0f) {  // an expert without tokens: its gradient is beta * C
-      SO_CHECK(g.beta == 0.0f, "grouped_gemm: an empty group with beta ", g.beta, " (only 0 or 1 is supported)");
-      SO_CUDA_CHECK(cudaMemsetAsync(C + grp * g.M * g.N * c, 0, g.M * g.N * c, raw(s)));
+        gemm_.gemm(raw(s), false, g.trans_b, n, g.N, g.K, g.alpha, A + start * g.K * ab, B, g.ab, g.beta,
+                   static_cast<char*>(g.C) + start * g.N * c, g.c);
+    } else {
+      char* C = static_cast<char*>(g.per_group ? g.per_group[grp] : static_cast<char*>(g.C) + grp * g.M * g.N * c);
+      if (n > 0) {
+        gemm_.gemm(raw(s), true, false, g.M, g.N, n, g.alpha, A + start * g.M * ab,
+                   static_cast<const char*>(g.B) + start * g.N * ab, g.ab, g.beta, C, g.c);
+      } else if (g.beta != 1.0f) {  // an expert without tokens: its gradient is beta * C
+        SO_CHECK(g.beta == 0.0f, "grouped_gemm: an empty group with beta ", g.beta, " (only 0 or 1 is supported)");
+        SO_CUDA_CHECK(cudaMemsetAsync(C, 0, g.M * g.N * c, raw(s)));
+      }
     }
     start += n;
   }
