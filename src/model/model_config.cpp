@@ -35,6 +35,7 @@ struct Family {
   int64_t default_pad = -1;   // pad_token_id when the config has none (-1: no padding row)
   int64_t default_head_dim = 0;  // head_dim when the config has none (0: hidden_size / num_attention_heads)
   double default_dropout = 0.0;  // attention_dropout and residual_dropout when the config has none
+  bool moe = false;              // MoE layers (Qwen3-MoE's keys)
 };
 constexpr Family kFamilies[] = {
     {.model_type = "llama", .architecture = "LlamaForCausalLM", .qkv_bias_key = "attention_bias",
@@ -47,6 +48,8 @@ constexpr Family kFamilies[] = {
      .default_pad = 32000},
     {.model_type = "seed_oss", .architecture = "SeedOssForCausalLM", .qkv_bias_key = "attention_bias", .qkv_bias = true,
      .o_bias_key = "attention_out_bias", .default_pad = 1, .default_head_dim = 128, .default_dropout = 0.1},
+    {.model_type = "qwen3_moe", .architecture = "Qwen3MoeForCausalLM", .qk_norm = true,
+     .qkv_bias_key = "attention_bias", .o_bias_key = "attention_bias", .moe = true},
 };
 const Family* find_family(const std::string& model_type) {
   for (const Family& f : kFamilies)
@@ -127,13 +130,54 @@ void read_rope_scaling(JsonReader& rp, ModelConfig& c, int64_t top_original) {
   }
   rp.finish();
 }
+// Qwen3-MoE's expert keys. transformers 5 names the expert count num_local_experts (num_experts
+// is its alias, the name the published configs use).
+void read_moe(JsonReader& r, ModelConfig& c) {
+  ModelConfig::Moe& m = c.moe;
+  if (r.has("num_experts") && r.has("num_local_experts") &&
+      r.raw().at("num_experts") != r.raw().at("num_local_experts"))
+    r.fail("num_experts", "and num_local_experts differ; they name the same count");
+  const char* count_key = r.has("num_experts") || !r.has("num_local_experts") ? "num_experts" : "num_local_experts";
+  r.accept("num_experts"), r.accept("num_local_experts");
+  m.experts = r.get_in(count_key, 128, 0, 1 << 16);
+  m.top_k = r.get_in("num_experts_per_tok", 8, 1, 1 << 16);
+  if (m.experts > 0 && m.top_k > m.experts)
+    r.fail("num_experts_per_tok", str_cat("(", m.top_k, ") exceeds ", count_key, " (", m.experts, ")"));
+  m.intermediate = r.get_in("moe_intermediate_size", 768, 1, int64_t{1} << 20);
+  m.normalize = r.get<bool>("norm_topk_prob", false);
+  m.sparse_step = r.get_in("decoder_sparse_step", 1, 1, INT32_MAX);
+  r.accept("mlp_only_layers");
+  if (r.has("mlp_only_layers")) {
+    const nlohmann::json& d = r.raw().at("mlp_only_layers");
+    if (!d.is_array()) r.fail("mlp_only_layers", str_cat("is ", brief_json(d), "; it must be a list of layer indices"));
+    for (const nlohmann::json& v : d) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.num_layers)
+        r.fail("mlp_only_layers", str_cat("holds ", brief_json(v), "; layer indices are 0 to ", c.num_layers - 1));
+      m.dense_layers.push_back(v.get<int64_t>());
+    }
+  }
+  m.aux_loss_coef = r.get<double>("router_aux_loss_coef", 0.001);
+  if (r.get<bool>("output_router_logits", false))
+    r.fail("output_router_logits", "is true; the load-balancing loss is not supported yet (set it to false: "
+                                   "tokens per expert are still reported)");
+}
 }  // namespace
 
 int64_t ModelConfig::num_parameters() const {
   const int64_t H = hidden_size;
   const int64_t per_layer = H * q_dim() + 2 * H * kv_dim() + q_dim() * H + 3 * H * intermediate_size + 2 * H +
                             (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? q_dim() + 2 * kv_dim() : 0) + (o_bias ? H : 0);
-  return vocab_size * H * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + H;
+  int64_t total = vocab_size * H * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + H;
+  for (int64_t l = 0; l < num_layers; ++l)  // an MoE layer's router and experts instead of its MLP
+    if (is_moe_layer(l)) total += moe.experts * H + moe.experts * 3 * H * moe.intermediate - 3 * H * intermediate_size;
+  return total;
+}
+
+bool ModelConfig::is_moe_layer(int64_t l) const {
+  if (moe.experts == 0) return false;
+  for (int64_t d : moe.dense_layers)
+    if (d == l) return false;
+  return (l + 1) % moe.sparse_step == 0;
 }
 
 std::string ModelConfig::architecture() const { return find_family(model_type)->architecture; }
@@ -243,6 +287,7 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
       r.fail("layer_types", str_cat("is ", brief_json(lt), "; so_train needs one \"full_attention\" per layer (",
                                     c.num_layers, "): sliding-window attention is not supported"));
   }
+  if (family->moe) read_moe(r, c);
   const std::string arch = family->architecture;
   r.accept("architectures");
   if (r.has("architectures")) {
@@ -286,6 +331,16 @@ nlohmann::json ModelConfig::to_hf_json() const {
   if (family.o_bias_key) j[family.o_bias_key] = o_bias;
   // What so_train trained with, where the family's default differs.
   if (family.default_dropout != 0.0) j["attention_dropout"] = j["residual_dropout"] = 0.0;
+  if (family.moe) {
+    j["num_experts"] = moe.experts;
+    j["num_experts_per_tok"] = moe.top_k;
+    j["moe_intermediate_size"] = moe.intermediate;
+    j["norm_topk_prob"] = moe.normalize;
+    j["decoder_sparse_step"] = moe.sparse_step;
+    j["mlp_only_layers"] = moe.dense_layers;
+    j["router_aux_loss_coef"] = moe.aux_loss_coef;
+    j["output_router_logits"] = false;
+  }
   if (family.window)
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
   if (rope.type != "default") {

@@ -1,5 +1,6 @@
 #include "so/model/moe_block.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -7,37 +8,80 @@
 
 namespace so {
 
-MoeBlock::MoeBlock(Backend& backend, const MoeSpec& spec, DType dt) : backend_(backend), spec_(spec), dt_(dt) {
+namespace {
+
+void check_spec(const MoeSpec& spec) {
   const MoeRouting& r = spec.routing;
   SO_CHECK(r.experts > 0 && r.top_k > 0 && r.top_k <= r.experts, "moe: num_experts_per_tok (", r.top_k,
            ") must be in [1, num_experts = ", r.experts, "]");
   SO_CHECK(spec.hidden > 0 && spec.intermediate > 0, "moe: hidden (", spec.hidden, ") and expert intermediate (",
            spec.intermediate, ") sizes must be positive");
-  rows_.assign(r.experts, 0);
 }
 
-void MoeBlock::ensure_capacity(int64_t T) {
-  if (T <= capacity_) return;
-  const int64_t E = spec_.routing.experts, k = spec_.routing.top_k, H = spec_.hidden, I = spec_.intermediate;
-  const size_t e = dtype_size(dt_), rows = static_cast<size_t>(T * k);
-  logits_ = backend_.alloc(T * E * 4, "moe router logits");
-  weights_ = backend_.alloc(rows * 4, "moe routing weights");
-  experts_ = backend_.alloc(rows * 4, "moe routed experts");
-  slot_of_ = backend_.alloc(rows * 4, "moe slot order");
-  row_of_ = backend_.alloc(rows * 4, "moe slot rows");
-  offsets_ = backend_.alloc((E + 1) * 4, "moe expert offsets");
-  xs_ = backend_.alloc(rows * H * e, "moe dispatched tokens");
-  gate_ = backend_.alloc(rows * I * e, "moe expert gate");
-  up_ = backend_.alloc(rows * I * e, "moe expert up");
-  act_ = backend_.alloc(rows * I * e, "moe expert activation");
-  y_ = backend_.alloc(rows * H * e, "moe expert outputs");
-  ones_ = backend_.alloc(rows * e, "moe ones (bias GEMMs)");
+constexpr int kKept = 12, kScratch = 8;
+
+// Calls visit(buffer, bytes, tag, kept) for a block's kept buffers (`kept`, in the order listed)
+// and the shared scratch (`sb`); either may be null (sizes only, visit gets null buffers). One
+// list decides both the allocation and the plan.
+template <class Visit>
+void visit_buffers(DeviceBuffer* const* kept, MoeScratch* sb, const MoeSpec& spec, int64_t T, DType dt,
+                   Visit&& visit) {  const int64_t E = spec.routing.experts, k = spec.routing.top_k, H = spec.hidden, I = spec.intermediate;
+  const size_t e = dtype_size(dt), rows = static_cast<size_t>(T * k);
+  const std::pair<const char*, size_t> kept_sizes[kKept] = {
+      {"moe router logits", T * E * 4},       {"moe routing weights", rows * 4},
+      {"moe routed experts", rows * 4},       {"moe slot order", rows * 4},
+      {"moe slot rows", rows * 4},            {"moe expert offsets", (E + 1) * 4},
+      {"moe ones (bias GEMMs)", rows * e},    {"moe dispatched tokens", rows * H * e},
+      {"moe expert gate", rows * I * e},      {"moe expert up", rows * I * e},
+      {"moe expert activation", rows * I * e}, {"moe expert outputs", rows * H * e}};
+  for (int i = 0; i < kKept; ++i) visit(kept ? kept[i] : nullptr, kept_sizes[i].second, kept_sizes[i].first, true);
+  DeviceBuffer* s[kScratch] = {};
+  if (sb) {
+    DeviceBuffer* list[kScratch] = {&sb->dy, &sb->dweights, &sb->dact, &sb->dgate, &sb->dup, &sb->dxs, &sb->dlogits,
+                             &sb->dlogits_dt};
+    std::copy(list, list + kScratch, s);
+  }
+  const std::pair<const char*, size_t> scratch_sizes[kScratch] = {
+      {"moe expert output grad", rows * H * e}, {"moe routing weight grad", rows * 4},
+      {"moe activation grad", rows * I * e},    {"moe gate grad", rows * I * e},
+      {"moe up grad", rows * I * e},            {"moe dispatched token grad", rows * H * e},
+      {"moe router logit grad", T * E * 4},     {"moe router logit grad (storage dtype)", T * E * e}};
+  for (int i = 0; i < kScratch; ++i) visit(s[i], scratch_sizes[i].second, scratch_sizes[i].first, false);
+}
+
+}  // namespace
+
+std::vector<MoeBuffer> MoeBlock::buffers(const MoeSpec& spec, int64_t max_tokens, DType dt) {
+  std::vector<MoeBuffer> out;
+  visit_buffers(nullptr, nullptr, spec, max_tokens, dt,
+                [&](DeviceBuffer*, size_t bytes, const char* tag, bool kept) { out.push_back({tag, bytes, kept}); });
+  return out;
+}
+
+MoeScratch::MoeScratch(Backend& backend, const MoeSpec& spec, int64_t max_tokens, DType dt) {
+  check_spec(spec);
+  visit_buffers(nullptr, this, spec, max_tokens, dt, [&](DeviceBuffer* b, size_t bytes, const char* tag, bool) {
+    if (b) *b = backend.alloc(bytes, tag);
+  });
+}
+
+MoeBlock::MoeBlock(Backend& backend, const MoeSpec& spec, int64_t max_tokens, DType dt)
+    : backend_(backend), spec_(spec), dt_(dt), capacity_(max_tokens) {
+  check_spec(spec);
+  SO_CHECK(max_tokens > 0, "moe: max_tokens (", max_tokens, ") must be positive");
+  rows_.assign(spec.routing.experts, 0);
+  DeviceBuffer* const kept[kKept] = {&logits_, &weights_, &experts_, &slot_of_, &row_of_, &offsets_,
+                            &ones_,   &xs_,      &gate_,    &up_,      &act_,    &y_};
+  visit_buffers(kept, nullptr, spec, max_tokens, dt, [&](DeviceBuffer* b, size_t bytes, const char* tag, bool) {
+    if (b) *b = backend.alloc(bytes, tag);
+  });
+  const size_t e = dtype_size(dt), rows = static_cast<size_t>(max_tokens * spec.routing.top_k);
   std::vector<char> ones(rows * e);
   const float one = 1.0f;
   const bf16 one_bf16 = f32_to_bf16(1.0f);
-  for (size_t i = 0; i < rows; ++i) std::memcpy(ones.data() + i * e, dt_ == DType::F32 ? static_cast<const void*>(&one) : &one_bf16, e);
+  const void* one_dt = dt == DType::F32 ? static_cast<const void*>(&one) : &one_bf16;
+  for (size_t i = 0; i < rows; ++i) std::memcpy(ones.data() + i * e, one_dt, e);
   backend_.copy_h2d_sync(ones_.data(), ones.data(), ones.size(), backend_.stream(StreamKind::Compute));
-  capacity_ = T;
 }
 
 void MoeBlock::check_params(const MoeParams& w, const char* what) const {
@@ -83,9 +127,9 @@ void MoeBlock::weight_grad(Stream& s, const std::vector<void*>& dweight, const s
   }
 }
 
-void MoeBlock::forward(Stream& s, void* out, const void* x, const MoeParams& w, int64_t T) {
+void MoeBlock::forward(Stream& s, void* out, const void* x, const MoeParams& w, int64_t T, bool accumulate) {
   check_params(w, "weights");
-  ensure_capacity(T);
+  SO_CHECK(T > 0 && T <= capacity_, "moe: ", T, " tokens in a forward; the block holds buffers for ", capacity_);
   T_ = T;
   Ops& ops = backend_.ops();
   const MoeRouting& r = spec_.routing;
@@ -112,24 +156,17 @@ void MoeBlock::forward(Stream& s, void* out, const void* x, const MoeParams& w, 
     ops.clamped_swiglu_forward(s, act_.data(), gate_.data(), up_.data(), T * k * I, spec_.glu_alpha,
                                spec_.glu_limit, dt_);
   expert_gemm(s, y_.data(), act_.data(), w.down, w.down_bias, H, I, 0.0f);
-  ops.moe_combine(s, out, y_.data(), weights_.as<float>(), row_of_.as<int32_t>(), T, k, H, false, dt_);
+  ops.moe_combine(s, out, y_.data(), weights_.as<float>(), row_of_.as<int32_t>(), T, k, H, accumulate, dt_);
 }
 
-void MoeBlock::backward(Stream& s, void* dx, const MoeParams& w, const MoeParams& g, const void* dout, const void* x,
-                        bool accumulate, const float* aux_dprob) {
+void MoeBlock::backward(Stream& s, MoeScratch& sc, void* dx, const MoeParams& w, const MoeParams& g,
+                        const void* dout, const void* x, bool accumulate, const float* aux_dprob) {
   check_params(g, "gradients");
   Ops& ops = backend_.ops();
   const MoeRouting& r = spec_.routing;
   const int64_t T = T_, E = r.experts, k = r.top_k, H = spec_.hidden, I = spec_.intermediate;
-  const size_t e = dtype_size(dt_), rows = static_cast<size_t>(T * k);
-  DeviceBuffer dy = backend_.alloc(rows * H * e, "moe expert output grad");
-  DeviceBuffer dweights = backend_.alloc(rows * 4, "moe routing weight grad");
-  DeviceBuffer dact = backend_.alloc(rows * I * e, "moe activation grad");
-  DeviceBuffer dgate = backend_.alloc(rows * I * e, "moe gate grad");
-  DeviceBuffer dup = backend_.alloc(rows * I * e, "moe up grad");
-  DeviceBuffer dxs = backend_.alloc(rows * H * e, "moe dispatched token grad");
-  DeviceBuffer dlogits = backend_.alloc(T * E * 4, "moe router logit grad");
-  DeviceBuffer dlogits_dt = backend_.alloc(T * E * e, "moe router logit grad (storage dtype)");
+  DeviceBuffer &dy = sc.dy, &dweights = sc.dweights, &dact = sc.dact, &dgate = sc.dgate, &dup = sc.dup,
+               &dxs = sc.dxs, &dlogits = sc.dlogits, &dlogits_dt = sc.dlogits_dt;
 
   // Combine: the experts' outputs and the routing weights.
   ops.moe_combine_backward(s, dy.data(), dweights.as<float>(), dout, y_.data(), weights_.as<float>(),
@@ -165,9 +202,6 @@ void MoeBlock::backward(Stream& s, void* dx, const MoeParams& w, const MoeParams
   ops.gemm(s, true, false, E, H, T, 1.0f, dlogits_dt.data(), x, dt_, 1.0f, g.router, dt_);
   if (g.router_bias)
     ops.gemm(s, true, false, 1, E, T, 1.0f, ones_.data(), dlogits_dt.data(), dt_, 1.0f, g.router_bias, dt_);
-
-  for (DeviceBuffer* b : {&dy, &dweights, &dact, &dgate, &dup, &dxs, &dlogits, &dlogits_dt})
-    backend_.release_after(std::move(*b), s);
 }
 
 }  // namespace so

@@ -47,9 +47,20 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
       ids.k_norm = add(p + "self_attn.k_norm.weight", {c.head_dim}, u, One);
     }
     ids.mlp_norm = add(p + "post_attention_layernorm.weight", {H}, u, One);
-    ids.gate = add(p + "mlp.gate_proj.weight", {I, H}, u);
-    ids.up = add(p + "mlp.up_proj.weight", {I, H}, u);
-    ids.down = add(p + "mlp.down_proj.weight", {H, I}, u);
+    if (c.is_moe_layer(l)) {  // transformers' per-expert checkpoint names
+      const int64_t Ie = c.moe.intermediate;
+      ids.router = add(p + "mlp.gate.weight", {c.moe.experts, H}, u);
+      for (int64_t e = 0; e < c.moe.experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        ids.expert_gate.push_back(add(x + "gate_proj.weight", {Ie, H}, u));
+        ids.expert_up.push_back(add(x + "up_proj.weight", {Ie, H}, u));
+        ids.expert_down.push_back(add(x + "down_proj.weight", {H, Ie}, u));
+      }
+    } else {
+      ids.gate = add(p + "mlp.gate_proj.weight", {I, H}, u);
+      ids.up = add(p + "mlp.up_proj.weight", {I, H}, u);
+      ids.down = add(p + "mlp.down_proj.weight", {H, I}, u);
+    }
     if (c.fused_projections) {
       SO_CHECK(!c.qkv_bias && !c.qk_norm, "model: fused projections with biases or q/k norm are not laid out");
       fused[ids.q] = {p + "self_attn.qkv_proj.weight", 3};  // q, k, v: consecutive ids
@@ -88,9 +99,11 @@ int ParamLayout::find(const std::string& name) const {
 
 double train_flops_per_token(const ModelConfig& c, int64_t seq_len, bool causal) {
   const double H = static_cast<double>(c.hidden_size);
-  const double matmul_params_per_layer =
-      H * c.q_dim() + 2.0 * H * c.kv_dim() + static_cast<double>(c.q_dim()) * H + 3.0 * H * c.intermediate_size;
-  const double matmul_params = c.num_layers * matmul_params_per_layer + static_cast<double>(c.vocab_size) * H;
+  const double attn_params = H * c.q_dim() + 2.0 * H * c.kv_dim() + static_cast<double>(c.q_dim()) * H;
+  double matmul_params = static_cast<double>(c.vocab_size) * H;
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    matmul_params += attn_params + (c.is_moe_layer(l) ? H * c.moe.experts + 3.0 * H * c.moe.intermediate * c.moe.top_k
+                                                      : 3.0 * H * c.intermediate_size);
   // QK^T and PV: 2 matmuls x 2 FLOPs x head_dim x heads per (query, visible key) pair.
   const double keys = causal ? (seq_len + 1) / 2.0 : static_cast<double>(seq_len);
   const double attn_fwd = c.num_layers * 4.0 * c.head_dim * c.num_heads * keys;

@@ -88,9 +88,10 @@ CaseResult run_case(Backend& be, const H5File& f, const std::string& name, DType
   auto dout = test::upload(be, f.read_f32(g + "/dout", {T, H}), dt);
   auto out = be.alloc(T * H * dtype_size(dt), "out"), dx = be.alloc(T * H * dtype_size(dt), "dx");
 
-  MoeBlock block(be, spec, dt);
+  MoeBlock block(be, spec, T, dt);
+  MoeScratch scratch(be, spec, T, dt);
   block.forward(s, out.data(), x.data(), w, T);
-  block.backward(s, dx.data(), w, dw, dout.data(), x.data(), false);
+  block.backward(s, scratch, dx.data(), w, dw, dout.data(), x.data(), false);
   be.synchronize(s);
 
   CaseResult r;
@@ -194,7 +195,7 @@ TEST(MoeRouting, TopKAboveTheExpertCountIsRefused) {
   spec.routing.experts = 4, spec.routing.top_k = 5;
   spec.hidden = 8, spec.intermediate = 8;
   auto be = create_backend(test::cpu_backend_options());
-  EXPECT_NE(test::error_message([&] { MoeBlock block(*be, spec, DType::F32); })
+  EXPECT_NE(test::error_message([&] { MoeBlock block(*be, spec, 4, DType::F32); })
                 .find("num_experts_per_tok (5) must be in [1, num_experts = 4]"),
             std::string::npos);
 }

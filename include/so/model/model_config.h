@@ -4,13 +4,14 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "so/model/rope.h"
 
 namespace so {
 
 struct ModelConfig {
-  std::string model_type = "llama";  // llama | qwen3 | qwen2 | mistral | phi3 | seed_oss
+  std::string model_type = "llama";  // llama | qwen3 | qwen2 | mistral | phi3 | seed_oss | qwen3_moe
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -36,6 +37,17 @@ struct ModelConfig {
   // that row gets no gradient from the lookup (a tied lm_head's still reaches it); -1 = none.
   int64_t pad_token_id = -1;
   float initializer_range = 0.02f;
+  // Mixture of experts (Qwen3-MoE): the layers it names run the MoE block (so/model/moe_block.h)
+  // in place of the dense MLP. experts = 0: a dense model.
+  struct Moe {
+    int64_t experts = 0, top_k = 0, intermediate = 0;  // num_experts, num_experts_per_tok, moe_intermediate_size
+    bool normalize = false;                           // norm_topk_prob
+    int64_t sparse_step = 1;                          // decoder_sparse_step
+    std::vector<int64_t> dense_layers;                // mlp_only_layers
+    double aux_loss_coef = 0.001;                     // router_aux_loss_coef (used when output_router_logits)
+  } moe;
+  // Layer l runs the MoE block, as transformers' Qwen3MoeDecoderLayer decides.
+  bool is_moe_layer(int64_t l) const;
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }

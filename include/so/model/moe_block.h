@@ -30,18 +30,36 @@ struct MoeParams {
   std::vector<void*> gate_bias, up_bias, down_bias;
 };
 
+// A device buffer of the block, for the memory planner: its name, bytes and whether it is kept
+// from forward to backward (per block) or backward scratch (one set shared by every block).
+struct MoeBuffer {
+  const char* tag;
+  size_t bytes;
+  bool kept;
+};
+
+// Backward's temporaries, shared by every block of a model (one layer's backward runs at a time).
+struct MoeScratch {
+  MoeScratch(Backend& backend, const MoeSpec& spec, int64_t max_tokens, DType dt);
+  DeviceBuffer dy, dweights, dact, dgate, dup, dxs, dlogits, dlogits_dt;
+};
+
 class MoeBlock {
  public:
-  MoeBlock(Backend& backend, const MoeSpec& spec, DType dt);
+  // Buffers for up to max_tokens tokens per forward, allocated here.
+  MoeBlock(Backend& backend, const MoeSpec& spec, int64_t max_tokens, DType dt);
+  // Every buffer a block (kept) and the shared scratch allocate, for max_tokens.
+  static std::vector<MoeBuffer> buffers(const MoeSpec& spec, int64_t max_tokens, DType dt);
 
-  // out[T, H] = the block applied to x[T, H]; keeps what backward needs (one forward in flight).
-  // Synchronises the stream once: the experts' GEMM sizes are read on the host.
-  void forward(Stream& s, void* out, const void* x, const MoeParams& w, int64_t T);
+  // out[T, H] = (out +, when accumulate) the block applied to x[T, H]; keeps what backward needs
+  // (one forward in flight per block). Synchronises the stream once: the experts' GEMM sizes
+  // are read on the host.
+  void forward(Stream& s, void* out, const void* x, const MoeParams& w, int64_t T, bool accumulate = false);
   // dx[T, H] (+= when accumulate) and every gradient in g (+=) from dout[T, H], for the last
   // forward's x. aux_dprob [E] (fp32, or null): the load-balancing loss's gradient per token and
   // expert probability.
-  void backward(Stream& s, void* dx, const MoeParams& w, const MoeParams& g, const void* dout, const void* x,
-                bool accumulate, const float* aux_dprob = nullptr);
+  void backward(Stream& s, MoeScratch& scratch, void* dx, const MoeParams& w, const MoeParams& g, const void* dout,
+                const void* x, bool accumulate, const float* aux_dprob = nullptr);
 
   // Tokens each expert received in the last forward (for the metrics and the aux loss).
   const std::vector<int64_t>& tokens_per_expert() const { return rows_; }
@@ -49,7 +67,6 @@ class MoeBlock {
   const float* router_logits() const { return logits_.as<float>(); }
 
  private:
-  void ensure_capacity(int64_t T);
   void expert_gemm(Stream& s, void* out, const void* in, const std::vector<void*>& weight,
                    const std::vector<void*>& bias, int64_t N, int64_t K, float beta);
   void weight_grad(Stream& s, const std::vector<void*>& dweight, const std::vector<void*>& dbias, const void* dout,

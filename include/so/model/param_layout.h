@@ -23,8 +23,11 @@ struct ParamInfo {
 };
 
 struct LayerParamIds {
-  int attn_norm, q, k, v, o, q_norm = -1, k_norm = -1, mlp_norm, gate, up, down;
+  int attn_norm, q, k, v, o, q_norm = -1, k_norm = -1, mlp_norm, gate = -1, up = -1, down = -1;
   int q_bias = -1, k_bias = -1, v_bias = -1, o_bias = -1;  // -1: the family has none
+  // An MoE layer (gate, up and down are -1): the router and each expert's projections.
+  int router = -1;
+  std::vector<int> expert_gate, expert_up, expert_down;
 };
 
 // A tensor of the Hugging Face checkpoint: one parameter, or consecutive parameters stacked along
@@ -52,7 +55,8 @@ struct ParamLayout {
 // 2 FLOPs per multiply-add, and causal attention counts the (S+1)/2 keys a query sees on average.
 // causal = true counts attention's score and value products over the visible (query, key) pairs
 // only, (S + 1) / 2 per query; false over all S, the convention most published MFU figures use.
-// A projection bias counts 1 FLOP per element forward and 1 backward (its gradient's sum).
+// A projection bias counts 1 FLOP per element forward and 1 backward (its gradient's sum). An MoE
+// layer counts its active parameters: the router and top_k experts per token.
 double train_flops_per_token(const ModelConfig& cfg, int64_t seq_len, bool causal = true);
 
 }  // namespace so
