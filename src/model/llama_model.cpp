@@ -1,5 +1,6 @@
 #include "so/model/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -12,6 +13,26 @@ void* at(void* p, int64_t elems, DType dt) { return static_cast<char*>(p) + elem
 // An optional parameter (a bias the family may not have): null when absent.
 void* weight_or_null(ParamStore& p, int id) { return id < 0 ? nullptr : p.weight(id); }
 void* grad_or_null(ParamStore& p, int id) { return id < 0 ? nullptr : p.grad(id); }
+
+MoeSpec moe_spec(const ModelConfig& cfg, DType dt) {
+  MoeSpec spec;
+  spec.routing.kind = MoeRouting::Kind::SoftmaxTopK;
+  spec.routing.experts = cfg.moe.experts;
+  spec.routing.top_k = cfg.moe.top_k;
+  spec.routing.normalize = cfg.moe.normalize;
+  spec.routing.weight_dtype = dt;
+  spec.hidden = cfg.hidden_size;
+  spec.intermediate = cfg.moe.intermediate;
+  return spec;
+}
+
+// MoE blocks a model holds: one per MoE layer, or one shared when checkpointing (each layer's
+// forward is recomputed right before its backward, so one layer's routing is alive at a time).
+int64_t moe_blocks(const ModelConfig& cfg, const ModelOptions& opts) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) n += cfg.is_moe_layer(l);
+  return opts.activation_checkpointing ? std::min<int64_t>(n, 1) : n;
+}
 }  // namespace
 
 // Everything one layer's backward needs from its forward. With activation checkpointing a
@@ -177,6 +198,12 @@ std::vector<ActivationBuffer> LlamaModel::activation_buffers(const ModelConfig& 
   layout_buffers(a, cfg, opts, sp_size, [&](DeviceBuffer&, size_t bytes, const char* tag, ActivationTerm term) {
     out.push_back({tag, term, bytes});
   });
+  // The MoE blocks' buffers: each block's kept set, and one backward scratch.
+  const int64_t blocks = moe_blocks(cfg, opts);
+  if (blocks > 0)
+    for (const MoeBuffer& b : MoeBlock::buffers(moe_spec(cfg, opts.dtype), opts.micro_batch * opts.seq_len, opts.dtype))
+      for (int64_t i = 0; i < (b.kept ? blocks : 1); ++i)
+        out.push_back({b.tag, b.kept ? ActivationTerm::LayerWorkingSet : ActivationTerm::BackwardScratch, b.bytes});
   return out;
 }
 
@@ -215,6 +242,16 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
     ones.resize(a.ones.bytes());
     for (size_t i = 0; i < ones.size(); i += e) std::memcpy(ones.data() + i, one, e);
     backend.copy_h2d(a.ones.data(), ones.data(), ones.size(), stream_);
+  }
+  moe_of_layer_.assign(static_cast<size_t>(cfg.num_layers), -1);
+  if (const int64_t blocks = moe_blocks(cfg, opts); blocks > 0) {
+    const MoeSpec spec = moe_spec(cfg, opts.dtype);
+    const int64_t T = opts.micro_batch * opts.seq_len;
+    for (int64_t b = 0; b < blocks; ++b) moe_.push_back(std::make_unique<MoeBlock>(backend, spec, T, opts.dtype));
+    moe_scratch_ = std::make_unique<MoeScratch>(backend, spec, T, opts.dtype);
+    int next = 0;
+    for (int64_t l = 0; l < cfg.num_layers; ++l)
+      if (cfg.is_moe_layer(l)) moe_of_layer_[l] = opts.activation_checkpointing ? 0 : next++;
   }
   backend.synchronize(stream_);  // the host copies go away
   a.uploaded = backend.create_event();
@@ -416,7 +453,25 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
   ops_.rmsnorm_forward(stream_, s.h2.data(), s.rstd2.as<float>(), s.x_mid.data(), p.weight(w.mlp_norm), T, H,
                        cfg_.rms_norm_eps, dt);
   backend_.copy_d2d(x_out, s.x_mid.data(), T * H * dtype_size(dt), stream_);
-  mlp_forward(l, p, s, x_out);
+  if (moe_of_layer_[l] >= 0)
+    moe_block(l).forward(stream_, x_out, s.h2.data(), moe_params(l, p, false), T, true);
+  else
+    mlp_forward(l, p, s, x_out);
+}
+
+MoeBlock& LlamaModel::moe_block(int l) { return *moe_[static_cast<size_t>(moe_of_layer_[l])]; }
+
+MoeParams LlamaModel::moe_params(int l, ParamStore& p, bool grads) const {
+  const LayerParamIds& w = layout_.layers[l];
+  auto ptr = [&](int id) { return grads ? p.grad(id) : p.weight(id); };
+  MoeParams m;
+  m.router = ptr(w.router);
+  for (size_t e = 0; e < w.expert_gate.size(); ++e) {
+    m.gate.push_back(ptr(w.expert_gate[e]));
+    m.up.push_back(ptr(w.expert_up[e]));
+    m.down.push_back(ptr(w.expert_down[e]));
+  }
+  return m;
 }
 
 // Rows [r, r + n) of the MLP's gate and up projections: in the tile buffers when tiled, else in
@@ -483,8 +538,12 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
   const int32_t* pos = a.positions.as<int32_t>();
   const double* freq = a.rope_inv_freq.as<double>();
 
-  // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2)).
-  mlp_backward(l, p, s);
+  // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2)), or x_mid + moe(h2).
+  if (moe_of_layer_[l] >= 0)
+    moe_block(l).backward(stream_, *moe_scratch_, a.dh.data(), moe_params(l, p, false), moe_params(l, p, true),
+                          a.dx.data(), s.h2.data(), false);
+  else
+    mlp_backward(l, p, s);
   ops_.rmsnorm_backward(stream_, a.dx.data(), p.grad(w.mlp_norm), a.dh.data(), s.x_mid.data(), p.weight(w.mlp_norm),
                         s.rstd2.as<float>(), T, H, true, dt);
 

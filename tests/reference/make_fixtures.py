@@ -20,11 +20,12 @@ import torch.nn.functional as F
 import transformers
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
                           Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                          SeedOssConfig, SeedOssForCausalLM)
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM, SeedOssConfig, SeedOssForCausalLM)
 
 CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
            "qwen2": (Qwen2Config, Qwen2ForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
-           "phi3": (Phi3Config, Phi3ForCausalLM), "seed_oss": (SeedOssConfig, SeedOssForCausalLM)}
+           "phi3": (Phi3Config, Phi3ForCausalLM), "seed_oss": (SeedOssConfig, SeedOssForCausalLM),
+           "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}
 PAD_POSITIONS = [(0, 3), (0, 20), (1, 10)]  # where a config with pad_token_id gets that token in every batch
 
 B = 2            # batch size
@@ -187,6 +188,20 @@ FIXTURES = [
             sliding_window=64, hidden_act="silu",
         ),
     ),
+    # Qwen3-MoE: 3 layers, the middle one dense (mlp_only_layers), the others 6 experts with top-2
+    # renormalised routing; q/k norm, GQA, untied.
+    dict(
+        name="qwen3_moe_mixed",
+        model_type="qwen3_moe",
+        seed=8642,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=48,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
+            num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+            mlp_only_layers=[1], output_router_logits=False, hidden_act="silu",
+        ),
+    ),
 ]
 
 
@@ -231,9 +246,16 @@ def reinit_(model):
                     seen.add(id(mod.bias))
             elif cls.endswith("RMSNorm"):
                 w.copy_(1.0 + NORM_JITTER * torch.randn_like(w))
+            elif cls.endswith("TopKRouter"):  # an MoE router: a linear layer without the class
+                w.normal_(0.0, INIT_STD)
             else:
                 raise RuntimeError(f"unexpected module with weight: {cls}")
             seen.add(id(w))
+        for _, mod in model.named_modules():  # fused expert stacks (transformers 5's MoE experts)
+            if type(mod).__name__.endswith("Experts"):
+                for p in mod.parameters(recurse=False):
+                    p.normal_(0.0, INIT_STD)
+                    seen.add(id(p))
     # every parameter must have been touched
     for n, p in model.named_parameters():
         assert id(p) in seen, n
@@ -251,7 +273,9 @@ def np32(t):
 
 
 def split_fused(cfg, tensors):
-    """Phi-3's stacked projections under so_train's parameter names (rows [q; k; v], [gate; up])."""
+    """Phi-3's stacked projections under so_train's parameter names (rows [q; k; v], [gate; up]);
+    transformers 5's fused MoE experts under the per-expert names its checkpoints use
+    (gate_up_proj [E, 2I, H] -> experts.e.gate_proj / up_proj, down_proj [E, H, I] -> experts.e.down_proj)."""
     out = {}
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     q, kv = cfg.num_attention_heads * head_dim, cfg.num_key_value_heads * head_dim
@@ -260,6 +284,14 @@ def split_fused(cfg, tensors):
             base = n[: -len("qkv_proj.weight")]
             out[base + "q_proj.weight"], out[base + "k_proj.weight"], out[base + "v_proj.weight"] = (
                 a[:q], a[q:q + kv], a[q + kv:])
+        elif n.endswith("mlp.experts.gate_up_proj") or n.endswith("mlp.experts.down_proj"):
+            base, which = n.rsplit(".", 1)
+            for e in range(a.shape[0]):
+                if which == "down_proj":
+                    out[f"{base}.{e}.down_proj.weight"] = a[e]
+                else:
+                    half = a.shape[1] // 2
+                    out[f"{base}.{e}.gate_proj.weight"], out[f"{base}.{e}.up_proj.weight"] = a[e, :half], a[e, half:]
         elif n.endswith("gate_up_proj.weight"):
             base = n[: -len("gate_up_proj.weight")]
             half = a.shape[0] // 2
@@ -373,12 +405,14 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "fixtures"))
+    ap.add_argument("--only", action="append", help="make only this fixture (repeatable)")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)  # bit-for-bit reproducible CPU reductions
     os.makedirs(args.out, exist_ok=True)
     for spec in FIXTURES:
-        verify(make_fixture(spec, args.out))
+        if not args.only or spec["name"] in args.only:
+            verify(make_fixture(spec, args.out))
 
 
 if __name__ == "__main__":

@@ -207,7 +207,10 @@ TEST_P(ReferenceTest, TenAdamWStepsMatchTorch) {
       const int id = model_->layout().find(name);
       const std::vector<float> got = engine->read_weight(id), want = f.read_f32("/train/final_weights/" + name, model_->layout().params[id].shape);
       if (!name.ends_with("k_proj.bias")) {
-        EXPECT_LE(test::rel_error(got, want), 1e-4) << name;
+        // An expert's weights see only its own tokens' gradients, so more of their elements have
+        // near-zero gradients that AdamW turns into full-size steps of round-off-dependent size
+        // (qwen3_moe_mixed: one element of 3072 off by 0.2 lr, 1.3e-4 of the tensor's norm).
+        EXPECT_LE(test::rel_error(got, want), name.find(".mlp.experts.") != std::string::npos ? 2e-4 : 1e-4) << name;
         continue;
       }
       // k_proj's bias reaches the scores only through RoPE's turn of it: on pairs that barely
@@ -235,7 +238,8 @@ std::vector<Case> cases_on(const std::string& backend) {
                              {"qwen2_gqa_untied", DType::BF16, false, 0},  {"phi3_gqa_pad", DType::F32, false, 0},
                              {"phi3_gqa_pad", DType::F32, true, 9},       {"llama_tied_pad", DType::F32, false, 0},
                              {"seed_oss_qdim_bias", DType::F32, false, 0},
-                             {"seed_oss_qdim_bias", DType::BF16, true, 0}};
+                             {"seed_oss_qdim_bias", DType::BF16, true, 0},
+                             {"qwen3_moe_mixed", DType::F32, false, 0},   {"qwen3_moe_mixed", DType::F32, true, 0}};
   for (Case& c : cases) c.backend = backend;
   return cases;
 }

@@ -9,6 +9,7 @@
 #include "so/backend/host_buffer.h"
 #include "so/model/model_config.h"
 #include "so/model/model_interfaces.h"
+#include "so/model/moe_block.h"
 #include "so/model/param_layout.h"
 
 namespace so {
@@ -109,6 +110,10 @@ class LlamaModel {
   std::pair<void*, void*> mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n, bool compute);
   void mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out);
   void mlp_backward(int l, ParamStore& p, LayerActs& s);
+  // MoE layers: the block that runs layer l (one per MoE layer, or one shared when checkpointing:
+  // backward recomputes the layer's forward right before it), and its parameters' pointers.
+  MoeBlock& moe_block(int l);
+  MoeParams moe_params(int l, ParamStore& p, bool grads) const;
   // The residual stream: layer l reads residual(l) and writes residual(l + 1).
   void* residual(int64_t l);
   // Offloaded checkpoints: residual(l) to host slot l (D2H stream), or back (H2D stream).
@@ -137,6 +142,9 @@ class LlamaModel {
   std::unique_ptr<Activations> acts_;
   int64_t kv_copies_ = 1;  // Ulysses with more ranks than KV heads: copies of each KV head sent
   float rope_scale_ = 1.0f;  // cos and sin factor of the RoPE table (yarn's attention factor)
+  std::vector<std::unique_ptr<MoeBlock>> moe_;
+  std::vector<int> moe_of_layer_;  // index into moe_, -1 for a dense layer
+  std::unique_ptr<MoeScratch> moe_scratch_;
 };
 
 }  // namespace so
