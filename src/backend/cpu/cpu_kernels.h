@@ -3,6 +3,7 @@
 // streams). Templated on the storage type T (float or bf16); all arithmetic is fp32 or wider.
 #include <cstdint>
 
+#include "so/backend/ops.h"
 #include "so/core/dtype.h"
 
 namespace so::cpu {
@@ -49,9 +50,10 @@ struct AttentionShape {
   float scale;
 };
 template <typename T>
-void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& sh);
+void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& sh,
+                       const AttentionMask& mask);
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                        const float* lse, const AttentionShape& sh);
+                        const float* lse, const AttentionShape& sh, const AttentionMask& mask, T* dsinks_acc);
 
 }  // namespace so::cpu
