@@ -187,6 +187,57 @@ FIXTURES = [
             sliding_window=64, hidden_act="silu",
         ),
     ),
+    # Sliding windows shorter than the sequence (37): Mistral's on every layer (8 keys per query),
+    # Qwen2's with use_sliding_window on the layers from max_window_layers on (layer 1 of 2).
+    dict(
+        name="mistral_window_short",
+        model_type="mistral",
+        seed=9123,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
+            sliding_window=8, hidden_act="silu",
+        ),
+    ),
+    dict(
+        name="qwen2_sliding_layers",
+        model_type="qwen2",
+        seed=9234,
+        config=dict(
+            vocab_size=131, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
+            use_sliding_window=True, sliding_window=5, max_window_layers=1, hidden_act="silu",
+        ),
+    ),
+    # Packed rows: several documents per row (lengths below, positions restarting at each), whose
+    # loss and gradients are those of the documents run separately through the model (transformers
+    # would attend across documents in a packed forward; the reference never packs).
+    dict(
+        name="llama_packed",
+        model_type="llama",
+        seed=9345,
+        packed=[[9, 17, 1, 10], [37]],
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
+            attention_bias=False, mlp_bias=False, hidden_act="silu",
+        ),
+    ),
+    dict(
+        name="mistral_packed_window",
+        model_type="mistral",
+        seed=9457,
+        packed=[[20, 17], [5, 6, 26]],
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=16, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=256,
+            sliding_window=7, hidden_act="silu",
+        ),
+    ),
 ]
 
 
@@ -206,7 +257,10 @@ def build_model(spec):
         want = (spec["config"].get("rope_scaling") or {}).get("rope_type", "default")
         assert rp.get("rope_type", "default") == want, rp
     if spec["model_type"] in ("qwen3", "qwen2"):
-        assert all(t == "full_attention" for t in cfg.layer_types), cfg.layer_types
+        want = ["sliding_attention" if spec["config"].get("use_sliding_window") and
+                i >= spec["config"].get("max_window_layers", 28) else "full_attention"
+                for i in range(cfg.num_hidden_layers)]
+        assert cfg.layer_types == want, cfg.layer_types
     if "head_dim" in spec["config"]:
         assert model.model.layers[0].self_attn.head_dim == spec["config"]["head_dim"]
     return model
@@ -244,6 +298,36 @@ def lm_loss(model, ids):
     V = logits.shape[-1]
     loss = F.cross_entropy(logits.reshape(-1, V).float(), ids[:, 1:].reshape(-1))
     return loss, logits
+
+
+def packed_loss(model, docs):
+    """Every document run on its own (positions from 0); the sum of their token losses over all
+    tokens, as one packed forward's mean. Logits of each row's first document."""
+    total, n, first_logits = 0.0, 0, []
+    for row in docs:
+        for j, ids in enumerate(row):
+            logits = model(input_ids=ids[None, :-1]).logits
+            total = total + F.cross_entropy(logits[0].float(), ids[1:], reduction="sum")
+            n += ids.numel() - 1
+            if j == 0:
+                first_logits.append(logits[0, :N_LOGITS])
+    return total / n, torch.stack(first_logits)
+
+
+def pack_rows(docs):
+    """inputs, targets, positions and doc_start [B, S] int32 of rows of documents."""
+    out = {k: [] for k in ("inputs", "targets", "positions", "doc_start")}
+    for row in docs:
+        r = {k: [] for k in out}
+        for ids in row:
+            n = ids.numel() - 1
+            r["doc_start"] += [len(r["inputs"])] * n
+            r["inputs"] += ids[:-1].tolist()
+            r["targets"] += ids[1:].tolist()
+            r["positions"] += list(range(n))
+        for k in out:
+            out[k].append(r[k])
+    return {k: np.array(v, dtype=np.int32) for k, v in out.items()}
 
 
 def np32(t):
@@ -298,7 +382,14 @@ def make_fixture(spec, out_dir):
     # ---- single forward / backward ----
     init_weights = split_fused(model.config, {n: np32(p) for n, p in model.named_parameters()})
     model.zero_grad(set_to_none=True)
-    loss, logits = lm_loss(model, ids)
+    packed = None
+    if "packed" in spec:
+        docs = [[torch.randint(0, V, (n + 1,), generator=gen) for n in row] for row in spec["packed"]]
+        assert all(sum(row) == S for row in spec["packed"]) and all(row[0] >= N_LOGITS for row in spec["packed"])
+        packed = pack_rows(docs)
+        loss, logits = packed_loss(model, docs)
+    else:
+        loss, logits = lm_loss(model, ids)
     loss.backward()
     grads = split_fused(model.config, {n: np32(p.grad) for n, p in model.named_parameters()})
 
@@ -328,6 +419,10 @@ def make_fixture(spec, out_dir):
         f.attrs["tie_word_embeddings"] = int(tied)
         f.attrs["seed"] = int(spec["seed"])
         f.create_dataset("input_ids", data=ids.numpy().astype(np.int32))
+        if packed is not None:  # the batch of the single forward/backward (input_ids then unused there)
+            p = f.create_group("packed")
+            for k, a in packed.items():
+                p.create_dataset(k, data=a)
         f.create_dataset("loss", data=np.array([loss.item()], dtype=np.float32))
         f.create_dataset("logits", data=np32(logits[:, :N_LOGITS, :]))
         gw, gg = f.create_group("weights"), f.create_group("grads")
@@ -373,12 +468,14 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "fixtures"))
+    ap.add_argument("--only", nargs="*", help="write only these fixtures (names)")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)  # bit-for-bit reproducible CPU reductions
     os.makedirs(args.out, exist_ok=True)
     for spec in FIXTURES:
-        verify(make_fixture(spec, args.out))
+        if not args.only or spec["name"] in args.only:
+            verify(make_fixture(spec, args.out))
 
 
 if __name__ == "__main__":

@@ -69,6 +69,18 @@ TokenBatch to_batch(const std::vector<int32_t>& ids, int64_t B, int64_t S) {
   return b;
 }
 
+// The single forward/backward's batch: the packed rows (documents with restarting positions and
+// doc_start) where the fixture has them, else input_ids.
+TokenBatch fixture_batch(const Fixture& fx) {
+  if (!fx.file.exists("/packed")) return to_batch(fx.file.read_i32("/input_ids", {fx.B, fx.S + 1}), fx.B, fx.S);
+  TokenBatch b;
+  b.inputs = fx.file.read_i32("/packed/inputs", {fx.B, fx.S});
+  b.targets = fx.file.read_i32("/packed/targets", {fx.B, fx.S});
+  b.positions = fx.file.read_i32("/packed/positions", {fx.B, fx.S});
+  b.doc_start = fx.file.read_i32("/packed/doc_start", {fx.B, fx.S});
+  return b;
+}
+
 struct Case {
   std::string fixture;
   DType dtype;
@@ -134,8 +146,7 @@ TEST_P(ReferenceTest, LossLogitsAndEveryGradient) {
   const int64_t T = fx_->B * fx_->S;
   engine->begin_step(0.0f);
   model_->zero_loss();
-  model_->forward_backward(to_batch(fx_->file.read_i32("/input_ids", {fx_->B, fx_->S + 1}), fx_->B, fx_->S), *engine, *engine,
-                           1.0f / static_cast<float>(T), true);
+  model_->forward_backward(fixture_batch(*fx_), *engine, *engine, 1.0f / static_cast<float>(T), true);
   const float loss = model_->read_loss();
   const float ref_loss = fx_->file.read_f32("/loss", {1})[0];
   EXPECT_LE(std::abs(loss - ref_loss) / ref_loss, tol().loss) << "loss " << loss << " vs torch " << ref_loss;
@@ -235,7 +246,13 @@ std::vector<Case> cases_on(const std::string& backend) {
                              {"qwen2_gqa_untied", DType::BF16, false, 0},  {"phi3_gqa_pad", DType::F32, false, 0},
                              {"phi3_gqa_pad", DType::F32, true, 9},       {"llama_tied_pad", DType::F32, false, 0},
                              {"seed_oss_qdim_bias", DType::F32, false, 0},
-                             {"seed_oss_qdim_bias", DType::BF16, true, 0}};
+                             {"seed_oss_qdim_bias", DType::BF16, true, 0},
+                             // Windows shorter than the sequence; packed rows (documents alone).
+                             {"mistral_window_short", DType::F32, false, 0}, {"mistral_window_short", DType::F32, true, 0},
+                             {"qwen2_sliding_layers", DType::F32, false, 0}, {"qwen2_sliding_layers", DType::F32, true, 6},
+                             {"llama_packed", DType::F32, false, 0},         {"llama_packed", DType::F32, true, 0},
+                             {"mistral_packed_window", DType::F32, false, 0}, {"mistral_packed_window", DType::F32, true, 0},
+                             {"mistral_window_short", DType::BF16, false, 0}, {"llama_packed", DType::BF16, true, 0}};
   for (Case& c : cases) c.backend = backend;
   return cases;
 }
