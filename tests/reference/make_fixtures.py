@@ -28,7 +28,7 @@ CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen
 PAD_POSITIONS = [(0, 3), (0, 20), (1, 10)]  # where a config with pad_token_id gets that token in every batch
 
 B = 2            # batch size
-S = 37           # input sequence length (input_ids has S + 1 columns)
+S = 37           # input sequence length (input_ids has S + 1 columns); a spec's seq_len overrides it
 N_LOGITS = 4     # logits stored for the first N_LOGITS positions of each sequence
 TRAIN_STEPS = 10
 LR, BETA1, BETA2, EPS, WEIGHT_DECAY, GRAD_CLIP = 3e-3, 0.9, 0.95, 1e-8, 0.1, 1.0
@@ -187,12 +187,14 @@ FIXTURES = [
             sliding_window=64, hidden_act="silu",
         ),
     ),
-    # Sliding windows shorter than the sequence (37): Mistral's on every layer (8 keys per query),
-    # Qwen2's with use_sliding_window on the layers from max_window_layers on (layer 1 of 2).
+    # Sliding windows shorter than the sequence: Mistral's on every layer (8 keys per query),
+    # Qwen2's with use_sliding_window on the layers from max_window_layers on (layer 1 of 2). These
+    # and the packed ones have 36 positions, so that two Ulysses ranks split them (test_reference_sp).
     dict(
         name="mistral_window_short",
         model_type="mistral",
         seed=9123,
+        seq_len=36,
         config=dict(
             vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
@@ -204,11 +206,12 @@ FIXTURES = [
         name="qwen2_sliding_layers",
         model_type="qwen2",
         seed=9234,
+        seq_len=36,
         config=dict(
             vocab_size=131, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
             rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
-            use_sliding_window=True, sliding_window=5, max_window_layers=1, hidden_act="silu",
+            use_sliding_window=True, sliding_window=11, max_window_layers=1, hidden_act="silu",
         ),
     ),
     # Packed rows: several documents per row (lengths below, positions restarting at each), whose
@@ -218,7 +221,8 @@ FIXTURES = [
         name="llama_packed",
         model_type="llama",
         seed=9345,
-        packed=[[9, 17, 1, 10], [37]],
+        seq_len=36,
+        packed=[[9, 17, 1, 9], [36]],
         config=dict(
             vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
@@ -230,7 +234,8 @@ FIXTURES = [
         name="mistral_packed_window",
         model_type="mistral",
         seed=9457,
-        packed=[[20, 17], [5, 6, 26]],
+        seq_len=36,
+        packed=[[20, 16], [5, 6, 25]],
         config=dict(
             vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=1, head_dim=16, rope_theta=10000.0,
@@ -366,6 +371,7 @@ def make_fixture(spec, out_dir):
         assert model.lm_head.weight is not model.model.embed_tokens.weight
 
     gen = torch.Generator().manual_seed(spec["seed"] + 1)
+    S = spec.get("seq_len", globals()["S"])
     ids = torch.randint(0, V, (B, S + 1), generator=gen)
     train_ids = torch.randint(0, V, (TRAIN_STEPS, B, S + 1), generator=gen)
     pad = model.config.pad_token_id
