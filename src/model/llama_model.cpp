@@ -255,6 +255,7 @@ std::vector<AttentionMask> LlamaModel::attention_mask_kinds(const ModelConfig& c
       AttentionMask m;
       m.doc_start = docs;
       m.window = w;
+      if (cfg.attention_sinks) m.sinks = &kPackedRows;  // a placeholder too
       kinds.push_back(m);
     }
   return kinds;
@@ -285,11 +286,18 @@ std::string LlamaModel::attention_implementation() const {
   return text;
 }
 
-AttentionMask LlamaModel::attention_mask(int l) const {
+AttentionMask LlamaModel::attention_mask(int l, ParamStore& p) const {
   AttentionMask m;
   if (acts_->documents) m.doc_start = acts_->doc_start.as<int32_t>();
   m.window = cfg_.layer_window(l);
+  const int sinks = layout_.layers[l].sinks;
+  if (sinks >= 0) m.sinks = at(p.weight(sinks), sp_rank() * cfg_.num_heads / sp_size(), opts_.dtype);
   return m;
+}
+
+void* LlamaModel::sinks_grad(int l, ParamStore& p) const {
+  const int sinks = layout_.layers[l].sinks;
+  return sinks < 0 ? nullptr : at(p.grad(sinks), sp_rank() * cfg_.num_heads / sp_size(), opts_.dtype);
 }
 
 void LlamaModel::zero_loss() { backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_); }
@@ -445,7 +453,7 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
   ops_.rope(stream_, s.q.data(), pos, T, cfg_.num_heads, D, freq, rope_scale_, false, dt);
   ops_.rope(stream_, s.k.data(), pos, T, cfg_.num_kv_heads, D, freq, rope_scale_, false, dt);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const AttentionMask mask = attention_mask(l);
+  const AttentionMask mask = attention_mask(l, p);
   const int64_t P = sp_size();
   if (P == 1) {
     ops_.attention_forward(stream_, s.attn.data(), s.lse.as<float>(), s.q.data(), s.k.data(), s.v.data(),
@@ -547,18 +555,19 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
   linear_backward(a.dx.data(), s.attn.data(), p.weight(w.o), a.dattn.data(), p.grad(w.o), T, H, qd, 0.0f,
                   grad_or_null(p, w.o_bias));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const AttentionMask mask = attention_mask(l);
+  const AttentionMask mask = attention_mask(l, p);
   const int64_t P = sp_size();
   if (P == 1) {
     ops_.attention_backward(stream_, a.dq.data(), a.dk.data(), a.dv.data(), a.dattn.data(), s.q.data(), s.k.data(),
                             s.v.data(), s.attn.data(), s.lse.as<float>(), opts_.micro_batch, opts_.seq_len,
-                            cfg_.num_heads, cfg_.num_kv_heads, D, scale, mask, nullptr, dt);
+                            cfg_.num_heads, cfg_.num_kv_heads, D, scale, mask, sinks_grad(l, p), dt);
   } else {
     const int64_t kv_heads = cfg_.num_kv_heads * kv_copies_;
     scatter_heads(a.dattn_f.data(), a.dattn.data(), cfg_.num_heads);
     ops_.attention_backward(stream_, a.dq_f.data(), a.dk_f.data(), a.dv_f.data(), a.dattn_f.data(), s.q_f.data(),
                             s.k_f.data(), s.v_f.data(), s.attn_f.data(), s.lse.as<float>(), opts_.micro_batch,
-                            opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, mask, nullptr, dt);
+                            opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, mask, sinks_grad(l, p),
+                            dt);
     gather_heads(a.dq.data(), a.dq_f.data(), cfg_.num_heads);
     for (auto [local, full] : {std::pair{a.dk.data(), a.dk_f.data()}, std::pair{a.dv.data(), a.dv_f.data()}}) {
       if (kv_copies_ == 1) {

@@ -34,6 +34,7 @@ struct Family {
   // Qwen2/Qwen3: sliding_window applies only with use_sliding_window, on the layers layer_types
   // marks "sliding_attention" (by default those from max_window_layers on).
   bool window_layers = false;
+  bool attention_sinks = false;  // self_attn.sinks per layer (GPT-OSS; no family here has them yet)
   bool fused = false;         // qkv_proj and gate_up_proj in the checkpoint
   bool scaled_rope = true;    // transformers' class takes linear/dynamic/yarn/llama3 (Phi-3's only longrope)
   int64_t default_pad = -1;   // pad_token_id when the config has none (-1: no padding row)
@@ -136,7 +137,8 @@ void read_rope_scaling(JsonReader& rp, ModelConfig& c, int64_t top_original) {
 int64_t ModelConfig::num_parameters() const {
   const int64_t H = hidden_size;
   const int64_t per_layer = H * q_dim() + 2 * H * kv_dim() + q_dim() * H + 3 * H * intermediate_size + 2 * H +
-                            (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? q_dim() + 2 * kv_dim() : 0) + (o_bias ? H : 0);
+                            (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? q_dim() + 2 * kv_dim() : 0) + (o_bias ? H : 0) +
+                            (attention_sinks ? num_heads : 0);
   return vocab_size * H * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + H;
 }
 
@@ -267,6 +269,7 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   if (act != "silu") r.fail("hidden_act", str_cat("is '", act, "'; only 'silu' (SwiGLU) is supported"));
   if (r.get<bool>("mlp_bias", false)) r.fail("mlp_bias", "is true; MLP biases are not supported");
   read_sliding_window(r, *family, c);
+  c.attention_sinks = family->attention_sinks;
   // so_train trains without dropout (Seed-OSS's and Phi-3's residual and embedding dropout too): a
   // value other than 0 is refused; model.override sets it to 0 where training without it is meant.
   for (const char* key : {"attention_dropout", "residual_dropout", "resid_pdrop", "embd_pdrop"}) {

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
+from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_attention
+from transformers.models.llama import modeling_llama
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
                           Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           SeedOssConfig, SeedOssForCausalLM)
@@ -230,6 +232,23 @@ FIXTURES = [
             attention_bias=False, mlp_bias=False, hidden_act="silu",
         ),
     ),
+    # GPT-OSS's attention sinks without its family (which the MoE work adds): a Llama whose layers
+    # get self_attn.sinks and GPT-OSS's eager attention (an extra logit column per head); so_train
+    # switches ModelConfig::attention_sinks on for it (the fixture's attention_sinks attribute).
+    dict(
+        name="llama_sinks",
+        model_type="llama",
+        seed=9567,
+        seq_len=36,
+        sinks=True,
+        packed=[[13, 23], [36]],
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
+            attention_bias=False, mlp_bias=False, hidden_act="silu",
+        ),
+    ),
     dict(
         name="mistral_packed_window",
         model_type="mistral",
@@ -253,6 +272,9 @@ def build_model(spec):
     cfg = config_cls(**kw)
     cfg._attn_implementation = "eager"
     model = cls(cfg).float()
+    if spec.get("sinks"):
+        for layer in model.model.layers:
+            layer.self_attn.sinks = torch.nn.Parameter(torch.empty(cfg.num_attention_heads))
     # Sanity checks on how the installed transformers interpreted the config.
     theta = spec["config"]["rope_theta"]
     rp = getattr(cfg, "rope_parameters", None)
@@ -280,6 +302,9 @@ def reinit_(model):
     with torch.no_grad():
         for _, mod in model.named_modules():
             w = getattr(mod, "weight", None)
+            if hasattr(mod, "sinks") and id(mod.sinks) not in seen:
+                mod.sinks.normal_(0.0, 1.0)  # wide, so that the sink takes a real share of every row
+                seen.add(id(mod.sinks))
             if w is None or id(w) in seen:
                 continue
             cls = type(mod).__name__
@@ -359,6 +384,17 @@ def split_fused(cfg, tensors):
 
 
 def make_fixture(spec, out_dir):
+    if spec.get("sinks"):  # Llama's attention module calls GPT-OSS's eager attention while this runs
+        plain = modeling_llama.eager_attention_forward
+        modeling_llama.eager_attention_forward = gpt_oss_attention
+        try:
+            return make_fixture_with(spec, out_dir)
+        finally:
+            modeling_llama.eager_attention_forward = plain
+    return make_fixture_with(spec, out_dir)
+
+
+def make_fixture_with(spec, out_dir):
     torch.manual_seed(spec["seed"])
     model = build_model(spec)
     reinit_(model)
@@ -418,6 +454,8 @@ def make_fixture(spec, out_dir):
     with h5py.File(path, "w") as f:
         f.attrs["config_json"] = str(model.config.to_json_string())
         f.attrs["model_type"] = str(spec["model_type"])
+        if spec.get("sinks"):
+            f.attrs["attention_sinks"] = 1
         f.attrs["torch_version"] = str(torch.__version__)
         f.attrs["transformers_version"] = str(transformers.__version__)
         # convenience copies (config_json has rope_theta under rope_parameters in transformers>=5)

@@ -215,7 +215,9 @@ std::vector<Case> cases_on(const std::string& backend) {
                              {"qwen2_sliding_layers", DType::F32, false, 0}, {"qwen2_sliding_layers", DType::F32, true, 6},
                              {"llama_packed", DType::F32, false, 0},         {"llama_packed", DType::F32, true, 0},
                              {"mistral_packed_window", DType::F32, false, 0}, {"mistral_packed_window", DType::F32, true, 0},
-                             {"mistral_window_short", DType::BF16, false, 0}, {"llama_packed", DType::BF16, true, 0}};
+                             {"mistral_window_short", DType::BF16, false, 0}, {"llama_packed", DType::BF16, true, 0},
+                             // Sinks as a parameter (packed rows too), their gradient among the others.
+                             {"llama_sinks", DType::F32, false, 0},          {"llama_sinks", DType::F32, true, 0}};
   for (Case& c : cases) c.backend = backend;
   return cases;
 }

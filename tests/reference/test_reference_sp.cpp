@@ -1,7 +1,7 @@
 // Ulysses over two ranks against transformers (run under mpirun -np 2): sliding windows shorter
-// than the sequence and packed rows (documents with restarting positions) give the loss and every
-// gradient of the fixtures (make_fixtures.py) within 1e-5, with and without activation
-// checkpointing. Each rank holds half of every row (slice_sequences; doc_start stays whole rows)
+// than the sequence, packed rows (documents with restarting positions) and sinks (each rank's
+// block of heads) give the loss and every gradient of the fixtures (make_fixtures.py) within
+// 1e-5, with and without activation checkpointing. Each rank holds half of every row (slice_sequences; doc_start stays whole rows)
 // and its own engine; the ranks' loss and gradient contributions are summed here.
 #include <gtest/gtest.h>
 
@@ -48,7 +48,8 @@ TEST(ReferenceSp2, WindowsAndPackedRowsMatchTransformers) {
   world->attach(*backend);
   self->attach(*backend);
   WorldSequenceParallel ulysses(*world);
-  for (const char* name : {"mistral_window_short", "qwen2_sliding_layers", "llama_packed", "mistral_packed_window"})
+  for (const char* name :
+       {"mistral_window_short", "qwen2_sliding_layers", "llama_packed", "mistral_packed_window", "llama_sinks"})
     for (const bool ckpt : {false, true}) {
       SCOPED_TRACE(str_cat(name, ckpt ? " (activation checkpointing)" : ""));
       const Fixture fx = open_fixture(name);

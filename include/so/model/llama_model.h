@@ -127,11 +127,14 @@ class LlamaModel {
   void scatter_heads(void* full, const void* local, int64_t heads);
   void gather_heads(void* local, const void* full, int64_t heads);
   int sp_size() const { return opts_.sequence_parallel ? opts_.sequence_parallel->size() : 1; }
+  int sp_rank() const { return opts_.sequence_parallel ? opts_.sequence_parallel->rank() : 0; }
   // The kinds of mask the layers use: per distinct window, without and with packed rows (then
-  // with a placeholder doc_start).
+  // with a placeholder doc_start), with sinks (a placeholder) where the model has them.
   static std::vector<AttentionMask> attention_mask_kinds(const ModelConfig& cfg);
-  // Layer l's mask for the current batch (the same in forward, recompute and backward).
-  AttentionMask attention_mask(int l) const;
+  // Layer l's mask for the current batch (the same in forward, recompute and backward), and where
+  // its sinks' gradient goes: this rank's heads (a block of Hq/P under Ulysses).
+  AttentionMask attention_mask(int l, ParamStore& p) const;
+  void* sinks_grad(int l, ParamStore& p) const;
   // out = in W^T (+ bias) (+ beta * out). A bias is broadcast into out first by a K = 1 GEMM with
   // a column of ones, so the product is added onto it with one rounding and no op of its own.
   void linear(const void* in, const void* w, void* out, int64_t rows, int64_t out_dim, int64_t in_dim, float beta,

@@ -27,6 +27,9 @@ struct ModelConfig {
   bool qk_norm = false;  // Qwen3: RMSNorm over head_dim on q and k, before RoPE
   bool qkv_bias = false;  // q, k and v projections add a bias (Qwen2; attention_bias of Llama/Qwen3/Seed-OSS)
   bool o_bias = false;    // o_proj adds a bias (attention_bias of Llama/Qwen3, attention_out_bias of Seed-OSS)
+  // GPT-OSS: a learned logit per head (self_attn.sinks, [num_heads]) in every attention row's
+  // softmax (AttentionMask::sinks). Set by the family (no config key), for the MoE work's gpt_oss.
+  bool attention_sinks = false;
   // A query sees keys fewer than this many positions back (transformers' sliding_window) on the
   // layers sliding_layers marks; 0 = no window. Mistral and Phi-3: every layer; Qwen2/Qwen3: with
   // use_sliding_window, the layers layer_types (or max_window_layers) marks.

@@ -25,6 +25,7 @@ struct ParamInfo {
 struct LayerParamIds {
   int attn_norm, q, k, v, o, q_norm = -1, k_norm = -1, mlp_norm, gate, up, down;
   int q_bias = -1, k_bias = -1, v_bias = -1, o_bias = -1;  // -1: the family has none
+  int sinks = -1;  // self_attn.sinks [num_heads] (ModelConfig::attention_sinks), else -1
 };
 
 // A tensor of the Hugging Face checkpoint: one parameter, or consecutive parameters stacked along
@@ -52,7 +53,9 @@ struct ParamLayout {
 // 2 FLOPs per multiply-add, and causal attention counts the (S+1)/2 keys a query sees on average.
 // causal = true counts attention's score and value products over the visible (query, key) pairs
 // only, (S + 1) / 2 per query; false over all S, the convention most published MFU figures use.
-// A projection bias counts 1 FLOP per element forward and 1 backward (its gradient's sum).
+// A projection bias counts 1 FLOP per element forward and 1 backward (its gradient's sum). A
+// sliding window caps the keys a query sees (per layer, ModelConfig::layer_window); packed
+// documents (data-dependent) are not counted.
 double train_flops_per_token(const ModelConfig& cfg, int64_t seq_len, bool causal = true);
 
 }  // namespace so
