@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "so/core/error.h"
 
@@ -45,6 +46,10 @@ struct LlamaModel::LayerActs {
 
 struct LlamaModel::Activations {
   DeviceBuffer tokens, targets, positions;  // int32 [T]
+  // int32 [B * S * P]: the batch's doc_start for whole rows (under Ulysses attention sees every
+  // token of a row); valid when `documents` (this batch has packed rows).
+  DeviceBuffer doc_start;
+  bool documents = false;
   DeviceBuffer rope_inv_freq;               // fp64 [head_dim / 2], the model's RoPE table
   DeviceBuffer ones;                        // [T] of 1 in dtype: bias GEMMs (families with biases)
   // Residual stream: x[l] is layer l's input, x[L] the last output. Offloaded checkpoints: two
@@ -107,17 +112,11 @@ void LlamaModel::layout_buffers(Activations& a, const ModelConfig& cfg, const Mo
   // Ulysses: P ranks hold 1/P of every sequence; attention runs on all tokens for Hq/P heads, and
   // on max(1, Hkv/P) KV heads (replicated when P exceeds the KV-head count).
   const int64_t kv_sent = T * cfg.num_kv_heads * kv_copies_for(cfg, P) * cfg.head_dim;
-  // Mistral's window: a query sees keys fewer than sliding_window positions back. No attention
-  // path masks by it, so only sequences it cannot cut are trained (checked where the planner looks,
-  // before anything is allocated).
-  SO_CHECK(cfg.sliding_window == 0 || opts.seq_len * P <= cfg.sliding_window, "sliding_window (",
-           cfg.sliding_window, ") is shorter than the sequences (", opts.seq_len * P,
-           " tokens): sliding-window attention is not supported; train sequences of at most ", cfg.sliding_window,
-           " tokens");
   using Term = ActivationTerm;
   visit(a.tokens, bytes(T, i32), "tokens", Term::Inputs);
   visit(a.targets, bytes(T, i32), "targets", Term::Inputs);
   visit(a.positions, bytes(T, i32), "positions", Term::Inputs);
+  visit(a.doc_start, bytes(T * P, i32), "document starts (whole rows)", Term::Inputs);
   visit(a.rope_inv_freq, bytes(cfg.head_dim / 2, sizeof(double)), "rope frequencies", Term::Inputs);
   if (cfg.qkv_bias || cfg.o_bias) visit(a.ones, bytes(T, e), "ones (bias GEMMs)", Term::Inputs);
   a.x.resize(opts.offload_checkpoints ? 3 : static_cast<size_t>(cfg.num_layers + 1));
@@ -281,9 +280,60 @@ LlamaModel::AttentionShape LlamaModel::attention_shape(const ModelConfig& cfg, c
           cfg.num_kv_heads * kv_copies_for(cfg, sp_size) / sp_size, cfg.head_dim};
 }
 
+std::vector<AttentionMask> LlamaModel::attention_mask_kinds(const ModelConfig& cfg) {
+  // Only which fields are set matters to the implementation and workspace queries.
+  static const int32_t kPackedRows = 0;
+  std::set<int64_t> windows;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) windows.insert(cfg.layer_window(l));
+  std::vector<AttentionMask> kinds;
+  for (int64_t w : windows)
+    for (const int32_t* docs : {static_cast<const int32_t*>(nullptr), &kPackedRows}) {
+      AttentionMask m;
+      m.doc_start = docs;
+      m.window = w;
+      if (cfg.attention_sinks) m.sinks = &kPackedRows;  // a placeholder too
+      kinds.push_back(m);
+    }
+  return kinds;
+}
+
+size_t LlamaModel::attention_workspace_bytes(Ops& ops, const ModelConfig& cfg, const ModelOptions& opts,
+                                             int64_t sp_size) {
+  const AttentionShape a = attention_shape(cfg, opts, sp_size);
+  size_t bytes = 0;
+  for (const AttentionMask& m : attention_mask_kinds(cfg))
+    bytes = std::max(bytes, ops.attention_workspace_bytes(a.B, a.S, a.Hq, a.Hkv, a.D, m, opts.dtype));
+  return bytes;
+}
+
 std::string LlamaModel::attention_implementation() const {
   const AttentionShape a = attention_shape(cfg_, opts_, sp_size());
-  return ops_.attention_implementation(a.B, a.S, a.Hq, a.Hkv, a.D, opts_.dtype);
+  std::string text;
+  const std::vector<AttentionMask> kinds = attention_mask_kinds(cfg_);
+  for (size_t i = 0; i < kinds.size(); i += 2) {  // pairs: whole rows, then packed rows
+    const std::string whole = ops_.attention_implementation(a.B, a.S, a.Hq, a.Hkv, a.D, kinds[i], opts_.dtype);
+    const std::string packed = ops_.attention_implementation(a.B, a.S, a.Hq, a.Hkv, a.D, kinds[i + 1], opts_.dtype);
+    if (!text.empty()) text += "; ";
+    if (kinds.size() > 2 || kinds[i].window > 0)
+      text += kinds[i].window > 0 ? str_cat("sliding-window layers (", kinds[i].window, "): ") : "full layers: ";
+    text += whole;
+    if (packed != whole) text += str_cat(" (packed rows: ", packed, ")");
+  }
+  return text;
+}
+
+AttentionMask LlamaModel::attention_mask(int l, ParamStore& p) const {
+  AttentionMask m;
+  if (acts_->documents) m.doc_start = acts_->doc_start.as<int32_t>();
+  m.window = cfg_.layer_window(l);
+  const int sinks = layout_.layers[l].sinks;
+  if (sinks >= 0) m.sinks = at(p.weight(sinks), sp_rank() * cfg_.num_heads / sp_size(), opts_.dtype);
+  return m;
+}
+
+void* LlamaModel::sinks_grad(int l, ParamStore& p) const {
+  const int sinks = layout_.layers[l].sinks;
+  return sinks < 0 ? nullptr : at(p.grad(sinks), sp_rank() * cfg_.num_heads / sp_size(), opts_.dtype);
 }
 
 void LlamaModel::zero_loss() { backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_); }
@@ -331,6 +381,16 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
   backend_.copy_h2d(a.tokens.data(), a.staged.inputs.data(), id_bytes, stream_);
   backend_.copy_h2d(a.targets.data(), a.staged.targets.data(), id_bytes, stream_);
   backend_.copy_h2d(a.positions.data(), a.staged.positions.data(), id_bytes, stream_);
+  a.documents = !batch.doc_start.empty();
+  if (a.documents) {
+    const int64_t P = sp_size(), S = opts_.seq_len * P;
+    SO_CHECK(static_cast<int64_t>(batch.doc_start.size()) == opts_.micro_batch * S, "model: batch has ",
+             batch.doc_start.size(), " doc_start entries; expected ", opts_.micro_batch * S, " (", opts_.micro_batch,
+             " whole rows of ", S, " tokens", P > 1 ? ", every sequence-parallel rank gets the whole rows" : "", ")");
+    check_attention_doc_start(batch.doc_start.data(), opts_.micro_batch, S);
+    backend_.copy_h2d(a.doc_start.data(), a.staged.doc_start.data(), batch.doc_start.size() * sizeof(int32_t),
+                      stream_);
+  }
   backend_.record(*a.uploaded, stream_);
 
   const bool offload = opts_.offload_checkpoints;
@@ -429,10 +489,11 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
   ops_.rope(stream_, s.q.data(), pos, T, cfg_.num_heads, D, freq, rope_scale_, false, dt);
   ops_.rope(stream_, s.k.data(), pos, T, cfg_.num_kv_heads, D, freq, rope_scale_, false, dt);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const AttentionMask mask = attention_mask(l, p);
   const int64_t P = sp_size();
   if (P == 1) {
     ops_.attention_forward(stream_, s.attn.data(), s.lse.as<float>(), s.q.data(), s.k.data(), s.v.data(),
-                           opts_.micro_batch, opts_.seq_len, cfg_.num_heads, cfg_.num_kv_heads, D, scale, dt);
+                           opts_.micro_batch, opts_.seq_len, cfg_.num_heads, cfg_.num_kv_heads, D, scale, mask, dt);
   } else {
     const int64_t kv_heads = cfg_.num_kv_heads * kv_copies_;
     scatter_heads(s.q_f.data(), s.q.data(), cfg_.num_heads);
@@ -444,7 +505,8 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
       scatter_heads(full, local, kv_heads);
     }
     ops_.attention_forward(stream_, s.attn_f.data(), s.lse.as<float>(), s.q_f.data(), s.k_f.data(), s.v_f.data(),
-                           opts_.micro_batch, opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, dt);
+                           opts_.micro_batch, opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, mask,
+                           dt);
     gather_heads(s.attn.data(), s.attn_f.data(), cfg_.num_heads);
   }
   backend_.copy_d2d(s.x_mid.data(), x_in, T * H * dtype_size(dt), stream_);
@@ -551,17 +613,19 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
   linear_backward(a.dx.data(), s.attn.data(), p.weight(w.o), a.dattn.data(), p.grad(w.o), T, H, qd, 0.0f,
                   grad_or_null(p, w.o_bias));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const AttentionMask mask = attention_mask(l, p);
   const int64_t P = sp_size();
   if (P == 1) {
     ops_.attention_backward(stream_, a.dq.data(), a.dk.data(), a.dv.data(), a.dattn.data(), s.q.data(), s.k.data(),
                             s.v.data(), s.attn.data(), s.lse.as<float>(), opts_.micro_batch, opts_.seq_len,
-                            cfg_.num_heads, cfg_.num_kv_heads, D, scale, dt);
+                            cfg_.num_heads, cfg_.num_kv_heads, D, scale, mask, sinks_grad(l, p), dt);
   } else {
     const int64_t kv_heads = cfg_.num_kv_heads * kv_copies_;
     scatter_heads(a.dattn_f.data(), a.dattn.data(), cfg_.num_heads);
     ops_.attention_backward(stream_, a.dq_f.data(), a.dk_f.data(), a.dv_f.data(), a.dattn_f.data(), s.q_f.data(),
                             s.k_f.data(), s.v_f.data(), s.attn_f.data(), s.lse.as<float>(), opts_.micro_batch,
-                            opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, dt);
+                            opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, mask, sinks_grad(l, p),
+                            dt);
     gather_heads(a.dq.data(), a.dq_f.data(), cfg_.num_heads);
     for (auto [local, full] : {std::pair{a.dk.data(), a.dk_f.data()}, std::pair{a.dv.data(), a.dv_f.data()}}) {
       if (kv_copies_ == 1) {

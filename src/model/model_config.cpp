@@ -15,7 +15,7 @@ namespace {
 // and refused unless neutral; anything else unknown is an error.
 const char* kIgnoredHfKeys[] = {"bos_token_id", "eos_token_id", "transformers_version", "use_cache",
                                 "_name_or_path", "output_attentions", "output_hidden_states", "return_dict",
-                                "max_window_layers", "model_name", "is_decoder"};
+                                "model_name", "is_decoder"};
 
 // A model family is data: its model_type, the class transformers builds for it, and which of the
 // decoder's optional pieces it switches on.
@@ -29,7 +29,12 @@ struct Family {
   bool qkv_bias = false;
   const char* o_bias_key = nullptr;
   bool o_bias = false;
-  bool window = false;        // sliding_window applies to every layer; elsewhere only with use_sliding_window
+  // sliding_window applies to every layer (Mistral, Phi-3; transformers ignores layer_types there).
+  bool window = false;
+  // Qwen2/Qwen3: sliding_window applies only with use_sliding_window, on the layers layer_types
+  // marks "sliding_attention" (by default those from max_window_layers on).
+  bool window_layers = false;
+  bool attention_sinks = false;  // self_attn.sinks per layer (GPT-OSS; no family here has them yet)
   bool fused = false;         // qkv_proj and gate_up_proj in the checkpoint
   bool scaled_rope = true;    // transformers' class takes linear/dynamic/yarn/llama3 (Phi-3's only longrope)
   int64_t default_pad = -1;   // pad_token_id when the config has none (-1: no padding row)
@@ -41,8 +46,8 @@ constexpr Family kFamilies[] = {
     {.model_type = "llama", .architecture = "LlamaForCausalLM", .qkv_bias_key = "attention_bias",
      .o_bias_key = "attention_bias"},
     {.model_type = "qwen3", .architecture = "Qwen3ForCausalLM", .qk_norm = true, .qkv_bias_key = "attention_bias",
-     .o_bias_key = "attention_bias"},
-    {.model_type = "qwen2", .architecture = "Qwen2ForCausalLM", .qkv_bias = true},
+     .o_bias_key = "attention_bias", .window_layers = true},
+    {.model_type = "qwen2", .architecture = "Qwen2ForCausalLM", .qkv_bias = true, .window_layers = true},
     {.model_type = "mistral", .architecture = "MistralForCausalLM", .window = true},
     {.model_type = "phi3", .architecture = "Phi3ForCausalLM", .window = true, .fused = true, .scaled_rope = false,
      .default_pad = 32000},
@@ -166,7 +171,8 @@ void read_moe(JsonReader& r, ModelConfig& c) {
 int64_t ModelConfig::num_parameters() const {
   const int64_t H = hidden_size;
   const int64_t per_layer = H * q_dim() + 2 * H * kv_dim() + q_dim() * H + 3 * H * intermediate_size + 2 * H +
-                            (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? q_dim() + 2 * kv_dim() : 0) + (o_bias ? H : 0);
+                            (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? q_dim() + 2 * kv_dim() : 0) + (o_bias ? H : 0) +
+                            (attention_sinks ? num_heads : 0);
   int64_t total = vocab_size * H * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + H;
   for (int64_t l = 0; l < num_layers; ++l)  // an MoE layer's router and experts instead of its MLP
     if (is_moe_layer(l)) total += moe.experts * H + moe.experts * 3 * H * moe.intermediate - 3 * H * intermediate_size;
@@ -181,6 +187,49 @@ bool ModelConfig::is_moe_layer(int64_t l) const {
 }
 
 std::string ModelConfig::architecture() const { return find_family(model_type)->architecture; }
+
+namespace {
+
+// sliding_window, use_sliding_window, max_window_layers and layer_types as the family's
+// transformers class applies them (configuration_qwen2.py / modeling_mistral.py): the window
+// (transformers' "kv_idx > q_idx - sliding_window") and which layers it masks.
+void read_sliding_window(JsonReader& r, const Family& family, ModelConfig& c) {
+  r.accept("sliding_window");  // null, or ignored by families without windows (as transformers does)
+  r.accept("max_window_layers");
+  r.accept("layer_types");
+  const nlohmann::json* types = r.has("layer_types") ? &r.raw().at("layer_types") : nullptr;
+  if (types != nullptr) {
+    bool ok = types->is_array() && static_cast<int64_t>(types->size()) == c.num_layers;
+    for (size_t i = 0; ok && i < types->size(); ++i)
+      ok = (*types)[i] == "full_attention" || (*types)[i] == "sliding_attention";
+    if (!ok)
+      r.fail("layer_types", str_cat("is ", brief_json(*types), "; it must list \"full_attention\" or "
+                                    "\"sliding_attention\" for each of the ", c.num_layers, " layers"));
+  }
+  const bool use = family.window_layers && r.get<bool>("use_sliding_window", false);
+  if (!family.window_layers && r.get<bool>("use_sliding_window", false))
+    r.fail("use_sliding_window", str_cat("is true; ", c.model_type, " models have no sliding-window attention"));
+  if (family.window || use) c.sliding_window = r.get_in("sliding_window", 0, 1, INT32_MAX);
+  if (family.window) {  // every layer
+    c.sliding_layers.assign(static_cast<size_t>(c.num_layers), c.sliding_window > 0);
+    return;
+  }
+  if (family.window_layers) {
+    const int64_t first = r.get_in("max_window_layers", 28, 0, INT32_MAX);  // Qwen2Config's default
+    c.sliding_layers.resize(static_cast<size_t>(c.num_layers));
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      c.sliding_layers[l] = c.sliding_window > 0 &&
+                            (types != nullptr ? (*types)[l] == "sliding_attention" : l >= first);
+    return;
+  }
+  if (types != nullptr)
+    for (const auto& t : *types)
+      if (t != "full_attention")
+        r.fail("layer_types", str_cat("is ", brief_json(*types), "; ", c.model_type,
+                                      " models have no sliding-window attention (every layer is \"full_attention\")"));
+}
+
+}  // namespace
 
 ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string& source) {
   JsonReader r(j, source);
@@ -263,10 +312,8 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   const std::string act = r.get<std::string>("hidden_act", "silu");
   if (act != "silu") r.fail("hidden_act", str_cat("is '", act, "'; only 'silu' (SwiGLU) is supported"));
   if (r.get<bool>("mlp_bias", false)) r.fail("mlp_bias", "is true; MLP biases are not supported");
-  if (r.get<bool>("use_sliding_window", false)) r.fail("use_sliding_window", "is true; sliding windows are not supported");
-  // Elsewhere sliding_window only counts with use_sliding_window (refused above).
-  r.accept("sliding_window");
-  if (family->window) c.sliding_window = r.get_in("sliding_window", 0, 1, INT32_MAX);
+  read_sliding_window(r, *family, c);
+  c.attention_sinks = family->attention_sinks;
   // so_train trains without dropout (Seed-OSS's and Phi-3's residual and embedding dropout too): a
   // value other than 0 is refused; model.override sets it to 0 where training without it is meant.
   for (const char* key : {"attention_dropout", "residual_dropout", "resid_pdrop", "embd_pdrop"}) {
@@ -278,15 +325,6 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   }
   if (r.get_in("pretraining_tp", 1, INT64_MIN, INT64_MAX) != 1)
     r.fail("pretraining_tp", "is not 1; only unsplit projections are supported");
-  r.accept("layer_types");
-  if (r.has("layer_types")) {
-    const nlohmann::json& lt = r.raw().at("layer_types");
-    bool full = lt.is_array() && static_cast<int64_t>(lt.size()) == c.num_layers;
-    for (size_t i = 0; full && i < lt.size(); ++i) full = lt[i] == "full_attention";
-    if (!full)
-      r.fail("layer_types", str_cat("is ", brief_json(lt), "; so_train needs one \"full_attention\" per layer (",
-                                    c.num_layers, "): sliding-window attention is not supported"));
-  }
   if (family->moe) read_moe(r, c);
   const std::string arch = family->architecture;
   r.accept("architectures");
@@ -343,6 +381,12 @@ nlohmann::json ModelConfig::to_hf_json() const {
   }
   if (family.window)
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
+  if (family.window_layers) {
+    j["use_sliding_window"] = sliding_window > 0;
+    j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
+    nlohmann::json& types = j["layer_types"] = nlohmann::json::array();
+    for (int64_t l = 0; l < num_layers; ++l) types.push_back(layer_window(l) > 0 ? "sliding_attention" : "full_attention");
+  }
   if (rope.type != "default") {
     nlohmann::json& s = j["rope_scaling"] = {{"rope_type", rope.type}, {"factor", rope.factor}};
     if (rope.type == "llama3" || rope.type == "yarn")

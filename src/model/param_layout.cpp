@@ -42,6 +42,7 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
       ids.v_bias = add(p + "self_attn.v_proj.bias", {c.kv_dim()}, u, Zero);
     }
     if (c.o_bias) ids.o_bias = add(p + "self_attn.o_proj.bias", {H}, u, Zero);
+    if (c.attention_sinks) ids.sinks = add(p + "self_attn.sinks", {c.num_heads}, u);  // GPT-OSS: normal(0, std)
     if (c.qk_norm) {
       ids.q_norm = add(p + "self_attn.q_norm.weight", {c.head_dim}, u, One);
       ids.k_norm = add(p + "self_attn.k_norm.weight", {c.head_dim}, u, One);
@@ -104,9 +105,17 @@ double train_flops_per_token(const ModelConfig& c, int64_t seq_len, bool causal)
   for (int64_t l = 0; l < c.num_layers; ++l)
     matmul_params += attn_params + (c.is_moe_layer(l) ? H * c.moe.experts + 3.0 * H * c.moe.intermediate * c.moe.top_k
                                                       : 3.0 * H * c.intermediate_size);
-  // QK^T and PV: 2 matmuls x 2 FLOPs x head_dim x heads per (query, visible key) pair.
-  const double keys = causal ? (seq_len + 1) / 2.0 : static_cast<double>(seq_len);
-  const double attn_fwd = c.num_layers * 4.0 * c.head_dim * c.num_heads * keys;
+  // QK^T and PV: 2 matmuls x 2 FLOPs x head_dim x heads per (query, visible key) pair; under a
+  // window W query i sees min(i + 1, W) keys (the mean over the S queries).
+  double keys_all_layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t W = c.layer_window(l);
+    double keys = causal ? (seq_len + 1) / 2.0 : static_cast<double>(seq_len);
+    if (causal && W > 0 && W < seq_len)  // sum_i min(i + 1, W) = W(W+1)/2 + (S - W) W
+      keys = (W * (W + 1) / 2.0 + static_cast<double>(seq_len - W) * W) / static_cast<double>(seq_len);
+    keys_all_layers += keys;
+  }
+  const double attn_fwd = 4.0 * c.head_dim * c.num_heads * keys_all_layers;
   // A bias costs one add per element forward and one (its gradient's sum) backward: no input gradient.
   const double biases = c.num_layers * ((c.qkv_bias ? c.q_dim() + 2.0 * c.kv_dim() : 0.0) + (c.o_bias ? H : 0.0));
   return 3.0 * (2.0 * matmul_params + attn_fwd) + 2.0 * biases;

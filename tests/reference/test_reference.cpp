@@ -10,6 +10,7 @@
 #include "so/engine/engine.h"
 #include "so/io/hdf5_file.h"
 #include "so/model/llama_model.h"
+#include "tests/reference/reference_fixture.h"
 #include "tests/test_util.h"
 #ifdef SO_HAVE_CUDA
 #include "src/backend/cuda/cuda_cast.h"
@@ -41,32 +42,6 @@ bool cuda_available() {
 #else
   return false;
 #endif
-}
-
-struct Fixture {
-  H5File file;
-  ModelConfig cfg;
-  int64_t B = 0, S = 0;
-};
-
-Fixture open_fixture(const std::string& name) {
-  Fixture f{H5File::open_read(std::string(SO_FIXTURE_DIR) + "/" + name + ".h5"), {}, 0, 0};
-  f.cfg = ModelConfig::from_hf_json(nlohmann::json::parse(f.file.read_string_attr("/", "config_json")), name);
-  const auto shape = f.file.shape("/input_ids");
-  f.B = shape[0];
-  f.S = shape[1] - 1;
-  return f;
-}
-
-TokenBatch to_batch(const std::vector<int32_t>& ids, int64_t B, int64_t S) {
-  TokenBatch b;
-  for (int64_t i = 0; i < B; ++i)
-    for (int64_t t = 0; t < S; ++t) {
-      b.inputs.push_back(ids[i * (S + 1) + t]);
-      b.targets.push_back(ids[i * (S + 1) + t + 1]);
-      b.positions.push_back(static_cast<int32_t>(t));
-    }
-  return b;
 }
 
 struct Case {
@@ -134,8 +109,7 @@ TEST_P(ReferenceTest, LossLogitsAndEveryGradient) {
   const int64_t T = fx_->B * fx_->S;
   engine->begin_step(0.0f);
   model_->zero_loss();
-  model_->forward_backward(to_batch(fx_->file.read_i32("/input_ids", {fx_->B, fx_->S + 1}), fx_->B, fx_->S), *engine, *engine,
-                           1.0f / static_cast<float>(T), true);
+  model_->forward_backward(fixture_batch(*fx_), *engine, *engine, 1.0f / static_cast<float>(T), true);
   const float loss = model_->read_loss();
   const float ref_loss = fx_->file.read_f32("/loss", {1})[0];
   EXPECT_LE(std::abs(loss - ref_loss) / ref_loss, tol().loss) << "loss " << loss << " vs torch " << ref_loss;
@@ -239,6 +213,15 @@ std::vector<Case> cases_on(const std::string& backend) {
                              {"phi3_gqa_pad", DType::F32, true, 9},       {"llama_tied_pad", DType::F32, false, 0},
                              {"seed_oss_qdim_bias", DType::F32, false, 0},
                              {"seed_oss_qdim_bias", DType::BF16, true, 0},
+                             // Windows shorter than the sequence; packed rows (documents alone).
+                             {"mistral_window_short", DType::F32, false, 0}, {"mistral_window_short", DType::F32, true, 0},
+                             {"qwen2_sliding_layers", DType::F32, false, 0}, {"qwen2_sliding_layers", DType::F32, true, 6},
+                             {"llama_packed", DType::F32, false, 0},         {"llama_packed", DType::F32, true, 0},
+                             {"mistral_packed_window", DType::F32, false, 0}, {"mistral_packed_window", DType::F32, true, 0},
+                             {"mistral_window_short", DType::BF16, false, 0}, {"llama_packed", DType::BF16, true, 0},
+                             // Sinks as a parameter (packed rows too), their gradient among the others.
+                             {"llama_sinks", DType::F32, false, 0},          {"llama_sinks", DType::F32, true, 0},
+                             // Mixture of experts (Qwen3-MoE), dense and MoE layers.
                              {"qwen3_moe_mixed", DType::F32, false, 0},   {"qwen3_moe_mixed", DType::F32, true, 0}};
   for (Case& c : cases) c.backend = backend;
   return cases;

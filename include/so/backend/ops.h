@@ -16,6 +16,26 @@ namespace so {
 
 class Stream;
 
+// Which keys a query of attention_forward/backward sees, beyond causal (key j <= query i, both
+// indices within a row of S tokens). Every field is optional; all unset is plain causal.
+struct AttentionMask {
+  // Packed rows: [B*S] int32 (backend memory), per token the index within its row of the first
+  // token of its document; key j is visible to query i only when doc_start[i] <= j. Documents are
+  // contiguous: doc_start[0] = 0 and doc_start[i] is doc_start[i-1] or i (the model checks this
+  // on the host; the kernels rely on it to skip tiles).
+  const int32_t* doc_start = nullptr;
+  // Sliding window (> 0): key j is visible to query i only when i - j < window, transformers'
+  // `kv_idx > q_idx - sliding_window` (masking_utils.sliding_window_overlay): window keys per row,
+  // the query's own included. 0 = no window.
+  int64_t window = 0;
+  // GPT-OSS attention sinks: [Hq] learned logits (dtype dt, backend memory), one extra column per
+  // head in every row's softmax that takes probability mass and attends to nothing.
+  const void* sinks = nullptr;
+};
+
+// Refuses doc_start [B*S] (host memory) that breaks AttentionMask's contract, naming row and token.
+void check_attention_doc_start(const int32_t* doc_start, int64_t B, int64_t S);
+
 // The three AdamW calls of speculation-then-validation (optim::AdamKernels): a step, its undo,
 // and its undo followed by a step with another grad_scale, in one pass.
 enum class AdamCall { Step, Rollback, Redo };
@@ -88,19 +108,24 @@ class Ops {
                     const double* inv_freq, float attention_scale, bool inverse, DType dt) = 0;
 
   // Causal grouped-query attention over B sequences of S tokens, computed tile by tile (memory
-  // O(S)). q/out: [B*S, Hq*D]; k, v: [B*S, Hkv*D]; lse: [B, Hq, S] fp32 saved for backward.
+  // O(S)), narrowed by `mask` (AttentionMask). q/out: [B*S, Hq*D]; k, v: [B*S, Hkv*D]; lse:
+  // [B, Hq, S] fp32 saved for backward (the log-sum-exp of each row's softmax, sink included).
   virtual void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
                                  int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
-                                 DType dt) = 0;
-  // Which implementation attention_forward/backward use for this shape, and why (printed at start-up).
-  virtual std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) = 0;
+                                 const AttentionMask& mask, DType dt) = 0;
+  // Which implementation attention_forward/backward use for this shape and kind of mask (which of
+  // its fields are set; the pointers are not read), and why (printed at start-up).
+  virtual std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                               const AttentionMask& mask, DType dt) = 0;
   // The most device memory attention_forward/backward draw from the pool at once for this shape
-  // (the memory planner's term).
-  virtual size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) = 0;
-  // dq, dk, dv are overwritten.
+  // and kind of mask (the memory planner's term).
+  virtual size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                           const AttentionMask& mask, DType dt) = 0;
+  // dq, dk, dv are overwritten; dsinks_acc [Hq] (dt; only with mask.sinks) is accumulated into.
   virtual void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
                                   const void* k, const void* v, const void* out, const float* lse, int64_t B,
-                                  int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) = 0;
+                                  int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                                  const AttentionMask& mask, void* dsinks_acc, DType dt) = 0;
 
   // out = silu(gate) * up, elementwise over n.
   virtual void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) = 0;

@@ -28,6 +28,7 @@ struct LayerParamIds {
   // An MoE layer (gate, up and down are -1): the router and each expert's projections.
   int router = -1;
   std::vector<int> expert_gate, expert_up, expert_down;
+  int sinks = -1;  // self_attn.sinks [num_heads] (ModelConfig::attention_sinks), else -1
 };
 
 // A tensor of the Hugging Face checkpoint: one parameter, or consecutive parameters stacked along
@@ -57,6 +58,9 @@ struct ParamLayout {
 // only, (S + 1) / 2 per query; false over all S, the convention most published MFU figures use.
 // A projection bias counts 1 FLOP per element forward and 1 backward (its gradient's sum). An MoE
 // layer counts its active parameters: the router and top_k experts per token.
+// A projection bias counts 1 FLOP per element forward and 1 backward (its gradient's sum). A
+// sliding window caps the keys a query sees (per layer, ModelConfig::layer_window); packed
+// documents (data-dependent) are not counted.
 double train_flops_per_token(const ModelConfig& cfg, int64_t seq_len, bool causal = true);
 
 }  // namespace so

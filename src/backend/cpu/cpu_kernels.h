@@ -71,9 +71,10 @@ struct AttentionShape {
   float scale;
 };
 template <typename T>
-void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& sh);
+void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& sh,
+                       const AttentionMask& mask);
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                        const float* lse, const AttentionShape& sh);
+                        const float* lse, const AttentionShape& sh, const AttentionMask& mask, T* dsinks_acc);
 
 }  // namespace so::cpu

@@ -72,29 +72,34 @@ void CpuOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64
   }));
 }
 
-std::string CpuOps::attention_implementation(int64_t, int64_t, int64_t, int64_t, int64_t, DType) {
+std::string CpuOps::attention_implementation(int64_t, int64_t, int64_t, int64_t, int64_t, const AttentionMask&,
+                                             DType) {
   return "CPU tiled attention (the reference)";
 }
 
-size_t CpuOps::attention_workspace_bytes(int64_t, int64_t, int64_t, int64_t, int64_t, DType) { return 0; }
+size_t CpuOps::attention_workspace_bytes(int64_t, int64_t, int64_t, int64_t, int64_t, const AttentionMask&, DType) {
+  return 0;
+}
 
 void CpuOps::attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
-                               int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
+                               int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                               const AttentionMask& mask, DType dt) {
   const AttentionShape sh{B, S, Hq, Hkv, D, scale};
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
-    cpu::attention_forward(typed<X>(out), lse, typed<X>(q), typed<X>(k), typed<X>(v), sh);
+    cpu::attention_forward(typed<X>(out), lse, typed<X>(q), typed<X>(k), typed<X>(v), sh, mask);
   }));
 }
 
 void CpuOps::attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
                                 const void* k, const void* v, const void* out, const float* lse, int64_t B,
-                                int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
+                                int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask,
+                                void* dsinks_acc, DType dt) {
   const AttentionShape sh{B, S, Hq, Hkv, D, scale};
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
     cpu::attention_backward(typed<X>(dq), typed<X>(dk), typed<X>(dv), typed<X>(dout), typed<X>(q), typed<X>(k),
-                            typed<X>(v), typed<X>(out), lse, sh);
+                            typed<X>(v), typed<X>(out), lse, sh, mask, typed<X>(dsinks_acc));
   }));
 }
 

@@ -23,12 +23,16 @@ class CpuOps final : public Ops {
   void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
             const double* inv_freq, float attention_scale, bool inverse, DType dt) override;
   void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v, int64_t B,
-                         int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) override;
-  std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) override;
-  size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) override;
+                         int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask,
+                         DType dt) override;
+  std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                       const AttentionMask& mask, DType dt) override;
+  size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, const AttentionMask& mask,
+                                   DType dt) override;
   void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                           const void* v, const void* out, const float* lse, int64_t B, int64_t S, int64_t Hq,
-                          int64_t Hkv, int64_t D, float scale, DType dt) override;
+                          int64_t Hkv, int64_t D, float scale, const AttentionMask& mask, void* dsinks_acc,
+                          DType dt) override;
   void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) override;
   void swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                        int64_t n, DType dt) override;

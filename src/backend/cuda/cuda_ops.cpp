@@ -76,19 +76,25 @@ void CudaOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int6
 }
 
 const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                                                          DType dt) {
+                                                          const AttentionMask& mask, DType dt) {
   std::lock_guard<std::mutex> lock(attention_mu_);
-  const auto key = std::tuple{B, S, Hq, Hkv, D, dt};
+  const bool documents = mask.doc_start != nullptr, sinks = mask.sinks != nullptr;
+  const auto key = std::tuple{B, S, Hq, Hkv, D, documents, mask.window, sinks, dt};
   if (auto it = attention_choices_.find(key); it != attention_choices_.end()) return it->second;
   const char* forced = std::getenv("SO_ATTENTION_KERNEL");  // a flash variant forced (tests, benchmarks)
   const std::string flash = "flash kernels (ours)";
+  const SdpaShape shape{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)), mask.window};
   std::string why;
   if (attention_mode_ == "flash" || (forced != nullptr && *forced != '\0')) {
     why = attention_mode_ == "flash" ? "backend.attention is flash" : "SO_ATTENTION_KERNEL is set";
   } else if (dt != DType::BF16) {
     why = str_cat("cuDNN's fused attention takes bf16, this run is ", dtype_name(dt));
+  } else if (documents) {
+    // cuDNN expresses documents only as ragged (varlen) sequences, another layout than ours.
+    why = "packed rows (documents within a row) are not a mask cuDNN's SDPA takes in this layout";
+  } else if (sinks) {
+    why = "attention sinks are not wired to cuDNN's SDPA";
   } else {
-    const SdpaShape shape{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
     if (!sdpa_) sdpa_ = std::make_unique<CudnnSdpa>(deterministic_attention_);
     why = sdpa_->check_support(shape);
     if (why.empty()) {
@@ -115,7 +121,7 @@ const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, 
   if (why.empty()) {
     c.cudnn = true;
     c.description = str_cat("cuDNN ", sdpa_->version(), " fused SDPA (", deterministic_attention_ ? "deterministic" : "atomic",
-                            " backward)");
+                            " backward", mask.window > 0 ? str_cat(", sliding window ", mask.window) : std::string(), ")");
   } else {
     SO_CHECK(attention_mode_ != "cudnn", "backend.attention is cudnn, but cuDNN cannot take attention over B=", B,
              " S=", S, " Hq=", Hq, " Hkv=", Hkv, " D=", D, " ", dtype_name(dt), ": ", why);
@@ -124,38 +130,43 @@ const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, 
   return attention_choices_.emplace(key, std::move(c)).first->second;
 }
 
-std::string CudaOps::attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) {
-  return attention_choice(B, S, Hq, Hkv, D, dt).description;
+std::string CudaOps::attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                              const AttentionMask& mask, DType dt) {
+  return attention_choice(B, S, Hq, Hkv, D, mask, dt).description;
 }
 
-size_t CudaOps::attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) {
-  if (!attention_choice(B, S, Hq, Hkv, D, dt).cudnn) return attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
-  const SdpaShape shape{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
+size_t CudaOps::attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                          const AttentionMask& mask, DType dt) {
+  if (!attention_choice(B, S, Hq, Hkv, D, mask, dt).cudnn)
+    return attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
+  const SdpaShape shape{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)), mask.window};
   return std::max(sdpa_->forward_workspace(shape), sdpa_->backward_workspace(shape));
 }
 
 void CudaOps::attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
-                                int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
-  if (attention_choice(B, S, Hq, Hkv, D, dt).cudnn) {
-    const SdpaShape shape{B, S, Hq, Hkv, D, scale};
+                                int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                                const AttentionMask& mask, DType dt) {
+  if (attention_choice(B, S, Hq, Hkv, D, mask, dt).cudnn) {
+    const SdpaShape shape{B, S, Hq, Hkv, D, scale, mask.window};
     sdpa_->forward(raw(s), shape, out, lse, q, k, v, attention_workspace(s, sdpa_->forward_workspace(shape)));
     return;
   }
-  cuda::attention_forward(raw(s), out, lse, q, k, v, B, S, Hq, Hkv, D, scale, dt);
+  cuda::attention_forward(raw(s), out, lse, q, k, v, B, S, Hq, Hkv, D, scale, mask, dt);
 }
 
 void CudaOps::attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
                                  const void* k, const void* v, const void* out, const float* lse, int64_t B,
-                                 int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
-  if (attention_choice(B, S, Hq, Hkv, D, dt).cudnn) {
-    const SdpaShape shape{B, S, Hq, Hkv, D, scale};
+                                 int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                                 const AttentionMask& mask, void* dsinks_acc, DType dt) {
+  if (attention_choice(B, S, Hq, Hkv, D, mask, dt).cudnn) {
+    const SdpaShape shape{B, S, Hq, Hkv, D, scale, mask.window};
     sdpa_->backward(raw(s), shape, dq, dk, dv, dout, q, k, v, out, lse,
                     attention_workspace(s, sdpa_->backward_workspace(shape)));
     return;
   }
   // rowsum(dout * out) in fp32, B*Hq*S floats.
   const size_t bytes = attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
-  cuda::attention_backward(raw(s), dq, dk, dv, dout, q, k, v, out, lse, B, S, Hq, Hkv, D, scale, dt,
+  cuda::attention_backward(raw(s), dq, dk, dv, dout, q, k, v, out, lse, B, S, Hq, Hkv, D, scale, mask, dsinks_acc, dt,
                            attention_workspace(s, bytes), bytes);
 }
 

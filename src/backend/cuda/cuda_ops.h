@@ -43,12 +43,16 @@ class CudaOps final : public Ops {
   void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
             const double* inv_freq, float attention_scale, bool inverse, DType dt) override;
   void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v, int64_t B,
-                         int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) override;
-  std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) override;
-  size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) override;
+                         int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask,
+                         DType dt) override;
+  std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                       const AttentionMask& mask, DType dt) override;
+  size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, const AttentionMask& mask,
+                                   DType dt) override;
   void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                           const void* v, const void* out, const float* lse, int64_t B, int64_t S, int64_t Hq,
-                          int64_t Hkv, int64_t D, float scale, DType dt) override;
+                          int64_t Hkv, int64_t D, float scale, const AttentionMask& mask, void* dsinks_acc,
+                          DType dt) override;
   void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) override;
   void swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                        int64_t n, DType dt) override;
@@ -94,13 +98,14 @@ class CudaOps final : public Ops {
   // (attention_workspace_bytes). A per-call allocation would leave one alive per queued call.
   void* attention_workspace(Stream& s, size_t bytes);
 
-  // Attention by cuDNN's fused SDPA or our flash kernels, decided per shape on first use and kept,
-  // so that a forward and its backward always agree.
+  // Attention by cuDNN's fused SDPA or our flash kernels, decided per shape and kind of mask
+  // (documents, window, sinks) on first use and kept, so that a forward and its backward agree.
   struct AttentionChoice {
     bool cudnn = false;
     std::string description;  // what runs, and why when it is not cuDNN
   };
-  const AttentionChoice& attention_choice(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt);
+  const AttentionChoice& attention_choice(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                          const AttentionMask& mask, DType dt);
 
   CudaBackend& backend_;
   CublasLtGemm& gemm_;
@@ -110,7 +115,8 @@ class CudaOps final : public Ops {
   bool deterministic_attention_;
   std::unique_ptr<CudnnSdpa> sdpa_;
   std::mutex attention_mu_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, DType>, AttentionChoice> attention_choices_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, bool, DType>, AttentionChoice>
+      attention_choices_;
 };
 
 }  // namespace so::cuda
