@@ -17,7 +17,11 @@ void* grad_or_null(ParamStore& p, int id) { return id < 0 ? nullptr : p.grad(id)
 
 MoeSpec moe_spec(const ModelConfig& cfg, DType dt) {
   MoeSpec spec;
-  spec.routing.kind = MoeRouting::Kind::SoftmaxTopK;
+  const bool gpt_oss = cfg.moe.style == ModelConfig::Moe::Style::GptOss;
+  spec.routing.kind = gpt_oss ? MoeRouting::Kind::TopKSoftmax : MoeRouting::Kind::SoftmaxTopK;
+  spec.experts = gpt_oss ? MoeSpec::Experts::GptOssGLU : MoeSpec::Experts::SwiGLU;
+  spec.glu_alpha = static_cast<float>(cfg.moe.glu_alpha);
+  spec.glu_limit = static_cast<float>(cfg.moe.glu_limit);
   spec.routing.experts = cfg.moe.experts;
   spec.routing.top_k = cfg.moe.top_k;
   spec.routing.normalize = cfg.moe.normalize;
@@ -528,10 +532,22 @@ MoeParams LlamaModel::moe_params(int l, ParamStore& p, bool grads) const {
   auto ptr = [&](int id) { return grads ? p.grad(id) : p.weight(id); };
   MoeParams m;
   m.router = ptr(w.router);
+  if (w.router_bias >= 0) m.router_bias = ptr(w.router_bias);
   for (size_t e = 0; e < w.expert_gate.size(); ++e) {
     m.gate.push_back(ptr(w.expert_gate[e]));
     m.up.push_back(ptr(w.expert_up[e]));
     m.down.push_back(ptr(w.expert_down[e]));
+  }
+  if (w.experts_gate_up >= 0) {  // expert e's slice of each fused tensor
+    const int64_t E = cfg_.moe.experts;
+    auto slices = [&](int id, std::vector<void*>& out) {
+      const int64_t per_expert = layout_.params[id].numel / E;
+      for (int64_t e = 0; e < E; ++e) out.push_back(at(ptr(id), e * per_expert, opts_.dtype));
+    };
+    slices(w.experts_gate_up, m.gate_up);
+    slices(w.experts_gate_up_bias, m.gate_up_bias);
+    slices(w.experts_down, m.down);
+    slices(w.experts_down_bias, m.down_bias);
   }
   return m;
 }

@@ -27,14 +27,18 @@ template <class Visit>
 void visit_buffers(DeviceBuffer* const* kept, MoeScratch* sb, const MoeSpec& spec, int64_t T, DType dt,
                    Visit&& visit) {  const int64_t E = spec.routing.experts, k = spec.routing.top_k, H = spec.hidden, I = spec.intermediate;
   const size_t e = dtype_size(dt), rows = static_cast<size_t>(T * k);
+  // GPT-OSS's experts project to the interleaved gate_up [rows, 2I], kept in the gate buffer.
+  const size_t gate_cols = spec.experts == MoeSpec::Experts::GptOssGLU ? 2 * I : I;
+  const size_t up_cols = spec.experts == MoeSpec::Experts::GptOssGLU ? 0 : I;
   const std::pair<const char*, size_t> kept_sizes[kKept] = {
       {"moe router logits", T * E * 4},       {"moe routing weights", rows * 4},
       {"moe routed experts", rows * 4},       {"moe slot order", rows * 4},
       {"moe slot rows", rows * 4},            {"moe expert offsets", (E + 1) * 4},
       {"moe ones (bias GEMMs)", rows * e},    {"moe dispatched tokens", rows * H * e},
-      {"moe expert gate", rows * I * e},      {"moe expert up", rows * I * e},
+      {"moe expert gate", rows * gate_cols * e}, {"moe expert up", rows * up_cols * e},
       {"moe expert activation", rows * I * e}, {"moe expert outputs", rows * H * e}};
-  for (int i = 0; i < kKept; ++i) visit(kept ? kept[i] : nullptr, kept_sizes[i].second, kept_sizes[i].first, true);
+  for (int i = 0; i < kKept; ++i)
+    if (kept_sizes[i].second > 0) visit(kept ? kept[i] : nullptr, kept_sizes[i].second, kept_sizes[i].first, true);
   DeviceBuffer* s[kScratch] = {};
   if (sb) {
     DeviceBuffer* list[kScratch] = {&sb->dy, &sb->dweights, &sb->dact, &sb->dgate, &sb->dup, &sb->dxs, &sb->dlogits,
@@ -43,10 +47,11 @@ void visit_buffers(DeviceBuffer* const* kept, MoeScratch* sb, const MoeSpec& spe
   }
   const std::pair<const char*, size_t> scratch_sizes[kScratch] = {
       {"moe expert output grad", rows * H * e}, {"moe routing weight grad", rows * 4},
-      {"moe activation grad", rows * I * e},    {"moe gate grad", rows * I * e},
-      {"moe up grad", rows * I * e},            {"moe dispatched token grad", rows * H * e},
+      {"moe activation grad", rows * I * e},    {"moe gate grad", rows * gate_cols * e},
+      {"moe up grad", rows * up_cols * e},            {"moe dispatched token grad", rows * H * e},
       {"moe router logit grad", T * E * 4},     {"moe router logit grad (storage dtype)", T * E * e}};
-  for (int i = 0; i < kScratch; ++i) visit(s[i], scratch_sizes[i].second, scratch_sizes[i].first, false);
+  for (int i = 0; i < kScratch; ++i)
+    if (scratch_sizes[i].second > 0) visit(s[i], scratch_sizes[i].second, scratch_sizes[i].first, false);
 }
 
 }  // namespace
@@ -86,45 +91,44 @@ MoeBlock::MoeBlock(Backend& backend, const MoeSpec& spec, int64_t max_tokens, DT
 
 void MoeBlock::check_params(const MoeParams& w, const char* what) const {
   const size_t E = static_cast<size_t>(spec_.routing.experts);
-  SO_CHECK(w.router && w.gate.size() == E && w.up.size() == E && w.down.size() == E, "moe: ", what,
-           " name the router and ", E, " experts' gate, up and down (got ", w.gate.size(), ", ", w.up.size(), ", ",
-           w.down.size(), ")");
-  SO_CHECK(w.gate_bias.size() == w.up_bias.size() && w.up_bias.size() == w.down_bias.size() &&
-               (w.gate_bias.empty() || w.gate_bias.size() == E),
-           "moe: ", what, " have expert biases for some projections or experts only");
+  const bool gpt_oss = spec_.experts == MoeSpec::Experts::GptOssGLU;
+  const bool ok = w.router && w.down.size() == E &&
+                  (gpt_oss ? w.gate_up.size() == E && w.gate_up_bias.size() == E && w.down_bias.size() == E
+                           : w.gate.size() == E && w.up.size() == E);
+  SO_CHECK(ok, "moe: ", what, " must name the router and every one of the ", E, " experts' ",
+           gpt_oss ? "gate_up, down and their biases" : "gate, up and down", " (got ", w.gate.size(), " gate, ",
+           w.up.size(), " up, ", w.gate_up.size(), " gate_up, ", w.down.size(), " down)");
 }
 
-// out[rows, N] = beta * out + in[rows, K] @ weight_e^T (+ bias_e) per expert's rows.
-void MoeBlock::expert_gemm(Stream& s, void* out, const void* in, const std::vector<void*>& weight,
+void MoeBlock::expert_gemm(Stream& s, void* out, const void* in, const std::vector<void*>& weight, bool linear,
                            const std::vector<void*>& bias, int64_t N, int64_t K, float beta) {
   GroupedGemm g;
   g.rows = rows_.data();
   g.groups = spec_.routing.experts;
   g.ab = g.c = dt_;
-  g.trans_b = true;
+  if (!bias.empty()) {  // out = beta * out + ones[rows, 1] @ bias_e[1, N]; the product adds onto it
+    g.N = N, g.K = 1, g.A = ones_.data(), g.C = out, g.beta = beta, g.per_group = bias.data();
+    backend_.ops().grouped_gemm(s, g);
+    beta = 1.0f;
+  }
+  g.trans_b = linear;
   g.N = N, g.K = K, g.A = in, g.C = out, g.beta = beta, g.per_group = weight.data();
   backend_.ops().grouped_gemm(s, g);
-  if (!bias.empty()) {  // + ones[rows, 1] @ bias_e[1, N]
-    g.trans_b = false;
-    g.K = 1, g.A = ones_.data(), g.per_group = bias.data(), g.beta = 1.0f;
-    backend_.ops().grouped_gemm(s, g);
-  }
 }
 
-// dweight_e[M, N] += dout_e^T @ in_e and dbias_e[M] += the sum of dout_e's rows, per expert.
-void MoeBlock::weight_grad(Stream& s, const std::vector<void*>& dweight, const std::vector<void*>& dbias,
-                           const void* dout, const void* in, int64_t M, int64_t N) {
+void MoeBlock::weight_grad(Stream& s, const std::vector<void*>& dweight, const void* a, int64_t M, const void* b,
+                           int64_t N) {
   GroupedGemm g;
   g.vary_k = true;
   g.rows = rows_.data();
   g.groups = spec_.routing.experts;
   g.ab = g.c = dt_;
-  g.M = M, g.N = N, g.A = dout, g.B = in, g.per_group = dweight.data(), g.beta = 1.0f;
+  g.M = M, g.N = N, g.A = a, g.B = b, g.per_group = dweight.data(), g.beta = 1.0f;
   backend_.ops().grouped_gemm(s, g);
-  if (!dbias.empty()) {  // dbias_e[1, M] += ones^T @ dout_e
-    g.M = 1, g.N = M, g.A = ones_.data(), g.B = dout, g.per_group = dbias.data();
-    backend_.ops().grouped_gemm(s, g);
-  }
+}
+
+void MoeBlock::bias_grad(Stream& s, const std::vector<void*>& dbias, const void* dout, int64_t N) {
+  weight_grad(s, dbias, ones_.data(), 1, dout, N);
 }
 
 void MoeBlock::forward(Stream& s, void* out, const void* x, const MoeParams& w, int64_t T, bool accumulate) {
@@ -148,14 +152,16 @@ void MoeBlock::forward(Stream& s, void* out, const void* x, const MoeParams& w, 
   for (int64_t e = 0; e < E; ++e) rows_[e] = offsets[e + 1] - offsets[e];
 
   ops.moe_dispatch(s, xs_.data(), x, slot_of_.as<int32_t>(), T, k, H, dt_);
-  expert_gemm(s, gate_.data(), xs_.data(), w.gate, w.gate_bias, I, H, 0.0f);
-  expert_gemm(s, up_.data(), xs_.data(), w.up, w.up_bias, I, H, 0.0f);
-  if (spec_.activation == MoeSpec::Activation::SwiGLU)
+  if (spec_.experts == MoeSpec::Experts::SwiGLU) {
+    expert_gemm(s, gate_.data(), xs_.data(), w.gate, true, {}, I, H, 0.0f);
+    expert_gemm(s, up_.data(), xs_.data(), w.up, true, {}, I, H, 0.0f);
     ops.swiglu_forward(s, act_.data(), gate_.data(), up_.data(), T * k * I, dt_);
-  else
-    ops.clamped_swiglu_forward(s, act_.data(), gate_.data(), up_.data(), T * k * I, spec_.glu_alpha,
-                               spec_.glu_limit, dt_);
-  expert_gemm(s, y_.data(), act_.data(), w.down, w.down_bias, H, I, 0.0f);
+    expert_gemm(s, y_.data(), act_.data(), w.down, true, {}, H, I, 0.0f);
+  } else {  // gate_ holds the interleaved gate_up [rows, 2I]
+    expert_gemm(s, gate_.data(), xs_.data(), w.gate_up, false, w.gate_up_bias, 2 * I, H, 0.0f);
+    ops.clamped_swiglu_forward(s, act_.data(), gate_.data(), T * k * I, spec_.glu_alpha, spec_.glu_limit, dt_);
+    expert_gemm(s, y_.data(), act_.data(), w.down, false, w.down_bias, H, I, 0.0f);
+  }
   ops.moe_combine(s, out, y_.data(), weights_.as<float>(), row_of_.as<int32_t>(), T, k, H, accumulate, dt_);
 }
 
@@ -165,43 +171,40 @@ void MoeBlock::backward(Stream& s, MoeScratch& sc, void* dx, const MoeParams& w,
   Ops& ops = backend_.ops();
   const MoeRouting& r = spec_.routing;
   const int64_t T = T_, E = r.experts, k = r.top_k, H = spec_.hidden, I = spec_.intermediate;
-  DeviceBuffer &dy = sc.dy, &dweights = sc.dweights, &dact = sc.dact, &dgate = sc.dgate, &dup = sc.dup,
-               &dxs = sc.dxs, &dlogits = sc.dlogits, &dlogits_dt = sc.dlogits_dt;
 
   // Combine: the experts' outputs and the routing weights.
-  ops.moe_combine_backward(s, dy.data(), dweights.as<float>(), dout, y_.data(), weights_.as<float>(),
+  ops.moe_combine_backward(s, sc.dy.data(), sc.dweights.as<float>(), dout, y_.data(), weights_.as<float>(),
                            slot_of_.as<int32_t>(), T, k, H, dt_);
-  // Down projection, activation, gate and up projections, per expert.
-  weight_grad(s, g.down, g.down_bias, dy.data(), act_.data(), H, I);
-  GroupedGemm back;  // d(in)[rows, K] = d(out)[rows, N] @ weight_g[N, K]
-  back.rows = rows_.data();
-  back.groups = E;
-  back.ab = back.c = dt_;
-  back.N = I, back.K = H, back.A = dy.data(), back.C = dact.data(), back.per_group = w.down.data();
-  ops.grouped_gemm(s, back);
-  if (spec_.activation == MoeSpec::Activation::SwiGLU)
-    ops.swiglu_backward(s, dgate.data(), dup.data(), dact.data(), gate_.data(), up_.data(), T * k * I, dt_);
-  else
-    ops.clamped_swiglu_backward(s, dgate.data(), dup.data(), dact.data(), gate_.data(), up_.data(), T * k * I,
-                                spec_.glu_alpha, spec_.glu_limit, dt_);
-  weight_grad(s, g.gate, g.gate_bias, dgate.data(), xs_.data(), I, H);
-  weight_grad(s, g.up, g.up_bias, dup.data(), xs_.data(), I, H);
-  back.N = H, back.K = I, back.A = dgate.data(), back.C = dxs.data(), back.per_group = w.gate.data(),
-  back.beta = 0.0f;
-  ops.grouped_gemm(s, back);
-  back.A = dup.data(), back.per_group = w.up.data(), back.beta = 1.0f;
-  ops.grouped_gemm(s, back);
+  // The experts: d(in) = d(out) @ op(W)^T per expert, weights' gradients from the saved inputs.
+  if (spec_.experts == MoeSpec::Experts::SwiGLU) {
+    weight_grad(s, g.down, sc.dy.data(), H, act_.data(), I);  // down [H, I]
+    expert_gemm(s, sc.dact.data(), sc.dy.data(), w.down, false, {}, I, H, 0.0f);
+    ops.swiglu_backward(s, sc.dgate.data(), sc.dup.data(), sc.dact.data(), gate_.data(), up_.data(), T * k * I, dt_);
+    weight_grad(s, g.gate, sc.dgate.data(), I, xs_.data(), H);
+    weight_grad(s, g.up, sc.dup.data(), I, xs_.data(), H);
+    expert_gemm(s, sc.dxs.data(), sc.dgate.data(), w.gate, false, {}, H, I, 0.0f);
+    expert_gemm(s, sc.dxs.data(), sc.dup.data(), w.up, false, {}, H, I, 1.0f);
+  } else {  // sc.dgate holds the interleaved d(gate_up) [rows, 2I]
+    weight_grad(s, g.down, act_.data(), I, sc.dy.data(), H);  // down [I, H]
+    bias_grad(s, g.down_bias, sc.dy.data(), H);
+    expert_gemm(s, sc.dact.data(), sc.dy.data(), w.down, true, {}, I, H, 0.0f);
+    ops.clamped_swiglu_backward(s, sc.dgate.data(), sc.dact.data(), gate_.data(), T * k * I, spec_.glu_alpha,
+                                spec_.glu_limit, dt_);
+    weight_grad(s, g.gate_up, xs_.data(), H, sc.dgate.data(), 2 * I);  // gate_up [H, 2I]
+    bias_grad(s, g.gate_up_bias, sc.dgate.data(), 2 * I);
+    expert_gemm(s, sc.dxs.data(), sc.dgate.data(), w.gate_up, true, {}, H, 2 * I, 0.0f);
+  }
   // Dispatch's backward: each token sums its k rows.
-  ops.moe_combine(s, dx, dxs.data(), nullptr, row_of_.as<int32_t>(), T, k, H, accumulate, dt_);
+  ops.moe_combine(s, dx, sc.dxs.data(), nullptr, row_of_.as<int32_t>(), T, k, H, accumulate, dt_);
 
   // Router: the weights' gradient through top-k and the softmax, then the linear layer.
-  ops.moe_route_backward(s, r, dlogits.as<float>(), dweights.as<float>(), logits_.as<float>(),
+  ops.moe_route_backward(s, r, sc.dlogits.as<float>(), sc.dweights.as<float>(), logits_.as<float>(),
                          experts_.as<int32_t>(), aux_dprob, T);
-  ops.cast(s, dlogits_dt.data(), dt_, dlogits.data(), DType::F32, T * E);
-  ops.gemm(s, false, false, T, H, E, 1.0f, dlogits_dt.data(), w.router, dt_, 1.0f, dx, dt_);
-  ops.gemm(s, true, false, E, H, T, 1.0f, dlogits_dt.data(), x, dt_, 1.0f, g.router, dt_);
+  ops.cast(s, sc.dlogits_dt.data(), dt_, sc.dlogits.data(), DType::F32, T * E);
+  ops.gemm(s, false, false, T, H, E, 1.0f, sc.dlogits_dt.data(), w.router, dt_, 1.0f, dx, dt_);
+  ops.gemm(s, true, false, E, H, T, 1.0f, sc.dlogits_dt.data(), x, dt_, 1.0f, g.router, dt_);
   if (g.router_bias)
-    ops.gemm(s, true, false, 1, E, T, 1.0f, ones_.data(), dlogits_dt.data(), dt_, 1.0f, g.router_bias, dt_);
+    ops.gemm(s, true, false, 1, E, T, 1.0f, ones_.data(), sc.dlogits_dt.data(), dt_, 1.0f, g.router_bias, dt_);
 }
 
 }  // namespace so

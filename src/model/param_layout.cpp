@@ -48,7 +48,15 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
       ids.k_norm = add(p + "self_attn.k_norm.weight", {c.head_dim}, u, One);
     }
     ids.mlp_norm = add(p + "post_attention_layernorm.weight", {H}, u, One);
-    if (c.is_moe_layer(l)) {  // transformers' per-expert checkpoint names
+    if (c.is_moe_layer(l) && c.moe.style == ModelConfig::Moe::Style::GptOss) {  // GPT-OSS's own tensors
+      const int64_t E = c.moe.experts, Ie = c.moe.intermediate;
+      ids.router = add(p + "mlp.router.weight", {E, H}, u);
+      ids.router_bias = add(p + "mlp.router.bias", {E}, u, Zero);
+      ids.experts_gate_up = add(p + "mlp.experts.gate_up_proj", {E, H, 2 * Ie}, u);
+      ids.experts_gate_up_bias = add(p + "mlp.experts.gate_up_proj_bias", {E, 2 * Ie}, u, Zero);
+      ids.experts_down = add(p + "mlp.experts.down_proj", {E, Ie, H}, u);
+      ids.experts_down_bias = add(p + "mlp.experts.down_proj_bias", {E, H}, u, Zero);
+    } else if (c.is_moe_layer(l)) {  // transformers' per-expert checkpoint names
       const int64_t Ie = c.moe.intermediate;
       ids.router = add(p + "mlp.gate.weight", {c.moe.experts, H}, u);
       for (int64_t e = 0; e < c.moe.experts; ++e) {

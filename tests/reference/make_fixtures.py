@@ -22,12 +22,13 @@ from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 from transformers.models.llama import modeling_llama
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
                           Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM, SeedOssConfig, SeedOssForCausalLM)
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM, SeedOssConfig, SeedOssForCausalLM, GptOssConfig,
+                          GptOssForCausalLM)
 
 CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
            "qwen2": (Qwen2Config, Qwen2ForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
            "phi3": (Phi3Config, Phi3ForCausalLM), "seed_oss": (SeedOssConfig, SeedOssForCausalLM),
-           "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}
+           "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM), "gpt_oss": (GptOssConfig, GptOssForCausalLM)}
 PAD_POSITIONS = [(0, 3), (0, 20), (1, 10)]  # where a config with pad_token_id gets that token in every batch
 
 B = 2            # batch size
@@ -277,6 +278,23 @@ FIXTURES = [
             mlp_only_layers=[1], output_router_logits=False, hidden_act="silu",
         ),
     ),
+    # GPT-OSS: every layer MoE (4 experts, top-2 of the biased router's logits, clamped GLU, fused
+    # interleaved expert tensors with biases), q/k/v/o biases, learned sinks, a sliding window of 8
+    # on layer 0 (layer_types' default: every other layer), yarn RoPE (GptOssConfig's default).
+    dict(
+        name="gpt_oss_window_sinks",
+        model_type="gpt_oss",
+        seed=7531,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=150000.0,
+            rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+                              original_max_position_embeddings=4096),
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
+            num_local_experts=4, num_experts_per_tok=2, sliding_window=8, attention_bias=True,
+            output_router_logits=False, hidden_act="silu",
+        ),
+    ),
 ]
 
 
@@ -332,6 +350,9 @@ def reinit_(model):
                 w.copy_(1.0 + NORM_JITTER * torch.randn_like(w))
             elif cls.endswith("TopKRouter"):  # an MoE router: a linear layer without the class
                 w.normal_(0.0, INIT_STD)
+                if getattr(mod, "bias", None) is not None:  # GPT-OSS's router has a bias
+                    mod.bias.normal_(0.0, INIT_STD)
+                    seen.add(id(mod.bias))
             else:
                 raise RuntimeError(f"unexpected module with weight: {cls}")
             seen.add(id(w))
@@ -398,7 +419,8 @@ def split_fused(cfg, tensors):
             base = n[: -len("qkv_proj.weight")]
             out[base + "q_proj.weight"], out[base + "k_proj.weight"], out[base + "v_proj.weight"] = (
                 a[:q], a[q:q + kv], a[q + kv:])
-        elif n.endswith("mlp.experts.gate_up_proj") or n.endswith("mlp.experts.down_proj"):
+        elif cfg.model_type == "qwen3_moe" and (n.endswith("mlp.experts.gate_up_proj") or
+                                                n.endswith("mlp.experts.down_proj")):
             base, which = n.rsplit(".", 1)
             for e in range(a.shape[0]):
                 if which == "down_proj":

@@ -5,10 +5,10 @@ The oracle is transformers' Qwen3MoeSparseMoeBlock (softmax over all experts, to
 renormalisation, SwiGLU experts) and GptOssMLP (top-k of the biased router logits, softmax over
 the k, experts with biases and the clamped GLU), in float64, with autograd for every gradient.
 
-Weights are written in so_train's expert layout (nn.Linear stacks): gate and up [E, I, H], down
-[E, H, I], biases [E, I], [E, I], [E, H]; router [E, H] (+ bias [E]). transformers 5 fuses the
-experts: qwen3_moe gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I]; gpt_oss
-gate_up_proj [E, H, 2I] with gate and up interleaved in the columns, down_proj [E, I, H].
+Weights are written as so_train keeps them, per family: qwen3_moe's per-expert nn.Linear weights
+stacked (gate and up [E, I, H], down [E, H, I]; transformers 5 fuses gate and up in one
+[E, 2I, H]); gpt_oss's own tensors (gate_up [E, H, 2I] with gate and up interleaved in the
+columns, gate_up_bias [E, 2I], down [E, I, H], down_bias [E, H]); router [E, H] (+ bias [E]).
 
 Layout: one group per case; attrs kind ("qwen3_moe" | "gpt_oss"), top_k, normalize (0/1);
 f32 datasets x [T, H], dout [T, H], the weights, out [T, H], dx [T, H], d<weight> for each weight,
@@ -52,9 +52,9 @@ def make_case(kind, T, H, I, E, k, normalize, hot, std, gen):
     router = randn(E, H)
     if hot >= 0:
         router[hot] = 2.0
-    gate, up, down = randn(E, I, H), randn(E, I, H), randn(E, H, I)
-    params = {"router": router, "gate": gate, "up": up, "down": down}
     if kind == "qwen3_moe":
+        gate, up, down = randn(E, I, H), randn(E, I, H), randn(E, H, I)
+        params = {"router": router, "gate": gate, "up": up, "down": down}
         cfg = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=I, num_experts=E, num_experts_per_tok=k,
                              norm_topk_prob=normalize)
         block = Qwen3MoeSparseMoeBlock(cfg).double()
@@ -67,19 +67,16 @@ def make_case(kind, T, H, I, E, k, normalize, hot, std, gen):
         run = lambda h: block(h.unsqueeze(0))[0]
         router_module = block.gate
     else:
-        params.update(router_bias=randn(E), gate_bias=randn(E, I), up_bias=randn(E, I), down_bias=randn(E, H))
+        params = {"router": router, "router_bias": randn(E), "gate_up": randn(E, H, 2 * I),
+                  "gate_up_bias": randn(E, 2 * I), "down": randn(E, I, H), "down_bias": randn(E, H)}
         cfg = GptOssConfig(hidden_size=H, intermediate_size=I, num_local_experts=E, num_experts_per_tok=k)
         block = GptOssMLP(cfg).double()
-        gate_up = torch.empty(E, H, 2 * I, dtype=torch.float64)
-        gate_up[..., ::2], gate_up[..., 1::2] = gate.transpose(1, 2), up.transpose(1, 2)
-        gate_up_bias = torch.empty(E, 2 * I, dtype=torch.float64)
-        gate_up_bias[:, ::2], gate_up_bias[:, 1::2] = params["gate_bias"], params["up_bias"]
         with torch.no_grad():
             block.router.weight.copy_(router)
             block.router.bias.copy_(params["router_bias"])
-            block.experts.gate_up_proj.copy_(gate_up)
-            block.experts.gate_up_proj_bias.copy_(gate_up_bias)
-            block.experts.down_proj.copy_(down.transpose(1, 2))
+            block.experts.gate_up_proj.copy_(params["gate_up"])
+            block.experts.gate_up_proj_bias.copy_(params["gate_up_bias"])
+            block.experts.down_proj.copy_(params["down"])
             block.experts.down_proj_bias.copy_(params["down_bias"])
         run = lambda h: block(h.unsqueeze(0))[0][0]
         router_module = block.router
@@ -96,11 +93,10 @@ def make_case(kind, T, H, I, E, k, normalize, hot, std, gen):
         gu = block.experts.gate_up_proj.grad
         grads.update(drouter=block.gate.weight.grad, dgate=gu[:, :I], dup=gu[:, I:], ddown=block.experts.down_proj.grad)
     else:
-        gu, gub = block.experts.gate_up_proj.grad, block.experts.gate_up_proj_bias.grad
+        ex = block.experts
         grads.update(drouter=block.router.weight.grad, drouter_bias=block.router.bias.grad,
-                     dgate=gu[..., ::2].transpose(1, 2), dup=gu[..., 1::2].transpose(1, 2),
-                     ddown=block.experts.down_proj.grad.transpose(1, 2), dgate_bias=gub[:, ::2],
-                     dup_bias=gub[:, 1::2], ddown_bias=block.experts.down_proj_bias.grad)
+                     dgate_up=ex.gate_up_proj.grad, dgate_up_bias=ex.gate_up_proj_bias.grad,
+                     ddown=ex.down_proj.grad, ddown_bias=ex.down_proj_bias.grad)
     return x, dout, params, out.detach(), grads, experts
 
 

@@ -20,8 +20,8 @@ struct Fixture {
 inline Fixture open_fixture(const std::string& name) {
   Fixture f{H5File::open_read(std::string(SO_FIXTURE_DIR) + "/" + name + ".h5"), {}, 0, 0};
   f.cfg = ModelConfig::from_hf_json(nlohmann::json::parse(f.file.read_string_attr("/", "config_json")), name);
-  // GPT-OSS's sinks on a Llama (no family of ours has them yet): the fixture says so.
-  f.cfg.attention_sinks = f.file.has_attr("/", "attention_sinks");
+  // GPT-OSS's sinks on a Llama (llama_sinks): the fixture says so; gpt_oss has them as a family.
+  if (f.file.has_attr("/", "attention_sinks")) f.cfg.attention_sinks = true;
   const auto shape = f.file.shape("/input_ids");
   f.B = shape[0];
   f.S = shape[1] - 1;

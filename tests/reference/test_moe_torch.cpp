@@ -45,20 +45,22 @@ struct CaseResult {
 
 CaseResult run_case(Backend& be, const H5File& f, const std::string& name, DType dt) {
   const std::string g = "/" + name;
-  const std::vector<int64_t> xs = f.shape(g + "/x"), gs = f.shape(g + "/gate"), rs = f.shape(g + "/router");
-  const int64_t T = xs.at(0), H = xs.at(1), E = rs.at(0), I = gs.at(1), k = f.read_int_attr(g, "top_k");
   const bool gpt_oss = f.read_string_attr(g, "kind") == "gpt_oss";
+  const std::vector<int64_t> xs = f.shape(g + "/x"), ds = f.shape(g + "/down"), rs = f.shape(g + "/router");
+  const int64_t T = xs.at(0), H = xs.at(1), E = rs.at(0), I = gpt_oss ? ds.at(1) : ds.at(2);
+  const int64_t k = f.read_int_attr(g, "top_k");
   MoeSpec spec;
   spec.routing.kind = gpt_oss ? MoeRouting::Kind::TopKSoftmax : MoeRouting::Kind::SoftmaxTopK;
   spec.routing.experts = E, spec.routing.top_k = k;
   spec.routing.normalize = f.read_int_attr(g, "normalize") != 0;
   spec.routing.weight_dtype = dt;
   spec.hidden = H, spec.intermediate = I;
-  spec.activation = gpt_oss ? MoeSpec::Activation::ClampedSwiGLU : MoeSpec::Activation::SwiGLU;
+  spec.experts = gpt_oss ? MoeSpec::Experts::GptOssGLU : MoeSpec::Experts::SwiGLU;
   Stream& s = be.stream(StreamKind::Compute);
 
-  std::vector<std::string> names = {"router", "gate", "up", "down"};
-  if (gpt_oss) names.insert(names.end(), {"router_bias", "gate_bias", "up_bias", "down_bias"});
+  const std::vector<std::string> names =
+      gpt_oss ? std::vector<std::string>{"router", "router_bias", "gate_up", "gate_up_bias", "down", "down_bias"}
+              : std::vector<std::string>{"router", "gate", "up", "down"};
   std::map<std::string, DeviceBuffer> weight, grad;
   std::map<std::string, std::vector<float>> want_grad;
   for (const std::string& n : names) {
@@ -80,7 +82,8 @@ CaseResult run_case(Backend& be, const H5File& f, const std::string& name, DType
       return v;
     };
     p.gate = experts("gate", I * H), p.up = experts("up", I * H), p.down = experts("down", H * I);
-    p.gate_bias = experts("gate_bias", I), p.up_bias = experts("up_bias", I), p.down_bias = experts("down_bias", H);
+    p.gate_up = experts("gate_up", 2 * I * H), p.gate_up_bias = experts("gate_up_bias", 2 * I);
+    p.down_bias = experts("down_bias", H);
     return p;
   };
   const MoeParams w = ptrs(weight), dw = ptrs(grad);

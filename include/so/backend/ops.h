@@ -167,12 +167,13 @@ class Ops {
   // One GEMM per group of consecutive rows (an expert's tokens); group_rows (host, G entries)
   // are the sizes of the varying dimension. See GroupedGemm for which operand is which.
   virtual void grouped_gemm(Stream& s, const GroupedGemm& g) = 0;
-  // GPT-OSS's clamped GLU: out = g * sigmoid(alpha * g) * (u + 1) with g = min(gate, limit),
-  // u = clamp(up, -limit, limit), elementwise over n.
-  virtual void clamped_swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n,
-                                      float alpha, float limit, DType dt) = 0;
-  virtual void clamped_swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate,
-                                       const void* up, int64_t n, float alpha, float limit, DType dt) = 0;
+  // GPT-OSS's clamped GLU on its interleaved projection gate_up[2n] (gate at even, up at odd
+  // positions): out[i] = g * sigmoid(alpha * g) * (u + 1) with g = min(gate_up[2i], limit),
+  // u = clamp(gate_up[2i + 1], -limit, limit). Backward writes dgate_up[2n], interleaved alike.
+  virtual void clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,
+                                      DType dt) = 0;
+  virtual void clamped_swiglu_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t n,
+                                       float alpha, float limit, DType dt) = 0;
 
   // out_acc += sum(x^2) in fp32 (non-finite inputs make it non-finite).
   virtual void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) = 0;

@@ -11,7 +11,7 @@
 namespace so {
 
 struct ModelConfig {
-  std::string model_type = "llama";  // llama | qwen3 | qwen2 | mistral | phi3 | seed_oss | qwen3_moe
+  std::string model_type = "llama";  // llama | qwen3 | qwen2 | mistral | phi3 | seed_oss | qwen3_moe | gpt_oss
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -42,14 +42,18 @@ struct ModelConfig {
   // that row gets no gradient from the lookup (a tied lm_head's still reaches it); -1 = none.
   int64_t pad_token_id = -1;
   float initializer_range = 0.02f;
-  // Mixture of experts (Qwen3-MoE): the layers it names run the MoE block (so/model/moe_block.h)
+  // Mixture of experts (Qwen3-MoE, GPT-OSS): the layers it names run the MoE block (so/model/moe_block.h)
   // in place of the dense MLP. experts = 0: a dense model.
   struct Moe {
+    // Qwen3: softmax, top-k, SwiGLU experts (per-expert nn.Linear weights). GptOss: top-k of the
+    // biased router's logits, softmax over them, clamped-GLU experts in fused interleaved tensors.
+    enum class Style { Qwen3, GptOss } style = Style::Qwen3;
     int64_t experts = 0, top_k = 0, intermediate = 0;  // num_experts, num_experts_per_tok, moe_intermediate_size
     bool normalize = false;                           // norm_topk_prob
     int64_t sparse_step = 1;                          // decoder_sparse_step
     std::vector<int64_t> dense_layers;                // mlp_only_layers
     double aux_loss_coef = 0.001;                     // router_aux_loss_coef (used when output_router_logits)
+    double glu_alpha = 1.702, glu_limit = 7.0;        // GptOss: swiglu_alpha, swiglu_limit
   } moe;
   // Layer l runs the MoE block, as transformers' Qwen3MoeDecoderLayer decides.
   bool is_moe_layer(int64_t l) const;

@@ -4,8 +4,8 @@
 // expert is a gated MLP (optional biases), and the outputs are summed with the routing weights.
 // Built only from backend ops (so/backend/ops.h), so every backend runs the same block.
 //
-// Expert weights are nn.Linear weights, one per expert (transformers' per-expert checkpoint
-// names); loaders split or transpose the families' fused tensors into them.
+// Expert weights are kept as each family's checkpoint holds them (Qwen3-MoE's per-expert
+// nn.Linear weights; GPT-OSS's fused, interleaved [E, H, 2I] tensors, one pointer per expert).
 #include <cstdint>
 #include <vector>
 
@@ -16,18 +16,22 @@ namespace so {
 struct MoeSpec {
   MoeRouting routing;
   int64_t hidden = 0, intermediate = 0;  // H and the experts' I
-  enum class Activation { SwiGLU, ClampedSwiGLU } activation = Activation::SwiGLU;
-  float glu_alpha = 1.702f, glu_limit = 7.0f;  // ClampedSwiGLU (GPT-OSS's swiglu_alpha/limit)
+  enum class Experts {
+    SwiGLU,     // Qwen3-MoE: per expert gate and up [I, H], down [H, I] (nn.Linear weights), silu(gate) * up
+    GptOssGLU,  // GPT-OSS: per expert gate_up [H, 2I] (gate, up interleaved in the columns) and down [I, H],
+                // applied as x @ W, biases [2I] and [H], the clamped GLU
+  } experts = Experts::SwiGLU;
+  float glu_alpha = 1.702f, glu_limit = 7.0f;  // GptOssGLU: swiglu_alpha, swiglu_limit
 };
 
-// Pointers in the block's storage dtype. Each expert's tensors are their own (the engine need not
-// keep experts adjacent): gate and up [I, H], down [H, I], biases [I], [I], [H]; the bias lists
-// are empty when the family has none, as router_bias is null.
+// Pointers in the block's storage dtype, one per expert (the engine need not keep experts
+// adjacent), shaped as MoeSpec::Experts says: SwiGLU fills gate, up and down; GptOssGLU gate_up,
+// down and the biases gate_up_bias, down_bias. router_bias is null when the family has none.
 struct MoeParams {
   void* router = nullptr;  // [E, H]
   void* router_bias = nullptr;
-  std::vector<void*> gate, up, down;
-  std::vector<void*> gate_bias, up_bias, down_bias;
+  std::vector<void*> gate, up, gate_up, down;
+  std::vector<void*> gate_up_bias, down_bias;
 };
 
 // A device buffer of the block, for the memory planner: its name, bytes and whether it is kept
@@ -67,10 +71,14 @@ class MoeBlock {
   const float* router_logits() const { return logits_.as<float>(); }
 
  private:
-  void expert_gemm(Stream& s, void* out, const void* in, const std::vector<void*>& weight,
+  // out[rows, N] = beta * out + in[rows, K] @ op(weight_e) (+ bias_e), per expert's rows;
+  // op = transpose for nn.Linear weights [N, K], none for x @ W weights [K, N].
+  void expert_gemm(Stream& s, void* out, const void* in, const std::vector<void*>& weight, bool linear,
                    const std::vector<void*>& bias, int64_t N, int64_t K, float beta);
-  void weight_grad(Stream& s, const std::vector<void*>& dweight, const std::vector<void*>& dbias, const void* dout,
-                   const void* in, int64_t M, int64_t N);
+  // dweight_e[M, N] += a_e^T @ b_e (a: [rows, M], b: [rows, N]), per expert.
+  void weight_grad(Stream& s, const std::vector<void*>& dweight, const void* a, int64_t M, const void* b, int64_t N);
+  // dbias_e[N] += the sum of dout_e's rows [rows, N], per expert.
+  void bias_grad(Stream& s, const std::vector<void*>& dbias, const void* dout, int64_t N);
   void check_params(const MoeParams& w, const char* what) const;
 
   Backend& backend_;

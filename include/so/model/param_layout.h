@@ -25,9 +25,12 @@ struct ParamInfo {
 struct LayerParamIds {
   int attn_norm, q, k, v, o, q_norm = -1, k_norm = -1, mlp_norm, gate = -1, up = -1, down = -1;
   int q_bias = -1, k_bias = -1, v_bias = -1, o_bias = -1;  // -1: the family has none
-  // An MoE layer (gate, up and down are -1): the router and each expert's projections.
-  int router = -1;
+  // An MoE layer (gate, up and down are -1): the router, and each expert's projections (Qwen3-MoE)
+  // or the experts' fused tensors, one parameter each (GPT-OSS: gate_up [E, H, 2I] and its bias
+  // [E, 2I], down [E, I, H] and its bias [E, H]).
+  int router = -1, router_bias = -1;
   std::vector<int> expert_gate, expert_up, expert_down;
+  int experts_gate_up = -1, experts_gate_up_bias = -1, experts_down = -1, experts_down_bias = -1;
   int sinks = -1;  // self_attn.sinks [num_heads] (ModelConfig::attention_sinks), else -1
 };
 

@@ -61,10 +61,9 @@ void moe_combine_backward(T* dy, float* dweights, const T* dout, const T* y, con
                           const int32_t* slot_of, int64_t T_, int64_t k, int64_t H);
 void grouped_gemm(const GroupedGemm& g);
 template <typename T>
-void clamped_swiglu_forward(T* out, const T* gate, const T* up, int64_t n, float alpha, float limit);
+void clamped_swiglu_forward(T* out, const T* gate_up, int64_t n, float alpha, float limit);
 template <typename T>
-void clamped_swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n, float alpha,
-                             float limit);
+void clamped_swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t n, float alpha, float limit);
 
 struct AttentionShape {
   int64_t B, S, Hq, Hkv, D;

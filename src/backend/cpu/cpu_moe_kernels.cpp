@@ -181,23 +181,22 @@ void grouped_gemm(const GroupedGemm& g) {
 }
 
 template <typename T>
-void clamped_swiglu_forward(T* out, const T* gate, const T* up, int64_t n, float alpha, float limit) {
+void clamped_swiglu_forward(T* out, const T* gate_up, int64_t n, float alpha, float limit) {
   for (int64_t i = 0; i < n; ++i) {
-    const float g = std::min(to_f32(gate[i]), limit), u = std::clamp(to_f32(up[i]), -limit, limit);
+    const float g = std::min(to_f32(gate_up[2 * i]), limit), u = std::clamp(to_f32(gate_up[2 * i + 1]), -limit, limit);
     out[i] = from_f32<T>(g / (1.0f + std::exp(-alpha * g)) * (u + 1.0f));
   }
 }
 
 template <typename T>
-void clamped_swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n, float alpha,
-                             float limit) {
+void clamped_swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t n, float alpha, float limit) {
   for (int64_t i = 0; i < n; ++i) {
-    const float g0 = to_f32(gate[i]), u0 = to_f32(up[i]), dy = to_f32(dout[i]);
+    const float g0 = to_f32(gate_up[2 * i]), u0 = to_f32(gate_up[2 * i + 1]), dy = to_f32(dout[i]);
     const float g = std::min(g0, limit), u = std::clamp(u0, -limit, limit);
     const float sig = 1.0f / (1.0f + std::exp(-alpha * g));
     // torch's clamp passes the gradient where the input is within the bounds, ends included.
-    dgate[i] = from_f32<T>(g0 <= limit ? dy * (u + 1.0f) * sig * (1.0f + alpha * g * (1.0f - sig)) : 0.0f);
-    dup[i] = from_f32<T>(u0 >= -limit && u0 <= limit ? dy * g * sig : 0.0f);
+    dgate_up[2 * i] = from_f32<T>(g0 <= limit ? dy * (u + 1.0f) * sig * (1.0f + alpha * g * (1.0f - sig)) : 0.0f);
+    dgate_up[2 * i + 1] = from_f32<T>(u0 >= -limit && u0 <= limit ? dy * g * sig : 0.0f);
   }
 }
 
@@ -206,8 +205,8 @@ void clamped_swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, con
   template void moe_combine<T>(T*, const T*, const float*, const int32_t*, int64_t, int64_t, int64_t, bool); \
   template void moe_combine_backward<T>(T*, float*, const T*, const T*, const float*, const int32_t*, int64_t, \
                                         int64_t, int64_t);                                                   \
-  template void clamped_swiglu_forward<T>(T*, const T*, const T*, int64_t, float, float);                   \
-  template void clamped_swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, float, float);
+  template void clamped_swiglu_forward<T>(T*, const T*, int64_t, float, float);                             \
+  template void clamped_swiglu_backward<T>(T*, const T*, const T*, int64_t, float, float);
 SO_INSTANTIATE_MOE_KERNELS(float)
 SO_INSTANTIATE_MOE_KERNELS(bf16)
 

@@ -179,20 +179,19 @@ void CpuOps::grouped_gemm(Stream& s, const GroupedGemm& g) {
   });
 }
 
-void CpuOps::clamped_swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, float alpha,
-                                    float limit, DType dt) {
+void CpuOps::clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,
+                                    DType dt) {
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
-    cpu::clamped_swiglu_forward(typed<X>(out), typed<X>(gate), typed<X>(up), n, alpha, limit);
+    cpu::clamped_swiglu_forward(typed<X>(out), typed<X>(gate_up), n, alpha, limit);
   }));
 }
 
-void CpuOps::clamped_swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate,
-                                     const void* up, int64_t n, float alpha, float limit, DType dt) {
+void CpuOps::clamped_swiglu_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t n,
+                                     float alpha, float limit, DType dt) {
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
-    cpu::clamped_swiglu_backward(typed<X>(dgate), typed<X>(dup), typed<X>(dout), typed<X>(gate), typed<X>(up), n,
-                                 alpha, limit);
+    cpu::clamped_swiglu_backward(typed<X>(dgate_up), typed<X>(dout), typed<X>(gate_up), n, alpha, limit);
   }));
 }
 

@@ -69,10 +69,10 @@ void launch_moe_combine(cudaStream_t stream, void* out, const void* y, const flo
 void launch_moe_combine_backward(cudaStream_t stream, void* dy, float* dweights, const void* dout, const void* y,
                                  const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
                                  DType dt);
-void launch_clamped_swiglu_forward(cudaStream_t stream, void* out, const void* gate, const void* up, int64_t n,
-                                   float alpha, float limit, DType dt);
-void launch_clamped_swiglu_backward(cudaStream_t stream, void* dgate, void* dup, const void* dout, const void* gate,
-                                    const void* up, int64_t n, float alpha, float limit, DType dt);
+void launch_clamped_swiglu_forward(cudaStream_t stream, void* out, const void* gate_up, int64_t n, float alpha,
+                                   float limit, DType dt);
+void launch_clamped_swiglu_backward(cudaStream_t stream, void* dgate_up, const void* dout, const void* gate_up,
+                                    int64_t n, float alpha, float limit, DType dt);
 
 size_t cross_entropy_workspace_bytes(int64_t rows);
 // One block per row of fp32 logits[rows, V]: online max / sum of exp, per-row nll (double) to the

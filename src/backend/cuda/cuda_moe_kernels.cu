@@ -192,25 +192,25 @@ __global__ void combine_backward_kernel(T* dy, float* dweights, const T* dout, c
 }
 
 template <typename T>
-__global__ void clamped_swiglu_forward_kernel(T* out, const T* gate, const T* up, int64_t n, float alpha,
-                                              float limit) {
+__global__ void clamped_swiglu_forward_kernel(T* out, const T* gate_up, int64_t n, float alpha, float limit) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = fminf(to_float(gate[i]), limit), u = fminf(fmaxf(to_float(up[i]), -limit), limit);
+    const float g = fminf(to_float(gate_up[2 * i]), limit);
+    const float u = fminf(fmaxf(to_float(gate_up[2 * i + 1]), -limit), limit);
     out[i] = from_float<T>(g / (1.0f + expf(-alpha * g)) * (u + 1.0f));
   }
 }
 
 template <typename T>
-__global__ void clamped_swiglu_backward_kernel(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n,
-                                               float alpha, float limit) {
+__global__ void clamped_swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate_up, int64_t n, float alpha,
+                                               float limit) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g0 = to_float(gate[i]), u0 = to_float(up[i]), d = to_float(dout[i]);
+    const float g0 = to_float(gate_up[2 * i]), u0 = to_float(gate_up[2 * i + 1]), d = to_float(dout[i]);
     const float g = fminf(g0, limit), u = fminf(fmaxf(u0, -limit), limit);
     const float sig = 1.0f / (1.0f + expf(-alpha * g));
-    dgate[i] = from_float<T>(g0 <= limit ? d * (u + 1.0f) * sig * (1.0f + alpha * g * (1.0f - sig)) : 0.0f);
-    dup[i] = from_float<T>(u0 >= -limit && u0 <= limit ? d * g * sig : 0.0f);
+    dgate_up[2 * i] = from_float<T>(g0 <= limit ? d * (u + 1.0f) * sig * (1.0f + alpha * g * (1.0f - sig)) : 0.0f);
+    dgate_up[2 * i + 1] = from_float<T>(u0 >= -limit && u0 <= limit ? d * g * sig : 0.0f);
   }
 }
 
@@ -280,25 +280,24 @@ void launch_moe_combine_backward(cudaStream_t stream, void* dy, float* dweights,
   });
 }
 
-void launch_clamped_swiglu_forward(cudaStream_t stream, void* out, const void* gate, const void* up, int64_t n,
-                                   float alpha, float limit, DType dt) {
+void launch_clamped_swiglu_forward(cudaStream_t stream, void* out, const void* gate_up, int64_t n, float alpha,
+                                   float limit, DType dt) {
   if (n == 0) return;
   dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
     clamped_swiglu_forward_kernel<X><<<grid_for_elements(n, 1), kBlockThreads, 0, stream>>>(
-        static_cast<X*>(out), static_cast<const X*>(gate), static_cast<const X*>(up), n, alpha, limit);
+        static_cast<X*>(out), static_cast<const X*>(gate_up), n, alpha, limit);
     SO_CUDA_CHECK(cudaGetLastError());
   });
 }
 
-void launch_clamped_swiglu_backward(cudaStream_t stream, void* dgate, void* dup, const void* dout, const void* gate,
-                                    const void* up, int64_t n, float alpha, float limit, DType dt) {
+void launch_clamped_swiglu_backward(cudaStream_t stream, void* dgate_up, const void* dout, const void* gate_up,
+                                    int64_t n, float alpha, float limit, DType dt) {
   if (n == 0) return;
   dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
     clamped_swiglu_backward_kernel<X><<<grid_for_elements(n, 1), kBlockThreads, 0, stream>>>(
-        static_cast<X*>(dgate), static_cast<X*>(dup), static_cast<const X*>(dout), static_cast<const X*>(gate),
-        static_cast<const X*>(up), n, alpha, limit);
+        static_cast<X*>(dgate_up), static_cast<const X*>(dout), static_cast<const X*>(gate_up), n, alpha, limit);
     SO_CUDA_CHECK(cudaGetLastError());
   });
 }

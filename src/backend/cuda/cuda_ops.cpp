@@ -247,14 +247,14 @@ void CudaOps::grouped_gemm(Stream& s, const GroupedGemm& g) {
   }
 }
 
-void CudaOps::clamped_swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, float alpha,
-                                     float limit, DType dt) {
-  launch_clamped_swiglu_forward(raw(s), out, gate, up, n, alpha, limit, dt);
+void CudaOps::clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,
+                                     DType dt) {
+  launch_clamped_swiglu_forward(raw(s), out, gate_up, n, alpha, limit, dt);
 }
 
-void CudaOps::clamped_swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate,
-                                      const void* up, int64_t n, float alpha, float limit, DType dt) {
-  launch_clamped_swiglu_backward(raw(s), dgate, dup, dout, gate, up, n, alpha, limit, dt);
+void CudaOps::clamped_swiglu_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t n,
+                                      float alpha, float limit, DType dt) {
+  launch_clamped_swiglu_backward(raw(s), dgate_up, dout, gate_up, n, alpha, limit, dt);
 }
 
 void CudaOps::sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) {

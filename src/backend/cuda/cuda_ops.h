@@ -72,10 +72,10 @@ class CudaOps final : public Ops {
                             const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
                             DType dt) override;
   void grouped_gemm(Stream& s, const GroupedGemm& g) override;
-  void clamped_swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, float alpha,
-                              float limit, DType dt) override;
-  void clamped_swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
-                               int64_t n, float alpha, float limit, DType dt) override;
+  void clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,
+                              DType dt) override;
+  void clamped_swiglu_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t n,
+                               float alpha, float limit, DType dt) override;
   void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) override;
   void cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) override;
   void transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
