@@ -89,11 +89,11 @@ nlohmann::json attention_table(Backend& be, const CalibrateOptions& o) {
       void* out = t.alloc(nq * dtype_size(dt));
       auto* lse = static_cast<float*>(t.alloc(B * Hq * S * 4));
       const double fwd = time_ms(be, 1, o.iters,
-                                 [&] { ops.attention_forward(s, out, lse, q, k, v, B, S, Hq, Hkv, D, scale, dt); });
+                                 [&] { ops.attention_forward(s, out, lse, q, k, v, B, S, Hq, Hkv, D, scale, AttentionMask{}, dt); });
       void *dout = t.random(nq, dt, 44), *dq = t.alloc(nq * dtype_size(dt)), *dk = t.alloc(nkv * dtype_size(dt)),
            *dv = t.alloc(nkv * dtype_size(dt));
       const double bwd = time_ms(be, 1, o.iters, [&] {
-        ops.attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, B, S, Hq, Hkv, D, scale, dt);
+        ops.attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, B, S, Hq, Hkv, D, scale, AttentionMask{}, nullptr, dt);
       });
       const double flops = 4.0 * B * Hq * S * S * D / 2.0;  // causal forward
       rows.push_back({{"S", S}, {"D", D}, {"fwd_tflops", flops / (fwd * 1e-3) / 1e12},

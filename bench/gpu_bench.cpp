@@ -319,7 +319,7 @@ void attention_rows(OpsTable& tab, const OpsShape& m, int64_t S, int warmup, int
   const std::string shape = str_cat("B", B, " S", S, " Hq", Hq, " Hkv", Hkv, " D", D, " bf16");
   std::string runs;
   try {
-    runs = ops.attention_implementation(B, S, Hq, Hkv, D, bf);
+    runs = ops.attention_implementation(B, S, Hq, Hkv, D, AttentionMask{}, bf);
   } catch (const Error& e) {
     std::printf("# attention [%s] %s: not run: %s\n", impl.name, shape.c_str(), e.what());
     return;
@@ -333,10 +333,10 @@ void attention_rows(OpsTable& tab, const OpsShape& m, int64_t S, int warmup, int
   const std::string bwd_name = str_cat("attention_backward causal [", impl.name, "]");
   tab.flops(fwd_name, shape,
             time_ms(*be, warmup, iters,
-                    [&] { ops.attention_forward(s, out, lse, q, k, v, B, S, Hq, Hkv, D, scale, bf); }),
+                    [&] { ops.attention_forward(s, out, lse, q, k, v, B, S, Hq, Hkv, D, scale, AttentionMask{}, bf); }),
             fwd_flop);
   const double bwd_ms = time_ms(*be, warmup, iters, [&] {
-    ops.attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, B, S, Hq, Hkv, D, scale, bf);
+    ops.attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, B, S, Hq, Hkv, D, scale, AttentionMask{}, nullptr, bf);
   });
   const double mib = 1.0 / (1 << 20);
   const double peak = static_cast<double>(be->memory_stats().peak), tensors = static_cast<double>(t.bytes());

@@ -56,6 +56,7 @@ TokenBatch slice_sequences(const TokenBatch& batch, int64_t seq_len, int parts, 
     out.targets.insert(out.targets.end(), batch.targets.begin() + from, batch.targets.begin() + from + local);
     out.positions.insert(out.positions.end(), batch.positions.begin() + from, batch.positions.begin() + from + local);
   }
+  out.doc_start = batch.doc_start;  // attention runs over whole rows (after the all-to-all)
   return out;
 }
 

@@ -1,7 +1,9 @@
 #include "so/model/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "so/core/error.h"
 
@@ -12,6 +14,30 @@ void* at(void* p, int64_t elems, DType dt) { return static_cast<char*>(p) + elem
 // An optional parameter (a bias the family may not have): null when absent.
 void* weight_or_null(ParamStore& p, int id) { return id < 0 ? nullptr : p.weight(id); }
 void* grad_or_null(ParamStore& p, int id) { return id < 0 ? nullptr : p.grad(id); }
+
+MoeSpec moe_spec(const ModelConfig& cfg, DType dt) {
+  MoeSpec spec;
+  const bool gpt_oss = cfg.moe.style == ModelConfig::Moe::Style::GptOss;
+  spec.routing.kind = gpt_oss ? MoeRouting::Kind::TopKSoftmax : MoeRouting::Kind::SoftmaxTopK;
+  spec.experts = gpt_oss ? MoeSpec::Experts::GptOssGLU : MoeSpec::Experts::SwiGLU;
+  spec.glu_alpha = static_cast<float>(cfg.moe.glu_alpha);
+  spec.glu_limit = static_cast<float>(cfg.moe.glu_limit);
+  spec.routing.experts = cfg.moe.experts;
+  spec.routing.top_k = cfg.moe.top_k;
+  spec.routing.normalize = cfg.moe.normalize;
+  spec.routing.weight_dtype = dt;
+  spec.hidden = cfg.hidden_size;
+  spec.intermediate = cfg.moe.intermediate;
+  return spec;
+}
+
+// MoE blocks a model holds: one per MoE layer, or one shared when checkpointing (each layer's
+// forward is recomputed right before its backward, so one layer's routing is alive at a time).
+int64_t moe_blocks(const ModelConfig& cfg, const ModelOptions& opts) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) n += cfg.is_moe_layer(l);
+  return opts.activation_checkpointing ? std::min<int64_t>(n, 1) : n;
+}
 }  // namespace
 
 // Everything one layer's backward needs from its forward. With activation checkpointing a
@@ -24,6 +50,10 @@ struct LlamaModel::LayerActs {
 
 struct LlamaModel::Activations {
   DeviceBuffer tokens, targets, positions;  // int32 [T]
+  // int32 [B * S * P]: the batch's doc_start for whole rows (under Ulysses attention sees every
+  // token of a row); valid when `documents` (this batch has packed rows).
+  DeviceBuffer doc_start;
+  bool documents = false;
   DeviceBuffer rope_inv_freq;               // fp64 [head_dim / 2], the model's RoPE table
   DeviceBuffer ones;                        // [T] of 1 in dtype: bias GEMMs (families with biases)
   // Residual stream: x[l] is layer l's input, x[L] the last output. Offloaded checkpoints: two
@@ -87,17 +117,11 @@ void LlamaModel::layout_buffers(Activations& a, const ModelConfig& cfg, const Mo
   // Ulysses: P ranks hold 1/P of every sequence; attention runs on all tokens for Hq/P heads, and
   // on max(1, Hkv/P) KV heads (replicated when P exceeds the KV-head count).
   const int64_t kv_sent = T * cfg.num_kv_heads * kv_copies_for(cfg, P) * cfg.head_dim;
-  // Mistral's window: a query sees keys fewer than sliding_window positions back. No attention
-  // path masks by it, so only sequences it cannot cut are trained (checked where the planner looks,
-  // before anything is allocated).
-  SO_CHECK(cfg.sliding_window == 0 || opts.seq_len * P <= cfg.sliding_window, "sliding_window (",
-           cfg.sliding_window, ") is shorter than the sequences (", opts.seq_len * P,
-           " tokens): sliding-window attention is not supported; train sequences of at most ", cfg.sliding_window,
-           " tokens");
   using Term = ActivationTerm;
   visit(a.tokens, bytes(T, i32), "tokens", Term::Inputs);
   visit(a.targets, bytes(T, i32), "targets", Term::Inputs);
   visit(a.positions, bytes(T, i32), "positions", Term::Inputs);
+  visit(a.doc_start, bytes(T * P, i32), "document starts (whole rows)", Term::Inputs);
   visit(a.rope_inv_freq, bytes(cfg.head_dim / 2, sizeof(double)), "rope frequencies", Term::Inputs);
   if (cfg.qkv_bias || cfg.o_bias) visit(a.ones, bytes(T, e), "ones (bias GEMMs)", Term::Inputs);
   a.x.resize(opts.offload_checkpoints ? 3 : static_cast<size_t>(cfg.num_layers + 1));
@@ -179,6 +203,12 @@ std::vector<ActivationBuffer> LlamaModel::activation_buffers(const ModelConfig& 
   layout_buffers(a, cfg, opts, sp_size, [&](DeviceBuffer&, size_t bytes, const char* tag, ActivationTerm term) {
     out.push_back({tag, term, bytes});
   });
+  // The MoE blocks' buffers: each block's kept set, and one backward scratch.
+  const int64_t blocks = moe_blocks(cfg, opts);
+  if (blocks > 0)
+    for (const MoeBuffer& b : MoeBlock::buffers(moe_spec(cfg, opts.dtype), opts.micro_batch * opts.seq_len, opts.dtype))
+      for (int64_t i = 0; i < (b.kept ? blocks : 1); ++i)
+        out.push_back({b.tag, b.kept ? ActivationTerm::LayerWorkingSet : ActivationTerm::BackwardScratch, b.bytes});
   return out;
 }
 
@@ -218,6 +248,16 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
     for (size_t i = 0; i < ones.size(); i += e) std::memcpy(ones.data() + i, one, e);
     backend.copy_h2d(a.ones.data(), ones.data(), ones.size(), stream_);
   }
+  moe_of_layer_.assign(static_cast<size_t>(cfg.num_layers), -1);
+  if (const int64_t blocks = moe_blocks(cfg, opts); blocks > 0) {
+    const MoeSpec spec = moe_spec(cfg, opts.dtype);
+    const int64_t T = opts.micro_batch * opts.seq_len;
+    for (int64_t b = 0; b < blocks; ++b) moe_.push_back(std::make_unique<MoeBlock>(backend, spec, T, opts.dtype));
+    moe_scratch_ = std::make_unique<MoeScratch>(backend, spec, T, opts.dtype);
+    int next = 0;
+    for (int64_t l = 0; l < cfg.num_layers; ++l)
+      if (cfg.is_moe_layer(l)) moe_of_layer_[l] = opts.activation_checkpointing ? 0 : next++;
+  }
   backend.synchronize(stream_);  // the host copies go away
   a.uploaded = backend.create_event();
   backend.record(*a.uploaded, stream_);
@@ -246,9 +286,60 @@ LlamaModel::AttentionShape LlamaModel::attention_shape(const ModelConfig& cfg, c
           cfg.num_kv_heads * kv_copies_for(cfg, sp_size) / sp_size, cfg.head_dim};
 }
 
+std::vector<AttentionMask> LlamaModel::attention_mask_kinds(const ModelConfig& cfg) {
+  // Only which fields are set matters to the implementation and workspace queries.
+  static const int32_t kPackedRows = 0;
+  std::set<int64_t> windows;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) windows.insert(cfg.layer_window(l));
+  std::vector<AttentionMask> kinds;
+  for (int64_t w : windows)
+    for (const int32_t* docs : {static_cast<const int32_t*>(nullptr), &kPackedRows}) {
+      AttentionMask m;
+      m.doc_start = docs;
+      m.window = w;
+      if (cfg.attention_sinks) m.sinks = &kPackedRows;  // a placeholder too
+      kinds.push_back(m);
+    }
+  return kinds;
+}
+
+size_t LlamaModel::attention_workspace_bytes(Ops& ops, const ModelConfig& cfg, const ModelOptions& opts,
+                                             int64_t sp_size) {
+  const AttentionShape a = attention_shape(cfg, opts, sp_size);
+  size_t bytes = 0;
+  for (const AttentionMask& m : attention_mask_kinds(cfg))
+    bytes = std::max(bytes, ops.attention_workspace_bytes(a.B, a.S, a.Hq, a.Hkv, a.D, m, opts.dtype));
+  return bytes;
+}
+
 std::string LlamaModel::attention_implementation() const {
   const AttentionShape a = attention_shape(cfg_, opts_, sp_size());
-  return ops_.attention_implementation(a.B, a.S, a.Hq, a.Hkv, a.D, opts_.dtype);
+  std::string text;
+  const std::vector<AttentionMask> kinds = attention_mask_kinds(cfg_);
+  for (size_t i = 0; i < kinds.size(); i += 2) {  // pairs: whole rows, then packed rows
+    const std::string whole = ops_.attention_implementation(a.B, a.S, a.Hq, a.Hkv, a.D, kinds[i], opts_.dtype);
+    const std::string packed = ops_.attention_implementation(a.B, a.S, a.Hq, a.Hkv, a.D, kinds[i + 1], opts_.dtype);
+    if (!text.empty()) text += "; ";
+    if (kinds.size() > 2 || kinds[i].window > 0)
+      text += kinds[i].window > 0 ? str_cat("sliding-window layers (", kinds[i].window, "): ") : "full layers: ";
+    text += whole;
+    if (packed != whole) text += str_cat(" (packed rows: ", packed, ")");
+  }
+  return text;
+}
+
+AttentionMask LlamaModel::attention_mask(int l, ParamStore& p) const {
+  AttentionMask m;
+  if (acts_->documents) m.doc_start = acts_->doc_start.as<int32_t>();
+  m.window = cfg_.layer_window(l);
+  const int sinks = layout_.layers[l].sinks;
+  if (sinks >= 0) m.sinks = at(p.weight(sinks), sp_rank() * cfg_.num_heads / sp_size(), opts_.dtype);
+  return m;
+}
+
+void* LlamaModel::sinks_grad(int l, ParamStore& p) const {
+  const int sinks = layout_.layers[l].sinks;
+  return sinks < 0 ? nullptr : at(p.grad(sinks), sp_rank() * cfg_.num_heads / sp_size(), opts_.dtype);
 }
 
 void LlamaModel::zero_loss() { backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_); }
@@ -296,6 +387,16 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
   backend_.copy_h2d(a.tokens.data(), a.staged.inputs.data(), id_bytes, stream_);
   backend_.copy_h2d(a.targets.data(), a.staged.targets.data(), id_bytes, stream_);
   backend_.copy_h2d(a.positions.data(), a.staged.positions.data(), id_bytes, stream_);
+  a.documents = !batch.doc_start.empty();
+  if (a.documents) {
+    const int64_t P = sp_size(), S = opts_.seq_len * P;
+    SO_CHECK(static_cast<int64_t>(batch.doc_start.size()) == opts_.micro_batch * S, "model: batch has ",
+             batch.doc_start.size(), " doc_start entries; expected ", opts_.micro_batch * S, " (", opts_.micro_batch,
+             " whole rows of ", S, " tokens", P > 1 ? ", every sequence-parallel rank gets the whole rows" : "", ")");
+    check_attention_doc_start(batch.doc_start.data(), opts_.micro_batch, S);
+    backend_.copy_h2d(a.doc_start.data(), a.staged.doc_start.data(), batch.doc_start.size() * sizeof(int32_t),
+                      stream_);
+  }
   backend_.record(*a.uploaded, stream_);
   dropping_ = backward && cfg_.residual_dropout > 0;  // evaluation runs without dropout
   first_sample_ = batch.first_sample;
@@ -408,10 +509,11 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
   ops_.rope(stream_, s.q.data(), pos, T, cfg_.num_heads, D, freq, rope_scale_, false, dt);
   ops_.rope(stream_, s.k.data(), pos, T, cfg_.num_kv_heads, D, freq, rope_scale_, false, dt);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const AttentionMask mask = attention_mask(l, p);
   const int64_t P = sp_size();
   if (P == 1) {
     ops_.attention_forward(stream_, s.attn.data(), s.lse.as<float>(), s.q.data(), s.k.data(), s.v.data(),
-                           opts_.micro_batch, opts_.seq_len, cfg_.num_heads, cfg_.num_kv_heads, D, scale, dt);
+                           opts_.micro_batch, opts_.seq_len, cfg_.num_heads, cfg_.num_kv_heads, D, scale, mask, dt);
   } else {
     const int64_t kv_heads = cfg_.num_kv_heads * kv_copies_;
     scatter_heads(s.q_f.data(), s.q.data(), cfg_.num_heads);
@@ -423,7 +525,8 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
       scatter_heads(full, local, kv_heads);
     }
     ops_.attention_forward(stream_, s.attn_f.data(), s.lse.as<float>(), s.q_f.data(), s.k_f.data(), s.v_f.data(),
-                           opts_.micro_batch, opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, dt);
+                           opts_.micro_batch, opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, mask,
+                           dt);
     gather_heads(s.attn.data(), s.attn_f.data(), cfg_.num_heads);
   }
   backend_.copy_d2d(s.x_mid.data(), x_in, T * H * dtype_size(dt), stream_);
@@ -437,7 +540,37 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
   ops_.rmsnorm_forward(stream_, s.h2.data(), s.rstd2.as<float>(), s.x_mid.data(), p.weight(w.mlp_norm), T, H,
                        cfg_.rms_norm_eps, dt);
   backend_.copy_d2d(x_out, s.x_mid.data(), T * H * dtype_size(dt), stream_);
-  mlp_forward(l, p, s, x_out);
+  if (moe_of_layer_[l] >= 0)
+    moe_block(l).forward(stream_, x_out, s.h2.data(), moe_params(l, p, false), T, true);
+  else
+    mlp_forward(l, p, s, x_out);
+}
+
+MoeBlock& LlamaModel::moe_block(int l) { return *moe_[static_cast<size_t>(moe_of_layer_[l])]; }
+
+MoeParams LlamaModel::moe_params(int l, ParamStore& p, bool grads) const {
+  const LayerParamIds& w = layout_.layers[l];
+  auto ptr = [&](int id) { return grads ? p.grad(id) : p.weight(id); };
+  MoeParams m;
+  m.router = ptr(w.router);
+  if (w.router_bias >= 0) m.router_bias = ptr(w.router_bias);
+  for (size_t e = 0; e < w.expert_gate.size(); ++e) {
+    m.gate.push_back(ptr(w.expert_gate[e]));
+    m.up.push_back(ptr(w.expert_up[e]));
+    m.down.push_back(ptr(w.expert_down[e]));
+  }
+  if (w.experts_gate_up >= 0) {  // expert e's slice of each fused tensor
+    const int64_t E = cfg_.moe.experts;
+    auto slices = [&](int id, std::vector<void*>& out) {
+      const int64_t per_expert = layout_.params[id].numel / E;
+      for (int64_t e = 0; e < E; ++e) out.push_back(at(ptr(id), e * per_expert, opts_.dtype));
+    };
+    slices(w.experts_gate_up, m.gate_up);
+    slices(w.experts_gate_up_bias, m.gate_up_bias);
+    slices(w.experts_down, m.down);
+    slices(w.experts_down_bias, m.down_bias);
+  }
+  return m;
 }
 
 // Rows [r, r + n) of the MLP's gate and up projections: in the tile buffers when tiled, else in
@@ -514,8 +647,12 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
   const int32_t* pos = a.positions.as<int32_t>();
   const double* freq = a.rope_inv_freq.as<double>();
 
-  // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2)).
-  mlp_backward(l, p, s);
+  // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2)), or x_mid + moe(h2).
+  if (moe_of_layer_[l] >= 0)
+    moe_block(l).backward(stream_, *moe_scratch_, a.dh.data(), moe_params(l, p, false), moe_params(l, p, true),
+                          a.dx.data(), s.h2.data(), false);
+  else
+    mlp_backward(l, p, s);
   ops_.rmsnorm_backward(stream_, a.dx.data(), p.grad(w.mlp_norm), a.dh.data(), s.x_mid.data(), p.weight(w.mlp_norm),
                         s.rstd2.as<float>(), T, H, true, dt);
 
@@ -528,17 +665,19 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
   linear_backward(dy, s.attn.data(), p.weight(w.o), a.dattn.data(), p.grad(w.o), T, H, qd, 0.0f,
                   grad_or_null(p, w.o_bias));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const AttentionMask mask = attention_mask(l, p);
   const int64_t P = sp_size();
   if (P == 1) {
     ops_.attention_backward(stream_, a.dq.data(), a.dk.data(), a.dv.data(), a.dattn.data(), s.q.data(), s.k.data(),
                             s.v.data(), s.attn.data(), s.lse.as<float>(), opts_.micro_batch, opts_.seq_len,
-                            cfg_.num_heads, cfg_.num_kv_heads, D, scale, dt);
+                            cfg_.num_heads, cfg_.num_kv_heads, D, scale, mask, sinks_grad(l, p), dt);
   } else {
     const int64_t kv_heads = cfg_.num_kv_heads * kv_copies_;
     scatter_heads(a.dattn_f.data(), a.dattn.data(), cfg_.num_heads);
     ops_.attention_backward(stream_, a.dq_f.data(), a.dk_f.data(), a.dv_f.data(), a.dattn_f.data(), s.q_f.data(),
                             s.k_f.data(), s.v_f.data(), s.attn_f.data(), s.lse.as<float>(), opts_.micro_batch,
-                            opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, dt);
+                            opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, mask, sinks_grad(l, p),
+                            dt);
     gather_heads(a.dq.data(), a.dq_f.data(), cfg_.num_heads);
     for (auto [local, full] : {std::pair{a.dk.data(), a.dk_f.data()}, std::pair{a.dv.data(), a.dv_f.data()}}) {
       if (kv_copies_ == 1) {

@@ -15,7 +15,7 @@ namespace {
 // and refused unless neutral; anything else unknown is an error.
 const char* kIgnoredHfKeys[] = {"bos_token_id", "eos_token_id", "transformers_version", "use_cache",
                                 "_name_or_path", "output_attentions", "output_hidden_states", "return_dict",
-                                "max_window_layers", "model_name", "is_decoder"};
+                                "model_name", "is_decoder"};
 
 // A model family is data: its model_type, the class transformers builds for it, and which of the
 // decoder's optional pieces it switches on.
@@ -29,26 +29,41 @@ struct Family {
   bool qkv_bias = false;
   const char* o_bias_key = nullptr;
   bool o_bias = false;
-  bool window = false;        // sliding_window applies to every layer; elsewhere only with use_sliding_window
+  // sliding_window applies to every layer (Mistral, Phi-3; transformers ignores layer_types there).
+  bool window = false;
+  // Qwen2/Qwen3: sliding_window applies only with use_sliding_window, on the layers layer_types
+  // marks "sliding_attention" (by default those from max_window_layers on).
+  bool window_layers = false;
+  bool attention_sinks = false;  // self_attn.sinks per layer (GPT-OSS)
   bool fused = false;         // qkv_proj and gate_up_proj in the checkpoint
   bool scaled_rope = true;    // transformers' class takes linear/dynamic/yarn/llama3 (Phi-3's only longrope)
   int64_t default_pad = -1;   // pad_token_id when the config has none (-1: no padding row)
   int64_t default_head_dim = 0;  // head_dim when the config has none (0: hidden_size / num_attention_heads)
   double default_dropout = 0.0;  // attention_dropout and residual_dropout when the config has none
   bool residual_dropout = false;  // residual_dropout is honoured (else only 0 is accepted)
+  // Mixture-of-experts layers and whose keys, routing and expert tensors they have (Moe::Style).
+  enum class Moe { None, Qwen3, GptOss } moe = Moe::None;
+  // Every layer's window from layer_types, sliding_window always applying (GPT-OSS).
+  bool typed_windows = false;
+  bool default_yarn = false;  // no RoPE keys means GPT-OSS's yarn (factor 32 over 4096 positions)
 };
 constexpr Family kFamilies[] = {
     {.model_type = "llama", .architecture = "LlamaForCausalLM", .qkv_bias_key = "attention_bias",
      .o_bias_key = "attention_bias"},
     {.model_type = "qwen3", .architecture = "Qwen3ForCausalLM", .qk_norm = true, .qkv_bias_key = "attention_bias",
-     .o_bias_key = "attention_bias"},
-    {.model_type = "qwen2", .architecture = "Qwen2ForCausalLM", .qkv_bias = true},
+     .o_bias_key = "attention_bias", .window_layers = true},
+    {.model_type = "qwen2", .architecture = "Qwen2ForCausalLM", .qkv_bias = true, .window_layers = true},
     {.model_type = "mistral", .architecture = "MistralForCausalLM", .window = true},
     {.model_type = "phi3", .architecture = "Phi3ForCausalLM", .window = true, .fused = true, .scaled_rope = false,
      .default_pad = 32000},
     {.model_type = "seed_oss", .architecture = "SeedOssForCausalLM", .qkv_bias_key = "attention_bias", .qkv_bias = true,
      .o_bias_key = "attention_out_bias", .default_pad = 1, .default_head_dim = 128, .default_dropout = 0.1,
      .residual_dropout = true},
+    {.model_type = "qwen3_moe", .architecture = "Qwen3MoeForCausalLM", .qk_norm = true,
+     .qkv_bias_key = "attention_bias", .o_bias_key = "attention_bias", .moe = Family::Moe::Qwen3},
+    {.model_type = "gpt_oss", .architecture = "GptOssForCausalLM", .qkv_bias_key = "attention_bias", .qkv_bias = true,
+     .o_bias_key = "attention_bias", .o_bias = true, .attention_sinks = true, .moe = Family::Moe::GptOss,
+     .typed_windows = true, .default_yarn = true},
 };
 const Family* find_family(const std::string& model_type) {
   for (const Family& f : kFamilies)
@@ -133,16 +148,134 @@ void read_rope_scaling(JsonReader& rp, ModelConfig& c, int64_t top_original) {
   }
   rp.finish();
 }
+// The experts' keys. transformers 5 names the expert count num_local_experts (num_experts is its
+// alias, the name Qwen3-MoE's published configs use). GPT-OSS: every layer is MoE, its experts'
+// width is intermediate_size, their GLU is clamped (swiglu_alpha, swiglu_limit).
+void read_moe(JsonReader& r, const Family& family, ModelConfig& c) {
+  ModelConfig::Moe& m = c.moe;
+  const bool gpt_oss = family.moe == Family::Moe::GptOss;
+  m.style = gpt_oss ? ModelConfig::Moe::Style::GptOss : ModelConfig::Moe::Style::Qwen3;
+  if (r.has("num_experts") && r.has("num_local_experts") &&
+      r.raw().at("num_experts") != r.raw().at("num_local_experts"))
+    r.fail("num_experts", "and num_local_experts differ; they name the same count");
+  const char* count_key = r.has("num_experts") || !r.has("num_local_experts") ? "num_experts" : "num_local_experts";
+  r.accept("num_experts"), r.accept("num_local_experts");
+  m.experts = r.get_in(count_key, 128, 0, 1 << 16);
+  m.top_k = r.get_in("num_experts_per_tok", gpt_oss ? 4 : 8, 1, 1 << 16);
+  r.accept("experts_per_token");  // GPT-OSS's published config repeats the count under this name
+  if (r.has("experts_per_token") && r.get_in("experts_per_token", 0, 0, 1 << 16) != m.top_k)
+    r.fail("experts_per_token", str_cat("differs from num_experts_per_tok (", m.top_k, "); they name the same count"));
+  if (gpt_oss && m.experts == 0) r.fail(count_key, "is 0; gpt_oss layers are all mixtures of experts");
+  if (m.experts > 0 && m.top_k > m.experts)
+    r.fail("num_experts_per_tok", str_cat("(", m.top_k, ") exceeds ", count_key, " (", m.experts, ")"));
+  m.aux_loss_coef = r.get<double>("router_aux_loss_coef", 0.001);
+  if (r.get<bool>("output_router_logits", false))
+    r.fail("output_router_logits", "is true; the load-balancing loss is not supported yet (set it to false: "
+                                   "tokens per expert are still reported)");
+  if (gpt_oss) {
+    m.intermediate = c.intermediate_size;
+    m.normalize = true;  // a softmax over the k chosen logits sums to 1
+    m.glu_alpha = r.get<double>("swiglu_alpha", 1.702);
+    m.glu_limit = r.get<double>("swiglu_limit", 7.0);
+    if (!(m.glu_limit > 0.0 && std::isfinite(m.glu_limit)))
+      r.fail("swiglu_limit", str_cat("is ", m.glu_limit, "; it must be positive"));
+    if (!std::isfinite(m.glu_alpha)) r.fail("swiglu_alpha", "must be finite");
+    r.accept("initial_context_length");  // the pre-training context; the RoPE keys carry it
+    r.accept("quantization_config");
+    if (r.has("quantization_config"))
+      r.fail("quantization_config", str_cat("is ", brief_json(r.raw().at("quantization_config")),
+                                             "; MXFP4 checkpoints are read once dequantised: save the model from "
+                                             "transformers with Mxfp4Config(dequantize=True) first"));
+    return;
+  }
+  m.intermediate = r.get_in("moe_intermediate_size", 768, 1, int64_t{1} << 20);
+  m.normalize = r.get<bool>("norm_topk_prob", false);
+  m.sparse_step = r.get_in("decoder_sparse_step", 1, 1, INT32_MAX);
+  r.accept("mlp_only_layers");
+  if (r.has("mlp_only_layers")) {
+    const nlohmann::json& d = r.raw().at("mlp_only_layers");
+    if (!d.is_array()) r.fail("mlp_only_layers", str_cat("is ", brief_json(d), "; it must be a list of layer indices"));
+    for (const nlohmann::json& v : d) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.num_layers)
+        r.fail("mlp_only_layers", str_cat("holds ", brief_json(v), "; layer indices are 0 to ", c.num_layers - 1));
+      m.dense_layers.push_back(v.get<int64_t>());
+    }
+  }
+}
 }  // namespace
 
 int64_t ModelConfig::num_parameters() const {
   const int64_t H = hidden_size;
   const int64_t per_layer = H * q_dim() + 2 * H * kv_dim() + q_dim() * H + 3 * H * intermediate_size + 2 * H +
-                            (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? q_dim() + 2 * kv_dim() : 0) + (o_bias ? H : 0);
-  return vocab_size * H * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + H;
+                            (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? q_dim() + 2 * kv_dim() : 0) + (o_bias ? H : 0) +
+                            (attention_sinks ? num_heads : 0);
+  int64_t total = vocab_size * H * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + H;
+  const bool gpt_oss = moe.style == Moe::Style::GptOss;  // router and experts with biases
+  const int64_t moe_layer = moe.experts * (H + 3 * H * moe.intermediate) +
+                            (gpt_oss ? moe.experts * (1 + 2 * moe.intermediate + H) : 0);
+  for (int64_t l = 0; l < num_layers; ++l)  // an MoE layer's router and experts instead of its MLP
+    if (is_moe_layer(l)) total += moe_layer - 3 * H * intermediate_size;
+  return total;
+}
+
+bool ModelConfig::is_moe_layer(int64_t l) const {
+  if (moe.experts == 0) return false;
+  for (int64_t d : moe.dense_layers)
+    if (d == l) return false;
+  return (l + 1) % moe.sparse_step == 0;
 }
 
 std::string ModelConfig::architecture() const { return find_family(model_type)->architecture; }
+
+namespace {
+
+// sliding_window, use_sliding_window, max_window_layers and layer_types as the family's
+// transformers class applies them (configuration_qwen2.py / modeling_mistral.py): the window
+// (transformers' "kv_idx > q_idx - sliding_window") and which layers it masks.
+void read_sliding_window(JsonReader& r, const Family& family, ModelConfig& c) {
+  r.accept("sliding_window");  // null, or ignored by families without windows (as transformers does)
+  r.accept("max_window_layers");
+  r.accept("layer_types");
+  const nlohmann::json* types = r.has("layer_types") ? &r.raw().at("layer_types") : nullptr;
+  if (types != nullptr) {
+    bool ok = types->is_array() && static_cast<int64_t>(types->size()) == c.num_layers;
+    for (size_t i = 0; ok && i < types->size(); ++i)
+      ok = (*types)[i] == "full_attention" || (*types)[i] == "sliding_attention";
+    if (!ok)
+      r.fail("layer_types", str_cat("is ", brief_json(*types), "; it must list \"full_attention\" or "
+                                    "\"sliding_attention\" for each of the ", c.num_layers, " layers"));
+  }
+  if (family.typed_windows) {  // GPT-OSS: layer_types decides, by default every other layer from 0
+    c.sliding_window = r.get_in("sliding_window", 128, 1, INT32_MAX);
+    c.sliding_layers.resize(static_cast<size_t>(c.num_layers));
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      c.sliding_layers[l] = types != nullptr ? (*types)[l] == "sliding_attention" : l % 2 == 0;
+    return;
+  }
+  const bool use = family.window_layers && r.get<bool>("use_sliding_window", false);
+  if (!family.window_layers && r.get<bool>("use_sliding_window", false))
+    r.fail("use_sliding_window", str_cat("is true; ", c.model_type, " models have no sliding-window attention"));
+  if (family.window || use) c.sliding_window = r.get_in("sliding_window", 0, 1, INT32_MAX);
+  if (family.window) {  // every layer
+    c.sliding_layers.assign(static_cast<size_t>(c.num_layers), c.sliding_window > 0);
+    return;
+  }
+  if (family.window_layers) {
+    const int64_t first = r.get_in("max_window_layers", 28, 0, INT32_MAX);  // Qwen2Config's default
+    c.sliding_layers.resize(static_cast<size_t>(c.num_layers));
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      c.sliding_layers[l] = c.sliding_window > 0 &&
+                            (types != nullptr ? (*types)[l] == "sliding_attention" : l >= first);
+    return;
+  }
+  if (types != nullptr)
+    for (const auto& t : *types)
+      if (t != "full_attention")
+        r.fail("layer_types", str_cat("is ", brief_json(*types), "; ", c.model_type,
+                                      " models have no sliding-window attention (every layer is \"full_attention\")"));
+}
+
+}  // namespace
 
 ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string& source) {
   JsonReader r(j, source);
@@ -150,7 +283,7 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   c.model_type = r.require<std::string>("model_type");
   const Family* family = find_family(c.model_type);
   if (!family)
-    r.fail("model_type", str_cat("is '", c.model_type, "'; supported: llama, qwen3, qwen2, mistral, phi3, seed_oss"));
+    r.fail("model_type", str_cat("is '", c.model_type, "'; supported: llama, qwen3, qwen2, mistral, phi3, seed_oss, qwen3_moe, gpt_oss"));
   c.fused_projections = family->fused;
   auto size = [&](const char* key, int64_t fallback) {
     if (fallback < 0 && !r.has(key)) r.fail(key, "is required");
@@ -218,6 +351,12 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
     if (std::string(key) == "rope_parameters") c.rope_theta = rp.get<double>("rope_theta", c.rope_theta);
     read_rope_scaling(rp, c, top_original);
   }
+  if (family->default_yarn && !r.has("rope_scaling") && !r.has("rope_parameters")) {
+    c.rope.type = "yarn";  // GptOssConfig's default rope_parameters
+    c.rope.factor = 32.0, c.rope.beta_fast = 32.0, c.rope.beta_slow = 1.0, c.rope.truncate = false;
+    c.rope.original_max_position_embeddings = 4096;
+    if (!r.has("rope_theta")) c.rope_theta = 150000.0;
+  }
   // Phi-3's class renames yarn/su to longrope and takes nothing else but the default.
   if (!family->scaled_rope && c.rope.type != "default")
     r.fail(r.has("rope_scaling") ? "rope_scaling" : "rope_parameters",
@@ -227,10 +366,8 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   const std::string act = r.get<std::string>("hidden_act", "silu");
   if (act != "silu") r.fail("hidden_act", str_cat("is '", act, "'; only 'silu' (SwiGLU) is supported"));
   if (r.get<bool>("mlp_bias", false)) r.fail("mlp_bias", "is true; MLP biases are not supported");
-  if (r.get<bool>("use_sliding_window", false)) r.fail("use_sliding_window", "is true; sliding windows are not supported");
-  // Elsewhere sliding_window only counts with use_sliding_window (refused above).
-  r.accept("sliding_window");
-  if (family->window) c.sliding_window = r.get_in("sliding_window", 0, 1, INT32_MAX);
+  read_sliding_window(r, *family, c);
+  c.attention_sinks = family->attention_sinks;
   // Seed-OSS's residual dropout is trained as configured. Other dropout (attention probabilities,
   // Phi-3's residual and embedding dropout) is not implemented: a value other than 0 is refused;
   // model.override sets it to 0 where training without it is meant.
@@ -248,15 +385,7 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   }
   if (r.get_in("pretraining_tp", 1, INT64_MIN, INT64_MAX) != 1)
     r.fail("pretraining_tp", "is not 1; only unsplit projections are supported");
-  r.accept("layer_types");
-  if (r.has("layer_types")) {
-    const nlohmann::json& lt = r.raw().at("layer_types");
-    bool full = lt.is_array() && static_cast<int64_t>(lt.size()) == c.num_layers;
-    for (size_t i = 0; full && i < lt.size(); ++i) full = lt[i] == "full_attention";
-    if (!full)
-      r.fail("layer_types", str_cat("is ", brief_json(lt), "; so_train needs one \"full_attention\" per layer (",
-                                    c.num_layers, "): sliding-window attention is not supported"));
-  }
+  if (family->moe != Family::Moe::None) read_moe(r, *family, c);
   const std::string arch = family->architecture;
   r.accept("architectures");
   if (r.has("architectures")) {
@@ -301,8 +430,31 @@ nlohmann::json ModelConfig::to_hf_json() const {
   // What so_train trained with, where the family's default differs.
   if (family.default_dropout != 0.0) j["attention_dropout"] = 0.0;
   if (family.residual_dropout) j["residual_dropout"] = shortest_decimal(residual_dropout);
+  if (family.moe == Family::Moe::GptOss) {
+    j["num_local_experts"] = moe.experts;
+    j["num_experts_per_tok"] = moe.top_k;
+    j["swiglu_alpha"] = moe.glu_alpha;
+    j["swiglu_limit"] = moe.glu_limit;
+    j["router_aux_loss_coef"] = moe.aux_loss_coef;
+    j["output_router_logits"] = false;
+  } else if (family.moe == Family::Moe::Qwen3) {
+    j["num_experts"] = moe.experts;
+    j["num_experts_per_tok"] = moe.top_k;
+    j["moe_intermediate_size"] = moe.intermediate;
+    j["norm_topk_prob"] = moe.normalize;
+    j["decoder_sparse_step"] = moe.sparse_step;
+    j["mlp_only_layers"] = moe.dense_layers;
+    j["router_aux_loss_coef"] = moe.aux_loss_coef;
+    j["output_router_logits"] = false;
+  }
   if (family.window)
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
+  if (family.window_layers) {
+    j["use_sliding_window"] = sliding_window > 0;
+    j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
+    nlohmann::json& types = j["layer_types"] = nlohmann::json::array();
+    for (int64_t l = 0; l < num_layers; ++l) types.push_back(layer_window(l) > 0 ? "sliding_attention" : "full_attention");
+  }
   if (rope.type != "default") {
     nlohmann::json& s = j["rope_scaling"] = {{"rope_type", rope.type}, {"factor", rope.factor}};
     if (rope.type == "llama3" || rope.type == "yarn")

@@ -42,14 +42,34 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
       ids.v_bias = add(p + "self_attn.v_proj.bias", {c.kv_dim()}, u, Zero);
     }
     if (c.o_bias) ids.o_bias = add(p + "self_attn.o_proj.bias", {H}, u, Zero);
+    if (c.attention_sinks) ids.sinks = add(p + "self_attn.sinks", {c.num_heads}, u);  // GPT-OSS: normal(0, std)
     if (c.qk_norm) {
       ids.q_norm = add(p + "self_attn.q_norm.weight", {c.head_dim}, u, One);
       ids.k_norm = add(p + "self_attn.k_norm.weight", {c.head_dim}, u, One);
     }
     ids.mlp_norm = add(p + "post_attention_layernorm.weight", {H}, u, One);
-    ids.gate = add(p + "mlp.gate_proj.weight", {I, H}, u);
-    ids.up = add(p + "mlp.up_proj.weight", {I, H}, u);
-    ids.down = add(p + "mlp.down_proj.weight", {H, I}, u);
+    if (c.is_moe_layer(l) && c.moe.style == ModelConfig::Moe::Style::GptOss) {  // GPT-OSS's own tensors
+      const int64_t E = c.moe.experts, Ie = c.moe.intermediate;
+      ids.router = add(p + "mlp.router.weight", {E, H}, u);
+      ids.router_bias = add(p + "mlp.router.bias", {E}, u, Zero);
+      ids.experts_gate_up = add(p + "mlp.experts.gate_up_proj", {E, H, 2 * Ie}, u);
+      ids.experts_gate_up_bias = add(p + "mlp.experts.gate_up_proj_bias", {E, 2 * Ie}, u, Zero);
+      ids.experts_down = add(p + "mlp.experts.down_proj", {E, Ie, H}, u);
+      ids.experts_down_bias = add(p + "mlp.experts.down_proj_bias", {E, H}, u, Zero);
+    } else if (c.is_moe_layer(l)) {  // transformers' per-expert checkpoint names
+      const int64_t Ie = c.moe.intermediate;
+      ids.router = add(p + "mlp.gate.weight", {c.moe.experts, H}, u);
+      for (int64_t e = 0; e < c.moe.experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        ids.expert_gate.push_back(add(x + "gate_proj.weight", {Ie, H}, u));
+        ids.expert_up.push_back(add(x + "up_proj.weight", {Ie, H}, u));
+        ids.expert_down.push_back(add(x + "down_proj.weight", {H, Ie}, u));
+      }
+    } else {
+      ids.gate = add(p + "mlp.gate_proj.weight", {I, H}, u);
+      ids.up = add(p + "mlp.up_proj.weight", {I, H}, u);
+      ids.down = add(p + "mlp.down_proj.weight", {H, I}, u);
+    }
     if (c.fused_projections) {
       SO_CHECK(!c.qkv_bias && !c.qk_norm, "model: fused projections with biases or q/k norm are not laid out");
       fused[ids.q] = {p + "self_attn.qkv_proj.weight", 3};  // q, k, v: consecutive ids
@@ -88,12 +108,22 @@ int ParamLayout::find(const std::string& name) const {
 
 double train_flops_per_token(const ModelConfig& c, int64_t seq_len, bool causal) {
   const double H = static_cast<double>(c.hidden_size);
-  const double matmul_params_per_layer =
-      H * c.q_dim() + 2.0 * H * c.kv_dim() + static_cast<double>(c.q_dim()) * H + 3.0 * H * c.intermediate_size;
-  const double matmul_params = c.num_layers * matmul_params_per_layer + static_cast<double>(c.vocab_size) * H;
-  // QK^T and PV: 2 matmuls x 2 FLOPs x head_dim x heads per (query, visible key) pair.
-  const double keys = causal ? (seq_len + 1) / 2.0 : static_cast<double>(seq_len);
-  const double attn_fwd = c.num_layers * 4.0 * c.head_dim * c.num_heads * keys;
+  const double attn_params = H * c.q_dim() + 2.0 * H * c.kv_dim() + static_cast<double>(c.q_dim()) * H;
+  double matmul_params = static_cast<double>(c.vocab_size) * H;
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    matmul_params += attn_params + (c.is_moe_layer(l) ? H * c.moe.experts + 3.0 * H * c.moe.intermediate * c.moe.top_k
+                                                      : 3.0 * H * c.intermediate_size);
+  // QK^T and PV: 2 matmuls x 2 FLOPs x head_dim x heads per (query, visible key) pair; under a
+  // window W query i sees min(i + 1, W) keys (the mean over the S queries).
+  double keys_all_layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t W = c.layer_window(l);
+    double keys = causal ? (seq_len + 1) / 2.0 : static_cast<double>(seq_len);
+    if (causal && W > 0 && W < seq_len)  // sum_i min(i + 1, W) = W(W+1)/2 + (S - W) W
+      keys = (W * (W + 1) / 2.0 + static_cast<double>(seq_len - W) * W) / static_cast<double>(seq_len);
+    keys_all_layers += keys;
+  }
+  const double attn_fwd = 4.0 * c.head_dim * c.num_heads * keys_all_layers;
   // A bias costs one add per element forward and one (its gradient's sum) backward: no input gradient.
   const double biases = c.num_layers * ((c.qkv_bias ? c.q_dim() + 2.0 * c.kv_dim() : 0.0) + (c.o_bias ? H : 0.0));
   return 3.0 * (2.0 * matmul_params + attn_fwd) + 2.0 * biases;

@@ -265,7 +265,7 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
     const LlamaModel::AttentionShape at = LlamaModel::attention_shape(cfg.model, mo, plan.sp);
     size_t bytes = static_cast<size_t>(at.B * at.Hq * at.S) * 4;  // the flash backward's fp32 rowsum(dout * out)
     if (m.backend) {
-      bytes = m.backend->ops().attention_workspace_bytes(at.B, at.S, at.Hq, at.Hkv, at.D, cfg.dtype);
+      bytes = LlamaModel::attention_workspace_bytes(m.backend->ops(), cfg.model, mo, plan.sp);
     } else if (cfg.dtype == DType::BF16) {
       // Another machine, bf16: cuDNN's backward (the frontend's sizes) accumulates dQ in fp32 and
       // keeps a row sum, B x Hq x S x (D + 1) fp32 — with atomics, and deterministic on Hopper from

@@ -298,17 +298,52 @@ OpCase rope_case(int64_t T, int64_t heads, int64_t D, float theta, int32_t max_p
 
 struct AttnShape {
   int64_t B, S, Hq, Hkv, D;
+  // The mask (AttentionMask): documents per row (0: whole rows), a sliding window, sinks.
+  int docs = 0;
+  int64_t window = 0;
+  bool sinks = false;
 };
 
 std::string attention_refusal(AttnShape a, DType dt) {
   const std::string k = forced_kernel_refuses(a.D, dt);
-  return k.empty() ? forced_cudnn_refuses(a.S, a.D, dt) : k;
+  if (!k.empty()) return k;
+  const char* forced = std::getenv("SO_TEST_ATTENTION");
+  if (forced && std::string(forced) == "cudnn" && (a.docs > 0 || a.sinks))
+    return "backend.attention=cudnn refuses packed rows and sinks (the flash kernels take them)";
+  return forced_cudnn_refuses(a.S, a.D, dt);
 }
 
 std::string attn_name(const char* op, AttnShape a, DType dt) {
-  return case_name(op, dn(dt), "B", a.B, "S", a.S, "Hq", a.Hq, "Hkv", a.Hkv, "D", a.D);
+  return case_name(op, dn(dt), "B", a.B, "S", a.S, "Hq", a.Hq, "Hkv", a.Hkv, "D", a.D, a.docs ? "docs" : "",
+                   a.docs ? std::to_string(a.docs) : "", a.window ? "window" : "",
+                   a.window ? std::to_string(a.window) : "", a.sinks ? "sinks" : "");
 }
 
+// doc_start of B rows with `docs` documents each, boundaries drawn at random (seeded), and the
+// sinks; null where the shape has none.
+struct AttnMaskInputs {
+  AttentionMask mask;
+};
+AttnMaskInputs attention_mask_inputs(OpRun& r, AttnShape a, DType dt) {
+  AttentionMask m;
+  m.window = a.window;
+  if (a.docs > 0) {
+    std::vector<int32_t> cuts = uniform_ints(a.B * (a.docs - 1), 24, 1, static_cast<int32_t>(a.S));
+    std::vector<int32_t> doc_start(static_cast<size_t>(a.B * a.S));
+    for (int64_t b = 0; b < a.B; ++b) {
+      std::vector<int32_t> row_cuts(cuts.begin() + b * (a.docs - 1), cuts.begin() + (b + 1) * (a.docs - 1));
+      int32_t start = 0;
+      for (int64_t i = 0; i < a.S; ++i) {
+        for (int32_t c : row_cuts)
+          if (c == i) start = static_cast<int32_t>(i);
+        doc_start[b * a.S + i] = start;
+      }
+    }
+    m.doc_start = r.ints(doc_start);
+  }
+  if (a.sinks) m.sinks = r.in(normal(a.Hq, 25, 2.0f), dt);
+  return {m};
+}
 // q is drawn wider than k so that softmax rows are far from uniform.
 struct AttnInputs {
   void *q, *k, *v;
@@ -322,9 +357,11 @@ AttnInputs attention_inputs(OpRun& r, AttnShape a, DType dt) {
 OpCase attention_forward_case(AttnShape a, DType dt) {
   return {attn_name("attention_forward", a, dt), [=](OpRun& r) {
             const AttnInputs in = attention_inputs(r, a, dt);
+            const AttentionMask mask = attention_mask_inputs(r, a, dt).mask;
             void* out = r.out(a.B * a.S * a.Hq * a.D, dt);
             auto* lse = static_cast<float*>(r.out(a.B * a.Hq * a.S, DType::F32));
-            r.ops().attention_forward(r.s(), out, lse, in.q, in.k, in.v, a.B, a.S, a.Hq, a.Hkv, a.D, in.scale, dt);
+            r.ops().attention_forward(r.s(), out, lse, in.q, in.k, in.v, a.B, a.S, a.Hq, a.Hkv, a.D, in.scale, mask,
+                                      dt);
             r.expect("out", out, a.B * a.S * a.Hq * a.D, dt, OpClass::AttentionFwd);
             r.expect("lse", lse, a.B * a.Hq * a.S, DType::F32, OpClass::AttentionFwd);
           },
@@ -335,17 +372,21 @@ OpCase attention_forward_case(AttnShape a, DType dt) {
 OpCase attention_backward_case(AttnShape a, DType dt) {
   return {attn_name("attention_backward", a, dt), [=](OpRun& r) {
             const AttnInputs in = attention_inputs(r, a, dt);
+            const AttentionMask mask = attention_mask_inputs(r, a, dt).mask;
             const int64_t nq = a.B * a.S * a.Hq * a.D, nkv = a.B * a.S * a.Hkv * a.D;
             void* out = r.out(nq, dt);
             auto* lse = static_cast<float*>(r.out(a.B * a.Hq * a.S, DType::F32));
-            r.ops().attention_forward(r.s(), out, lse, in.q, in.k, in.v, a.B, a.S, a.Hq, a.Hkv, a.D, in.scale, dt);
+            r.ops().attention_forward(r.s(), out, lse, in.q, in.k, in.v, a.B, a.S, a.Hq, a.Hkv, a.D, in.scale, mask,
+                                      dt);
             void* dout = r.in(normal(nq, 19), dt);
             void *dq = r.out(nq, dt), *dk = r.out(nkv, dt), *dv = r.out(nkv, dt);
+            void* dsinks = a.sinks ? r.in(normal(a.Hq, 26), dt) : nullptr;  // accumulated into
             r.ops().attention_backward(r.s(), dq, dk, dv, dout, in.q, in.k, in.v, out, lse, a.B, a.S, a.Hq, a.Hkv,
-                                       a.D, in.scale, dt);
+                                       a.D, in.scale, mask, dsinks, dt);
             r.expect("dq", dq, nq, dt, OpClass::AttentionBwd);
             r.expect("dk", dk, nkv, dt, OpClass::AttentionBwd);
             r.expect("dv", dv, nkv, dt, OpClass::AttentionBwd);
+            if (a.sinks) r.expect("dsinks", dsinks, a.Hq, dt, OpClass::AttentionBwd, a.B * a.S);
           },
           [=] { return attention_refusal(a, dt); }};
 }
@@ -530,7 +571,12 @@ std::vector<OpCase> small_cases() {
       c.push_back(rope_case(5, 2, 64, 500000.0f, 4096, inv, dt));
       c.push_back(rope_case(37, 3, 128, 1000000.0f, 131071, inv, dt, true));
     }
-    for (AttnShape a : {AttnShape{1, 1, 4, 1, 64}, AttnShape{2, 70, 4, 4, 80}, AttnShape{1, 130, 8, 2, 128}}) {
+    // Masks: documents (tile-skipping across 32- and 64-key tiles), windows shorter and longer than
+    // a tile, sinks, and all at once.
+    for (AttnShape a : {AttnShape{1, 1, 4, 1, 64}, AttnShape{2, 70, 4, 4, 80}, AttnShape{1, 130, 8, 2, 128},
+                        AttnShape{2, 200, 4, 2, 64, 4}, AttnShape{2, 200, 4, 2, 80, 0, 7},
+                        AttnShape{1, 260, 4, 2, 128, 0, 100}, AttnShape{2, 150, 4, 1, 64, 0, 0, true},
+                        AttnShape{2, 300, 8, 2, 128, 5, 40, true}, AttnShape{1, 97, 4, 4, 80, 3, 33, true}}) {
       c.push_back(attention_forward_case(a, dt));
       c.push_back(attention_backward_case(a, dt));
     }
@@ -714,16 +760,16 @@ TEST(AttentionChoice, ReportedPerShapeAndForcedModesHold) {
     o.attention = mode;
     return create_backend(o);
   };
-  const std::string fp32 = with("auto")->ops().attention_implementation(1, 128, 4, 2, 64, DType::F32);
+  const std::string fp32 = with("auto")->ops().attention_implementation(1, 128, 4, 2, 64, AttentionMask{}, DType::F32);
   EXPECT_NE(fp32.find("flash kernels"), std::string::npos) << fp32;
   EXPECT_NE(fp32.find("takes bf16"), std::string::npos) << fp32;
-  const std::string auto_bf16 = with("auto")->ops().attention_implementation(1, 128, 4, 2, 64, DType::BF16);
+  const std::string auto_bf16 = with("auto")->ops().attention_implementation(1, 128, 4, 2, 64, AttentionMask{}, DType::BF16);
   std::printf("  auto, bf16 B 1 S 128 Hq 4 Hkv 2 D 64: %s\n", auto_bf16.c_str());
   EXPECT_TRUE(auto_bf16.rfind("cuDNN", 0) == 0 || auto_bf16.find("not cuDNN: ") != std::string::npos) << auto_bf16;
-  const std::string flash = with("flash")->ops().attention_implementation(1, 128, 4, 2, 64, DType::BF16);
+  const std::string flash = with("flash")->ops().attention_implementation(1, 128, 4, 2, 64, AttentionMask{}, DType::BF16);
   EXPECT_NE(flash.find("backend.attention is flash"), std::string::npos) << flash;
   try {
-    with("cudnn")->ops().attention_implementation(1, 128, 4, 2, 64, DType::F32);
+    with("cudnn")->ops().attention_implementation(1, 128, 4, 2, 64, AttentionMask{}, DType::F32);
     ADD_FAILURE() << "backend.attention=cudnn accepted fp32";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("backend.attention is cudnn"), std::string::npos) << e.what();
@@ -746,11 +792,11 @@ TEST(AttentionWorkspace, OneKeptHoweverFarTheHostRunsAhead) {
   const int64_t B = 1, S = 4096, Hq = 16, Hkv = 4, D = 128;
   Ops& ops = be->ops();
   try {
-    std::printf("  %s\n", ops.attention_implementation(B, S, Hq, Hkv, D, DType::BF16).c_str());
+    std::printf("  %s\n", ops.attention_implementation(B, S, Hq, Hkv, D, AttentionMask{}, DType::BF16).c_str());
   } catch (const Error& e) {
     GTEST_SKIP() << e.what();  // no cuDNN on this machine
   }
-  const size_t ws = ops.attention_workspace_bytes(B, S, Hq, Hkv, D, DType::BF16);
+  const size_t ws = ops.attention_workspace_bytes(B, S, Hq, Hkv, D, AttentionMask{}, DType::BF16);
   ASSERT_GE(ws, size_t{16} << 20) << "the shape was chosen for a large workspace; got " << ws << " bytes";
   const size_t qb = static_cast<size_t>(B * S * Hq * D) * 2, kb = static_cast<size_t>(B * S * Hkv * D) * 2;
   std::vector<DeviceBuffer> t;
@@ -761,11 +807,12 @@ TEST(AttentionWorkspace, OneKeptHoweverFarTheHostRunsAhead) {
   const size_t tensors = be->memory_stats().in_use;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   ops.attention_forward(s, t[3].data(), t[8].as<float>(), t[0].data(), t[1].data(), t[2].data(), B, S, Hq, Hkv, D,
-                        scale, DType::BF16);
+                        scale, AttentionMask{}, DType::BF16);
   constexpr int kCalls = 40;
   for (int i = 0; i < kCalls; ++i)
     ops.attention_backward(s, t[5].data(), t[6].data(), t[7].data(), t[4].data(), t[0].data(), t[1].data(),
-                           t[2].data(), t[3].data(), t[8].as<float>(), B, S, Hq, Hkv, D, scale, DType::BF16);
+                           t[2].data(), t[3].data(), t[8].as<float>(), B, S, Hq, Hkv, D, scale, AttentionMask{},
+                           nullptr, DType::BF16);
   be->synchronize(s);
   const MemoryStats m = be->memory_stats();
   const size_t kept = (ws + be->allocation_granularity() - 1) / be->allocation_granularity() * be->allocation_granularity();
@@ -792,7 +839,7 @@ TEST(AttentionLongContext, CudnnMatchesFlashAtAMillionTokens) {
   };
   std::unique_ptr<Backend> cudnn = backend("cudnn"), flash = backend("flash");
   try {
-    std::printf("  %s\n", cudnn->ops().attention_implementation(B, S, Hq, Hkv, D, DType::BF16).c_str());
+    std::printf("  %s\n", cudnn->ops().attention_implementation(B, S, Hq, Hkv, D, AttentionMask{}, DType::BF16).c_str());
   } catch (const Error& e) {
     GTEST_SKIP() << e.what();  // no cuDNN on this machine
   }
@@ -825,9 +872,10 @@ TEST(AttentionLongContext, CudnnMatchesFlashAtAMillionTokens) {
     Stream& s = be[i]->stream(StreamKind::Compute);
     std::vector<DeviceBuffer>& x = t[i];
     be[i]->ops().attention_forward(s, x[3].data(), x[8].as<float>(), x[0].data(), x[1].data(), x[2].data(), B, S, Hq,
-                                   Hkv, D, scale, DType::BF16);
+                                   Hkv, D, scale, AttentionMask{}, DType::BF16);
     be[i]->ops().attention_backward(s, x[5].data(), x[6].data(), x[7].data(), x[4].data(), x[0].data(), x[1].data(),
-                                    x[2].data(), x[3].data(), x[8].as<float>(), B, S, Hq, Hkv, D, scale, DType::BF16);
+                                    x[2].data(), x[3].data(), x[8].as<float>(), B, S, Hq, Hkv, D, scale, AttentionMask{},
+                                    nullptr, DType::BF16);
     be[i]->synchronize(s);
   }
   // ||cudnn - flash|| / ||flash|| per output, read back in chunks; bf16 outputs of two fp32-accumulating

@@ -18,17 +18,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
+from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_attention
+from transformers.models.llama import modeling_llama
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
                           Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                          SeedOssConfig, SeedOssForCausalLM)
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM, SeedOssConfig, SeedOssForCausalLM, GptOssConfig,
+                          GptOssForCausalLM)
 
 CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
            "qwen2": (Qwen2Config, Qwen2ForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
-           "phi3": (Phi3Config, Phi3ForCausalLM), "seed_oss": (SeedOssConfig, SeedOssForCausalLM)}
+           "phi3": (Phi3Config, Phi3ForCausalLM), "seed_oss": (SeedOssConfig, SeedOssForCausalLM),
+           "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM), "gpt_oss": (GptOssConfig, GptOssForCausalLM)}
 PAD_POSITIONS = [(0, 3), (0, 20), (1, 10)]  # where a config with pad_token_id gets that token in every batch
 
 B = 2            # batch size
-S = 37           # input sequence length (input_ids has S + 1 columns)
+S = 37           # input sequence length (input_ids has S + 1 columns); a spec's seq_len overrides it
 N_LOGITS = 4     # logits stored for the first N_LOGITS positions of each sequence
 TRAIN_STEPS = 10
 LR, BETA1, BETA2, EPS, WEIGHT_DECAY, GRAD_CLIP = 3e-3, 0.9, 0.95, 1e-8, 0.1, 1.0
@@ -187,6 +191,110 @@ FIXTURES = [
             sliding_window=64, hidden_act="silu",
         ),
     ),
+    # Sliding windows shorter than the sequence: Mistral's on every layer (8 keys per query),
+    # Qwen2's with use_sliding_window on the layers from max_window_layers on (layer 1 of 2). These
+    # and the packed ones have 36 positions, so that two Ulysses ranks split them (test_reference_sp).
+    dict(
+        name="mistral_window_short",
+        model_type="mistral",
+        seed=9123,
+        seq_len=36,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
+            sliding_window=8, hidden_act="silu",
+        ),
+    ),
+    dict(
+        name="qwen2_sliding_layers",
+        model_type="qwen2",
+        seed=9234,
+        seq_len=36,
+        config=dict(
+            vocab_size=131, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
+            use_sliding_window=True, sliding_window=11, max_window_layers=1, hidden_act="silu",
+        ),
+    ),
+    # Packed rows: several documents per row (lengths below, positions restarting at each), whose
+    # loss and gradients are those of the documents run separately through the model (transformers
+    # would attend across documents in a packed forward; the reference never packs).
+    dict(
+        name="llama_packed",
+        model_type="llama",
+        seed=9345,
+        seq_len=36,
+        packed=[[9, 17, 1, 9], [36]],
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
+            attention_bias=False, mlp_bias=False, hidden_act="silu",
+        ),
+    ),
+    # GPT-OSS's attention sinks without its family (which the MoE work adds): a Llama whose layers
+    # get self_attn.sinks and GPT-OSS's eager attention (an extra logit column per head); so_train
+    # switches ModelConfig::attention_sinks on for it (the fixture's attention_sinks attribute).
+    dict(
+        name="llama_sinks",
+        model_type="llama",
+        seed=9567,
+        seq_len=36,
+        sinks=True,
+        packed=[[13, 23], [36]],
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
+            attention_bias=False, mlp_bias=False, hidden_act="silu",
+        ),
+    ),
+    dict(
+        name="mistral_packed_window",
+        model_type="mistral",
+        seed=9457,
+        seq_len=36,
+        packed=[[20, 16], [5, 6, 25]],
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=16, rope_theta=10000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=256,
+            sliding_window=7, hidden_act="silu",
+        ),
+    ),
+    # Qwen3-MoE: 3 layers, the middle one dense (mlp_only_layers), the others 6 experts with top-2
+    # renormalised routing; q/k norm, GQA, untied.
+    dict(
+        name="qwen3_moe_mixed",
+        model_type="qwen3_moe",
+        seed=8642,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=48,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
+            num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+            mlp_only_layers=[1], output_router_logits=False, hidden_act="silu",
+        ),
+    ),
+    # GPT-OSS: every layer MoE (4 experts, top-2 of the biased router's logits, clamped GLU, fused
+    # interleaved expert tensors with biases), q/k/v/o biases, learned sinks, a sliding window of 8
+    # on layer 0 (layer_types' default: every other layer), yarn RoPE (GptOssConfig's default).
+    dict(
+        name="gpt_oss_window_sinks",
+        model_type="gpt_oss",
+        seed=7531,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=150000.0,
+            rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+                              original_max_position_embeddings=4096),
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
+            num_local_experts=4, num_experts_per_tok=2, sliding_window=8, attention_bias=True,
+            output_router_logits=False, hidden_act="silu",
+        ),
+    ),
 ]
 
 
@@ -197,6 +305,9 @@ def build_model(spec):
     cfg = config_cls(**kw)
     cfg._attn_implementation = "eager"
     model = cls(cfg).float()
+    if spec.get("sinks"):
+        for layer in model.model.layers:
+            layer.self_attn.sinks = torch.nn.Parameter(torch.empty(cfg.num_attention_heads))
     # Sanity checks on how the installed transformers interpreted the config.
     theta = spec["config"]["rope_theta"]
     rp = getattr(cfg, "rope_parameters", None)
@@ -206,7 +317,10 @@ def build_model(spec):
         want = (spec["config"].get("rope_scaling") or {}).get("rope_type", "default")
         assert rp.get("rope_type", "default") == want, rp
     if spec["model_type"] in ("qwen3", "qwen2"):
-        assert all(t == "full_attention" for t in cfg.layer_types), cfg.layer_types
+        want = ["sliding_attention" if spec["config"].get("use_sliding_window") and
+                i >= spec["config"].get("max_window_layers", 28) else "full_attention"
+                for i in range(cfg.num_hidden_layers)]
+        assert cfg.layer_types == want, cfg.layer_types
     if "head_dim" in spec["config"]:
         assert model.model.layers[0].self_attn.head_dim == spec["config"]["head_dim"]
     return model
@@ -221,6 +335,9 @@ def reinit_(model):
     with torch.no_grad():
         for _, mod in model.named_modules():
             w = getattr(mod, "weight", None)
+            if hasattr(mod, "sinks") and id(mod.sinks) not in seen:
+                mod.sinks.normal_(0.0, 1.0)  # wide, so that the sink takes a real share of every row
+                seen.add(id(mod.sinks))
             if w is None or id(w) in seen:
                 continue
             cls = type(mod).__name__
@@ -231,9 +348,19 @@ def reinit_(model):
                     seen.add(id(mod.bias))
             elif cls.endswith("RMSNorm"):
                 w.copy_(1.0 + NORM_JITTER * torch.randn_like(w))
+            elif cls.endswith("TopKRouter"):  # an MoE router: a linear layer without the class
+                w.normal_(0.0, INIT_STD)
+                if getattr(mod, "bias", None) is not None:  # GPT-OSS's router has a bias
+                    mod.bias.normal_(0.0, INIT_STD)
+                    seen.add(id(mod.bias))
             else:
                 raise RuntimeError(f"unexpected module with weight: {cls}")
             seen.add(id(w))
+        for _, mod in model.named_modules():  # fused expert stacks (transformers 5's MoE experts)
+            if type(mod).__name__.endswith("Experts"):
+                for p in mod.parameters(recurse=False):
+                    p.normal_(0.0, INIT_STD)
+                    seen.add(id(p))
     # every parameter must have been touched
     for n, p in model.named_parameters():
         assert id(p) in seen, n
@@ -246,12 +373,44 @@ def lm_loss(model, ids):
     return loss, logits
 
 
+def packed_loss(model, docs):
+    """Every document run on its own (positions from 0); the sum of their token losses over all
+    tokens, as one packed forward's mean. Logits of each row's first document."""
+    total, n, first_logits = 0.0, 0, []
+    for row in docs:
+        for j, ids in enumerate(row):
+            logits = model(input_ids=ids[None, :-1]).logits
+            total = total + F.cross_entropy(logits[0].float(), ids[1:], reduction="sum")
+            n += ids.numel() - 1
+            if j == 0:
+                first_logits.append(logits[0, :N_LOGITS])
+    return total / n, torch.stack(first_logits)
+
+
+def pack_rows(docs):
+    """inputs, targets, positions and doc_start [B, S] int32 of rows of documents."""
+    out = {k: [] for k in ("inputs", "targets", "positions", "doc_start")}
+    for row in docs:
+        r = {k: [] for k in out}
+        for ids in row:
+            n = ids.numel() - 1
+            r["doc_start"] += [len(r["inputs"])] * n
+            r["inputs"] += ids[:-1].tolist()
+            r["targets"] += ids[1:].tolist()
+            r["positions"] += list(range(n))
+        for k in out:
+            out[k].append(r[k])
+    return {k: np.array(v, dtype=np.int32) for k, v in out.items()}
+
+
 def np32(t):
     return t.detach().cpu().to(torch.float32).numpy()
 
 
 def split_fused(cfg, tensors):
-    """Phi-3's stacked projections under so_train's parameter names (rows [q; k; v], [gate; up])."""
+    """Phi-3's stacked projections under so_train's parameter names (rows [q; k; v], [gate; up]);
+    transformers 5's fused MoE experts under the per-expert names its checkpoints use
+    (gate_up_proj [E, 2I, H] -> experts.e.gate_proj / up_proj, down_proj [E, H, I] -> experts.e.down_proj)."""
     out = {}
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     q, kv = cfg.num_attention_heads * head_dim, cfg.num_key_value_heads * head_dim
@@ -260,6 +419,15 @@ def split_fused(cfg, tensors):
             base = n[: -len("qkv_proj.weight")]
             out[base + "q_proj.weight"], out[base + "k_proj.weight"], out[base + "v_proj.weight"] = (
                 a[:q], a[q:q + kv], a[q + kv:])
+        elif cfg.model_type == "qwen3_moe" and (n.endswith("mlp.experts.gate_up_proj") or
+                                                n.endswith("mlp.experts.down_proj")):
+            base, which = n.rsplit(".", 1)
+            for e in range(a.shape[0]):
+                if which == "down_proj":
+                    out[f"{base}.{e}.down_proj.weight"] = a[e]
+                else:
+                    half = a.shape[1] // 2
+                    out[f"{base}.{e}.gate_proj.weight"], out[f"{base}.{e}.up_proj.weight"] = a[e, :half], a[e, half:]
         elif n.endswith("gate_up_proj.weight"):
             base = n[: -len("gate_up_proj.weight")]
             half = a.shape[0] // 2
@@ -270,6 +438,17 @@ def split_fused(cfg, tensors):
 
 
 def make_fixture(spec, out_dir):
+    if spec.get("sinks"):  # Llama's attention module calls GPT-OSS's eager attention while this runs
+        plain = modeling_llama.eager_attention_forward
+        modeling_llama.eager_attention_forward = gpt_oss_attention
+        try:
+            return make_fixture_with(spec, out_dir)
+        finally:
+            modeling_llama.eager_attention_forward = plain
+    return make_fixture_with(spec, out_dir)
+
+
+def make_fixture_with(spec, out_dir):
     torch.manual_seed(spec["seed"])
     model = build_model(spec)
     reinit_(model)
@@ -282,6 +461,7 @@ def make_fixture(spec, out_dir):
         assert model.lm_head.weight is not model.model.embed_tokens.weight
 
     gen = torch.Generator().manual_seed(spec["seed"] + 1)
+    S = spec.get("seq_len", globals()["S"])
     ids = torch.randint(0, V, (B, S + 1), generator=gen)
     train_ids = torch.randint(0, V, (TRAIN_STEPS, B, S + 1), generator=gen)
     pad = model.config.pad_token_id
@@ -298,7 +478,14 @@ def make_fixture(spec, out_dir):
     # ---- single forward / backward ----
     init_weights = split_fused(model.config, {n: np32(p) for n, p in model.named_parameters()})
     model.zero_grad(set_to_none=True)
-    loss, logits = lm_loss(model, ids)
+    packed = None
+    if "packed" in spec:
+        docs = [[torch.randint(0, V, (n + 1,), generator=gen) for n in row] for row in spec["packed"]]
+        assert all(sum(row) == S for row in spec["packed"]) and all(row[0] >= N_LOGITS for row in spec["packed"])
+        packed = pack_rows(docs)
+        loss, logits = packed_loss(model, docs)
+    else:
+        loss, logits = lm_loss(model, ids)
     loss.backward()
     grads = split_fused(model.config, {n: np32(p.grad) for n, p in model.named_parameters()})
 
@@ -321,6 +508,8 @@ def make_fixture(spec, out_dir):
     with h5py.File(path, "w") as f:
         f.attrs["config_json"] = str(model.config.to_json_string())
         f.attrs["model_type"] = str(spec["model_type"])
+        if spec.get("sinks"):
+            f.attrs["attention_sinks"] = 1
         f.attrs["torch_version"] = str(torch.__version__)
         f.attrs["transformers_version"] = str(transformers.__version__)
         # convenience copies (config_json has rope_theta under rope_parameters in transformers>=5)
@@ -328,6 +517,10 @@ def make_fixture(spec, out_dir):
         f.attrs["tie_word_embeddings"] = int(tied)
         f.attrs["seed"] = int(spec["seed"])
         f.create_dataset("input_ids", data=ids.numpy().astype(np.int32))
+        if packed is not None:  # the batch of the single forward/backward (input_ids then unused there)
+            p = f.create_group("packed")
+            for k, a in packed.items():
+                p.create_dataset(k, data=a)
         f.create_dataset("loss", data=np.array([loss.item()], dtype=np.float32))
         f.create_dataset("logits", data=np32(logits[:, :N_LOGITS, :]))
         gw, gg = f.create_group("weights"), f.create_group("grads")
@@ -373,12 +566,14 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "fixtures"))
+    ap.add_argument("--only", nargs="*", help="write only these fixtures (names)")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)  # bit-for-bit reproducible CPU reductions
     os.makedirs(args.out, exist_ok=True)
     for spec in FIXTURES:
-        verify(make_fixture(spec, args.out))
+        if not args.only or spec["name"] in args.only:
+            verify(make_fixture(spec, args.out))
 
 
 if __name__ == "__main__":

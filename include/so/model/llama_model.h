@@ -9,6 +9,7 @@
 #include "so/backend/host_buffer.h"
 #include "so/model/model_config.h"
 #include "so/model/model_interfaces.h"
+#include "so/model/moe_block.h"
 #include "so/model/param_layout.h"
 
 namespace so {
@@ -35,7 +36,9 @@ struct ModelOptions {
 // One micro-batch on the host: B*S input ids, targets (-1 = ignore) and RoPE positions.
 // doc_start (B*S, or empty when every row is one document): for each token, the index within its
 // row of the first token of its document. Attention is causal within a document only (packed
-// rows); positions restart at each document's start.
+// rows); positions restart at each document's start. Under Ulysses a rank's inputs, targets and
+// positions are its slice of each row, doc_start stays whole rows (slice_sequences): attention
+// runs over every token of a row.
 struct TokenBatch {
   std::vector<int32_t> inputs, targets, positions, doc_start;
   int64_t first_sample = 0;  // the run's index of its first sequence: names its tokens in dropout masks
@@ -78,6 +81,10 @@ class LlamaModel {
     int64_t B, S, Hq, Hkv, D;
   };
   static AttentionShape attention_shape(const ModelConfig& cfg, const ModelOptions& opts, int64_t sp_size);
+  // The most attention workspace any layer's mask (window or not, packed rows or not) draws (the
+  // memory planner's term).
+  static size_t attention_workspace_bytes(Ops& ops, const ModelConfig& cfg, const ModelOptions& opts,
+                                          int64_t sp_size);
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
@@ -91,7 +98,8 @@ class LlamaModel {
                         bool backward);
 
   // The attention implementation the backend runs for this model's shape (all tokens, this rank's
-  // heads under Ulysses), and why.
+  // heads under Ulysses) and each kind of layer (sliding window or not), for whole and packed
+  // rows, and why.
   std::string attention_implementation() const;
 
   void zero_loss();
@@ -111,6 +119,10 @@ class LlamaModel {
   std::pair<void*, void*> mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n, bool compute);
   void mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out);
   void mlp_backward(int l, ParamStore& p, LayerActs& s);
+  // MoE layers: the block that runs layer l (one per MoE layer, or one shared when checkpointing:
+  // backward recomputes the layer's forward right before it), and its parameters' pointers.
+  MoeBlock& moe_block(int l);
+  MoeParams moe_params(int l, ParamStore& p, bool grads) const;
   // The residual stream: layer l reads residual(l) and writes residual(l + 1).
   void* residual(int64_t l);
   // Residual dropout's mask of layer l's attention (site 0) or MLP (site 1) branch, for rows from row0.
@@ -124,6 +136,14 @@ class LlamaModel {
   void scatter_heads(void* full, const void* local, int64_t heads);
   void gather_heads(void* local, const void* full, int64_t heads);
   int sp_size() const { return opts_.sequence_parallel ? opts_.sequence_parallel->size() : 1; }
+  int sp_rank() const { return opts_.sequence_parallel ? opts_.sequence_parallel->rank() : 0; }
+  // The kinds of mask the layers use: per distinct window, without and with packed rows (then
+  // with a placeholder doc_start), with sinks (a placeholder) where the model has them.
+  static std::vector<AttentionMask> attention_mask_kinds(const ModelConfig& cfg);
+  // Layer l's mask for the current batch (the same in forward, recompute and backward), and where
+  // its sinks' gradient goes: this rank's heads (a block of Hq/P under Ulysses).
+  AttentionMask attention_mask(int l, ParamStore& p) const;
+  void* sinks_grad(int l, ParamStore& p) const;
   // out = in W^T (+ bias) (+ beta * out). A bias is broadcast into out first by a K = 1 GEMM with
   // a column of ones, so the product is added onto it with one rounding and no op of its own.
   void linear(const void* in, const void* w, void* out, int64_t rows, int64_t out_dim, int64_t in_dim, float beta,
@@ -143,6 +163,9 @@ class LlamaModel {
   float rope_scale_ = 1.0f;  // cos and sin factor of the RoPE table (yarn's attention factor)
   bool dropping_ = false;    // this forward drops residual branches (training with residual_dropout > 0)
   int64_t first_sample_ = 0;
+  std::vector<std::unique_ptr<MoeBlock>> moe_;
+  std::vector<int> moe_of_layer_;  // index into moe_, -1 for a dense layer
+  std::unique_ptr<MoeScratch> moe_scratch_;
 };
 
 }  // namespace so

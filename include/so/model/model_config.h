@@ -4,13 +4,14 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "so/model/rope.h"
 
 namespace so {
 
 struct ModelConfig {
-  std::string model_type = "llama";  // llama | qwen3 | qwen2 | mistral | phi3 | seed_oss
+  std::string model_type = "llama";  // llama | qwen3 | qwen2 | mistral | phi3 | seed_oss | qwen3_moe | gpt_oss
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -29,9 +30,14 @@ struct ModelConfig {
   bool qk_norm = false;  // Qwen3: RMSNorm over head_dim on q and k, before RoPE
   bool qkv_bias = false;  // q, k and v projections add a bias (Qwen2; attention_bias of Llama/Qwen3/Seed-OSS)
   bool o_bias = false;    // o_proj adds a bias (attention_bias of Llama/Qwen3, attention_out_bias of Seed-OSS)
-  // Mistral: a query sees keys fewer than this many positions back; 0 = no window. Trained only
-  // where it cannot bite (sequences no longer than it), LlamaModel checks.
+  // GPT-OSS: a learned logit per head (self_attn.sinks, [num_heads]) in every attention row's
+  // softmax (AttentionMask::sinks). Set by the family (no config key), for the MoE work's gpt_oss.
+  bool attention_sinks = false;
+  // A query sees keys fewer than this many positions back (transformers' sliding_window) on the
+  // layers sliding_layers marks; 0 = no window. Mistral and Phi-3: every layer; Qwen2/Qwen3: with
+  // use_sliding_window, the layers layer_types (or max_window_layers) marks.
   int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;  // [num_layers], or empty: no window anywhere
   // Phi-3: the checkpoint stores q/k/v as one qkv_proj and gate/up as one gate_up_proj (rows
   // stacked), split at import and joined at export (ParamLayout::hf_tensors).
   bool fused_projections = false;
@@ -39,14 +45,33 @@ struct ModelConfig {
   // that row gets no gradient from the lookup (a tied lm_head's still reaches it); -1 = none.
   int64_t pad_token_id = -1;
   float initializer_range = 0.02f;
+  // Mixture of experts (Qwen3-MoE, GPT-OSS): the layers it names run the MoE block (so/model/moe_block.h)
+  // in place of the dense MLP. experts = 0: a dense model.
+  struct Moe {
+    // Qwen3: softmax, top-k, SwiGLU experts (per-expert nn.Linear weights). GptOss: top-k of the
+    // biased router's logits, softmax over them, clamped-GLU experts in fused interleaved tensors.
+    enum class Style { Qwen3, GptOss } style = Style::Qwen3;
+    int64_t experts = 0, top_k = 0, intermediate = 0;  // num_experts, num_experts_per_tok, moe_intermediate_size
+    bool normalize = false;                           // norm_topk_prob
+    int64_t sparse_step = 1;                          // decoder_sparse_step
+    std::vector<int64_t> dense_layers;                // mlp_only_layers
+    double aux_loss_coef = 0.001;                     // router_aux_loss_coef (used when output_router_logits)
+    double glu_alpha = 1.702, glu_limit = 7.0;        // GptOss: swiglu_alpha, swiglu_limit
+  } moe;
+  // Layer l runs the MoE block, as transformers' Qwen3MoeDecoderLayer decides.
+  bool is_moe_layer(int64_t l) const;
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  // Layer l's attention window (AttentionMask::window): 0 = causal over the whole sequence.
+  int64_t layer_window(int64_t l) const {
+    return l < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[static_cast<size_t>(l)] ? sliding_window : 0;
+  }
   int64_t num_parameters() const;
   std::string architecture() const;  // the transformers class, e.g. LlamaForCausalLM
 
   // Parses an HF config.json object; `source` names it in errors. Unsupported features
-  // (other RoPE types, biases, sliding windows, other activations) are refused by name.
+  // (other RoPE types, other activations, ...) are refused by name.
   static ModelConfig from_hf_json(const nlohmann::json& j, const std::string& source);
   static ModelConfig from_hf_file(const std::string& path);
   nlohmann::json to_hf_json() const;

@@ -23,8 +23,15 @@ struct ParamInfo {
 };
 
 struct LayerParamIds {
-  int attn_norm, q, k, v, o, q_norm = -1, k_norm = -1, mlp_norm, gate, up, down;
+  int attn_norm, q, k, v, o, q_norm = -1, k_norm = -1, mlp_norm, gate = -1, up = -1, down = -1;
   int q_bias = -1, k_bias = -1, v_bias = -1, o_bias = -1;  // -1: the family has none
+  // An MoE layer (gate, up and down are -1): the router, and each expert's projections (Qwen3-MoE)
+  // or the experts' fused tensors, one parameter each (GPT-OSS: gate_up [E, H, 2I] and its bias
+  // [E, 2I], down [E, I, H] and its bias [E, H]).
+  int router = -1, router_bias = -1;
+  std::vector<int> expert_gate, expert_up, expert_down;
+  int experts_gate_up = -1, experts_gate_up_bias = -1, experts_down = -1, experts_down_bias = -1;
+  int sinks = -1;  // self_attn.sinks [num_heads] (ModelConfig::attention_sinks), else -1
 };
 
 // A tensor of the Hugging Face checkpoint: one parameter, or consecutive parameters stacked along
@@ -52,7 +59,11 @@ struct ParamLayout {
 // 2 FLOPs per multiply-add, and causal attention counts the (S+1)/2 keys a query sees on average.
 // causal = true counts attention's score and value products over the visible (query, key) pairs
 // only, (S + 1) / 2 per query; false over all S, the convention most published MFU figures use.
-// A projection bias counts 1 FLOP per element forward and 1 backward (its gradient's sum).
+// A projection bias counts 1 FLOP per element forward and 1 backward (its gradient's sum). An MoE
+// layer counts its active parameters: the router and top_k experts per token.
+// A projection bias counts 1 FLOP per element forward and 1 backward (its gradient's sum). A
+// sliding window caps the keys a query sees (per layer, ModelConfig::layer_window); packed
+// documents (data-dependent) are not counted.
 double train_flops_per_token(const ModelConfig& cfg, int64_t seq_len, bool causal = true);
 
 }  // namespace so

@@ -1,6 +1,9 @@
 // Causal grouped-query attention, flash style: scores are produced one query row at a time over
 // blocks of keys with an online softmax, so memory is O(S * D) per head and the S x S score
 // matrix never exists. Backward recomputes probabilities from the saved log-sum-exp (FA2).
+// The mask (documents, window) narrows each row to the keys [first_key(i), i]; a sink adds one
+// logit to the row's softmax after the keys (lse includes it, so backward needs nothing more).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -37,16 +40,28 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-void check_shape(const AttentionShape& sh) {
+void check_shape(const AttentionShape& sh, const AttentionMask& mask) {
   SO_CHECK(sh.Hkv > 0 && sh.Hq % sh.Hkv == 0, "attention: ", sh.Hq, " query heads are not a multiple of ", sh.Hkv,
            " KV heads");
+  SO_CHECK(mask.window >= 0, "attention: negative sliding window ", mask.window);
+  if (mask.doc_start != nullptr) check_attention_doc_start(mask.doc_start, sh.B, sh.S);
+}
+
+// The first key query i of row b sees: its document's first token, and no further back than the
+// window allows.
+int64_t first_key(const AttentionMask& mask, int64_t b, int64_t i, int64_t S) {
+  int64_t lo = mask.doc_start != nullptr ? mask.doc_start[b * S + i] : 0;
+  if (mask.window > 0) lo = std::max(lo, i - mask.window + 1);
+  return lo;
 }
 
 }  // namespace
 
 template <typename T>
-void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& sh) {
-  check_shape(sh);
+void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& sh,
+                       const AttentionMask& mask) {
+  check_shape(sh, mask);
+  const T* sinks = static_cast<const T*>(mask.sinks);
   const int64_t S = sh.S, D = sh.D, group = sh.Hq / sh.Hkv;
   std::vector<float> K, V, Q, O(static_cast<size_t>(S * D)), scores(kKeyBlock);
   for (int64_t b = 0; b < sh.B; ++b) {
@@ -60,7 +75,7 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, c
           float* oi = &O[i * D];
           for (int64_t d = 0; d < D; ++d) oi[d] = 0.0f;
           float m = -INFINITY, l = 0.0f;
-          for (int64_t j0 = 0; j0 <= i; j0 += kKeyBlock) {
+          for (int64_t j0 = first_key(mask, b, i, S); j0 <= i; j0 += kKeyBlock) {
             const int64_t n = std::min(kKeyBlock, i + 1 - j0);
             float mb = -INFINITY;
             for (int64_t c = 0; c < n; ++c) {
@@ -79,9 +94,16 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, c
             }
             m = mnew;
           }
-          const float inv_l = 1.0f / l;
+          float row_lse = m + std::log(l), inv_l = 1.0f / l;
+          if (sinks != nullptr) {  // the sink's share of the row leaves the keys' output scaled down
+            const float sink = to_f32(sinks[h]);
+            const float hi = std::max(row_lse, sink);
+            const float with_sink = hi + std::log(std::exp(row_lse - hi) + std::exp(sink - hi));
+            inv_l *= std::exp(row_lse - with_sink);
+            row_lse = with_sink;
+          }
           for (int64_t d = 0; d < D; ++d) oi[d] *= inv_l;
-          lse[(b * sh.Hq + h) * S + i] = m + std::log(l);
+          lse[(b * sh.Hq + h) * S + i] = row_lse;
         }
         store_head(out, O, b, h, S, sh.Hq, D);
       }
@@ -91,8 +113,11 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, c
 
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                        const float* lse, const AttentionShape& sh) {
-  check_shape(sh);
+                        const float* lse, const AttentionShape& sh, const AttentionMask& mask, T* dsinks_acc) {
+  check_shape(sh, mask);
+  const T* sinks = static_cast<const T*>(mask.sinks);
+  SO_CHECK(sinks == nullptr || dsinks_acc != nullptr, "attention_backward: sinks without a dsinks_acc buffer");
+  std::vector<float> dsinks(static_cast<size_t>(sh.Hq), 0.0f);
   const int64_t S = sh.S, D = sh.D, group = sh.Hq / sh.Hkv;
   std::vector<float> K, V, Q, dO, O, dQ(static_cast<size_t>(S * D)), dK(static_cast<size_t>(S * D)),
       dV(static_cast<size_t>(S * D)), Di(static_cast<size_t>(S));
@@ -109,11 +134,14 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         std::fill(dQ.begin(), dQ.end(), 0.0f);
         const float* L = lse + (b * sh.Hq + h) * S;
         for (int64_t i = 0; i < S; ++i) Di[i] = dot(&dO[i * D], &O[i * D], D);
+        // d lse/d sink = p_sink; the sink's value is zero, so d loss/d sink = -sum_i p_sink,i * Di.
+        if (sinks != nullptr)
+          for (int64_t i = 0; i < S; ++i) dsinks[h] -= std::exp(to_f32(sinks[h]) - L[i]) * Di[i];
         for (int64_t i = 0; i < S; ++i) {
           const float* qi = &Q[i * D];
           const float* doi = &dO[i * D];
           float* dqi = &dQ[i * D];
-          for (int64_t j = 0; j <= i; ++j) {
+          for (int64_t j = first_key(mask, b, i, S); j <= i; ++j) {
             const float p = std::exp(dot(qi, &K[j * D], D) * sh.scale - L[i]);
             const float dp = dot(doi, &V[j * D], D);
             const float ds = p * (dp - Di[i]) * sh.scale;
@@ -133,14 +161,18 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
       store_head(dv, dV, b, kvh, S, sh.Hkv, D);
     }
   }
+  if (sinks != nullptr)
+    for (int64_t h = 0; h < sh.Hq; ++h) dsinks_acc[h] = from_f32<T>(to_f32(dsinks_acc[h]) + dsinks[h]);
 }
 
 template void attention_forward<float>(float*, float*, const float*, const float*, const float*,
-                                       const AttentionShape&);
-template void attention_forward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*, const AttentionShape&);
+                                       const AttentionShape&, const AttentionMask&);
+template void attention_forward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*, const AttentionShape&,
+                                      const AttentionMask&);
 template void attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
-                                        const float*, const float*, const float*, const AttentionShape&);
+                                        const float*, const float*, const float*, const AttentionShape&,
+                                        const AttentionMask&, float*);
 template void attention_backward<bf16>(bf16*, bf16*, bf16*, const bf16*, const bf16*, const bf16*, const bf16*,
-                                       const bf16*, const float*, const AttentionShape&);
+                                       const bf16*, const float*, const AttentionShape&, const AttentionMask&, bf16*);
 
 }  // namespace so::cpu

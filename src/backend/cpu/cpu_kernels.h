@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "so/backend/dropout_mask.h"
+#include "so/backend/ops.h"
 #include "so/core/dtype.h"
 
 namespace so::cpu {
@@ -49,14 +50,35 @@ void cross_entropy(float* loss_acc, T* dlogits, const float* logits, const int32
 template <typename Dst, typename Src>
 void cast(Dst* dst, const Src* src, int64_t n);
 
+// Mixture of experts (cpu_moe_kernels.cpp); semantics in so/backend/ops.h.
+void moe_route(float* weights, int32_t* experts, const float* logits, int64_t T, const MoeRouting& r);
+void moe_route_backward(float* dlogits, const float* dweights, const float* logits, const int32_t* experts,
+                        const float* aux_dprob, int64_t T, const MoeRouting& r);
+void moe_sort_slots(int32_t* slot_of, int32_t* row_of, int32_t* offsets, const int32_t* experts, int64_t T,
+                    int64_t k, int64_t E);
+template <typename T>
+void moe_dispatch(T* dst, const T* x, const int32_t* slot_of, int64_t T_, int64_t k, int64_t H);
+template <typename T>
+void moe_combine(T* out, const T* y, const float* weights, const int32_t* row_of, int64_t T_, int64_t k, int64_t H,
+                 bool accumulate);
+template <typename T>
+void moe_combine_backward(T* dy, float* dweights, const T* dout, const T* y, const float* weights,
+                          const int32_t* slot_of, int64_t T_, int64_t k, int64_t H);
+void grouped_gemm(const GroupedGemm& g);
+template <typename T>
+void clamped_swiglu_forward(T* out, const T* gate_up, int64_t n, float alpha, float limit);
+template <typename T>
+void clamped_swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t n, float alpha, float limit);
+
 struct AttentionShape {
   int64_t B, S, Hq, Hkv, D;
   float scale;
 };
 template <typename T>
-void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& sh);
+void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& sh,
+                       const AttentionMask& mask);
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                        const float* lse, const AttentionShape& sh);
+                        const float* lse, const AttentionShape& sh, const AttentionMask& mask, T* dsinks_acc);
 
 }  // namespace so::cpu

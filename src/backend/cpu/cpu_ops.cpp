@@ -1,6 +1,7 @@
 #include "cpu_ops.h"
 
 #include <cmath>
+#include <vector>
 
 #include "cpu_backend.h"
 #include "cpu_kernels.h"
@@ -71,29 +72,34 @@ void CpuOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64
   }));
 }
 
-std::string CpuOps::attention_implementation(int64_t, int64_t, int64_t, int64_t, int64_t, DType) {
+std::string CpuOps::attention_implementation(int64_t, int64_t, int64_t, int64_t, int64_t, const AttentionMask&,
+                                             DType) {
   return "CPU tiled attention (the reference)";
 }
 
-size_t CpuOps::attention_workspace_bytes(int64_t, int64_t, int64_t, int64_t, int64_t, DType) { return 0; }
+size_t CpuOps::attention_workspace_bytes(int64_t, int64_t, int64_t, int64_t, int64_t, const AttentionMask&, DType) {
+  return 0;
+}
 
 void CpuOps::attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
-                               int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
+                               int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                               const AttentionMask& mask, DType dt) {
   const AttentionShape sh{B, S, Hq, Hkv, D, scale};
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
-    cpu::attention_forward(typed<X>(out), lse, typed<X>(q), typed<X>(k), typed<X>(v), sh);
+    cpu::attention_forward(typed<X>(out), lse, typed<X>(q), typed<X>(k), typed<X>(v), sh, mask);
   }));
 }
 
 void CpuOps::attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
                                 const void* k, const void* v, const void* out, const float* lse, int64_t B,
-                                int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
+                                int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask,
+                                void* dsinks_acc, DType dt) {
   const AttentionShape sh{B, S, Hq, Hkv, D, scale};
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
     cpu::attention_backward(typed<X>(dq), typed<X>(dk), typed<X>(dv), typed<X>(dout), typed<X>(q), typed<X>(k),
-                            typed<X>(v), typed<X>(out), lse, sh);
+                            typed<X>(v), typed<X>(out), lse, sh, mask, typed<X>(dsinks_acc));
   }));
 }
 
@@ -133,6 +139,75 @@ void CpuOps::cross_entropy(Stream& s, float* loss_acc, void* dlogits, const floa
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
     cpu::cross_entropy(loss_acc, typed<X>(dlogits), logits, targets, rows, V, scale, z_loss);
+  }));
+}
+
+void CpuOps::moe_route(Stream& s, const MoeRouting& r, float* weights, int32_t* experts, const float* logits,
+                       int64_t T) {
+  SO_ENQUEUE(s, cpu::moe_route(weights, experts, logits, T, r));
+}
+
+void CpuOps::moe_route_backward(Stream& s, const MoeRouting& r, float* dlogits, const float* dweights,
+                                const float* logits, const int32_t* experts, const float* aux_dprob, int64_t T) {
+  SO_ENQUEUE(s, cpu::moe_route_backward(dlogits, dweights, logits, experts, aux_dprob, T, r));
+}
+
+void CpuOps::moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets, const int32_t* experts,
+                            int64_t T, int64_t k, int64_t E) {
+  SO_ENQUEUE(s, cpu::moe_sort_slots(slot_of, row_of, offsets, experts, T, k, E));
+}
+
+void CpuOps::moe_dispatch(Stream& s, void* dst, const void* x, const int32_t* slot_of, int64_t T, int64_t k,
+                          int64_t H, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::moe_dispatch(typed<X>(dst), typed<X>(x), slot_of, T, k, H);
+  }));
+}
+
+void CpuOps::moe_combine(Stream& s, void* out, const void* y, const float* weights, const int32_t* row_of,
+                         int64_t T, int64_t k, int64_t H, bool accumulate, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::moe_combine(typed<X>(out), typed<X>(y), weights, row_of, T, k, H, accumulate);
+  }));
+}
+
+void CpuOps::moe_combine_backward(Stream& s, void* dy, float* dweights, const void* dout, const void* y,
+                                  const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
+                                  DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::moe_combine_backward(typed<X>(dy), dweights, typed<X>(dout), typed<X>(y), weights, slot_of, T, k, H);
+  }));
+}
+
+void CpuOps::grouped_gemm(Stream& s, const GroupedGemm& g) {
+  // The group sizes and matrices are the caller's host arrays: copied, the call runs later.
+  std::vector<int64_t> rows(g.rows, g.rows + g.groups);
+  std::vector<void*> per_group;
+  if (g.per_group) per_group.assign(g.per_group, g.per_group + g.groups);
+  SO_ENQUEUE(s, {
+    GroupedGemm call = g;
+    call.rows = rows.data();
+    if (call.per_group) call.per_group = per_group.data();
+    cpu::grouped_gemm(call);
+  });
+}
+
+void CpuOps::clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,
+                                    DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::clamped_swiglu_forward(typed<X>(out), typed<X>(gate_up), n, alpha, limit);
+  }));
+}
+
+void CpuOps::clamped_swiglu_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t n,
+                                     float alpha, float limit, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    cpu::clamped_swiglu_backward(typed<X>(dgate_up), typed<X>(dout), typed<X>(gate_up), n, alpha, limit);
   }));
 }
 

@@ -23,12 +23,16 @@ class CpuOps final : public Ops {
   void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
             const double* inv_freq, float attention_scale, bool inverse, DType dt) override;
   void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v, int64_t B,
-                         int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) override;
-  std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) override;
-  size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) override;
+                         int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask,
+                         DType dt) override;
+  std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                       const AttentionMask& mask, DType dt) override;
+  size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, const AttentionMask& mask,
+                                   DType dt) override;
   void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                           const void* v, const void* out, const float* lse, int64_t B, int64_t S, int64_t Hq,
-                          int64_t Hkv, int64_t D, float scale, DType dt) override;
+                          int64_t Hkv, int64_t D, float scale, const AttentionMask& mask, void* dsinks_acc,
+                          DType dt) override;
   void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) override;
   void dropout_add(Stream& s, void* x, const void* y, int64_t rows, int64_t cols, const DropoutMask& m,
                    DType dt) override;
@@ -38,6 +42,24 @@ class CpuOps final : public Ops {
                        int64_t n, DType dt) override;
   void cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
                      int64_t rows, int64_t V, float scale, float z_loss, DType dt) override;
+  void moe_route(Stream& s, const MoeRouting& r, float* weights, int32_t* experts, const float* logits,
+                 int64_t T) override;
+  void moe_route_backward(Stream& s, const MoeRouting& r, float* dlogits, const float* dweights, const float* logits,
+                          const int32_t* experts, const float* aux_dprob, int64_t T) override;
+  void moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets, const int32_t* experts,
+                      int64_t T, int64_t k, int64_t E) override;
+  void moe_dispatch(Stream& s, void* dst, const void* x, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
+                    DType dt) override;
+  void moe_combine(Stream& s, void* out, const void* y, const float* weights, const int32_t* row_of, int64_t T,
+                   int64_t k, int64_t H, bool accumulate, DType dt) override;
+  void moe_combine_backward(Stream& s, void* dy, float* dweights, const void* dout, const void* y,
+                            const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
+                            DType dt) override;
+  void grouped_gemm(Stream& s, const GroupedGemm& g) override;
+  void clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,
+                              DType dt) override;
+  void clamped_swiglu_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t n,
+                               float alpha, float limit, DType dt) override;
   void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) override;
   void transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
                         DType dt) override;

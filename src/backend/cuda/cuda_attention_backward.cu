@@ -4,7 +4,9 @@
 //      the causal query tiles, recomputing P = exp(scale * q.k - lse) and dS = P * (dout.v - Drow)
 //      * scale, and accumulates dV += P^T dout, dK += dS^T q on chip;
 //   3. dQ: one block per (query tile, query head, batch) loops over the causal key tiles,
-//      recomputing P and dS again, and accumulates dQ += dS k on chip.
+//      recomputing P and dS again, and accumulates dQ += dS k on chip;
+//   4. with sinks, dsink[h] -= sum over rows of exp(sink - lse) * Drow (one block per head).
+// Tiles the mask (documents, window) hides entirely are skipped in steps 2 and 3.
 // Step 3 repeats the score recompute of step 2 (FA2 instead adds dQ with atomics from step 2);
 // we pay it because atomics make the summation order, and so the gradients, run-dependent, and the
 // project requires bitwise identical runs. Every output element is summed by one thread in a
@@ -36,6 +38,39 @@ __global__ void row_dot_kernel(float* drow, const T* dout, const T* out, int64_t
     acc = warp_sum(acc);
     if (lane == 0) drow[w] = acc;
   }
+}
+
+// dsinks_acc[h] += -sum_{b,i} exp(sink[h] - lse[b,h,i]) * drow[b,h,i]: the sink column's
+// probability times its (zero) value's gradient minus the row's mean. One block per head, a fixed
+// summation order (bitwise repeatable).
+template <typename T>
+__global__ void sink_grad_kernel(T* dsinks_acc, const T* sinks, const float* lse, const float* drow, int64_t B, int S,
+                                 int Hq) {
+  constexpr int kThreads = 256;
+  __shared__ float partial[kThreads];
+  const int h = blockIdx.x;
+  const float sink = to_float(sinks[h]);
+  float acc = 0.0f;
+  for (int64_t w = threadIdx.x; w < B * S; w += kThreads) {
+    const int64_t row = (w / S * Hq + h) * S + w % S;
+    acc += expf(sink - lse[row]) * drow[row];
+  }
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) dsinks_acc[h] = from_float<T>(to_float(dsinks_acc[h]) - partial[0]);
+}
+
+template <typename T>
+void launch_sink_grad(cudaStream_t stream, void* dsinks_acc, const void* sinks, const float* lse, const float* drow,
+                      int64_t B, int64_t S, int64_t Hq) {
+  sink_grad_kernel<T><<<static_cast<unsigned>(Hq), 256, 0, stream>>>(
+      static_cast<T*>(dsinks_acc), static_cast<const T*>(sinks), lse, drow, B, static_cast<int>(S),
+      static_cast<int>(Hq));
+  SO_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
@@ -79,15 +114,16 @@ __device__ __forceinline__ void ref_load_tile(float* dst, int ld, const T* src, 
 }
 
 // P and dS for query rows q0.. and keys k0.. of the tiles in shared memory (index [r][c] = query r,
-// key c); zero where masked (key > query) or the query is padding (>= S). sP may be null (the dQ
-// pass needs dS only).
+// key c); zero where masked (key > query, or before the query's first key) or the query is padding
+// (>= S). sP may be null (the dQ pass needs dS only).
 __device__ __forceinline__ void ref_scores(float* sP, float* sdS, const float* sQ, const float* sdO, const float* sK,
                                            const float* sV, const float* sLse, const float* sDrow, int ld, int D,
-                                           int q0, int k0, int S, float scale) {
+                                           int q0, int k0, int S, float scale, const DeviceMask& mask,
+                                           int64_t b) {
   for (int i = threadIdx.x; i < kRefTile * kRefTile; i += kRefThreads) {
     const int r = i / kRefTile, c = i % kRefTile;
     float p = 0.0f, ds = 0.0f;
-    if (k0 + c <= q0 + r && q0 + r < S) {
+    if (k0 + c <= q0 + r && q0 + r < S && k0 + c >= mask.first_key(b, q0 + r, S)) {
       const float* qr = sQ + r * ld;
       const float* dor = sdO + r * ld;
       const float* kc = sK + c * ld;
@@ -108,7 +144,7 @@ __device__ __forceinline__ void ref_scores(float* sP, float* sdS, const float* s
 template <typename T>
 __global__ void __launch_bounds__(kRefThreads)
     ref_dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const float* lse,
-                    const float* drow, int S, int Hq, int Hkv, int D, float scale) {
+                    const float* drow, int S, int Hq, int Hkv, int D, float scale, DeviceMask mask) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int ld = D + 1;
   float* sK = reinterpret_cast<float*>(smem);
@@ -143,6 +179,8 @@ __global__ void __launch_bounds__(kRefThreads)
     const float* drow_h = drow + (b * Hq + h) * S;
     for (int qt = kt; qt < nqt; ++qt) {
       const int q0 = qt * kRefTile;
+      // first_key only grows along the row: once a tile's queries are past this key tile, all are.
+      if (!mask.tile_visible(b, q0, q0 + kRefTile - 1, k0, k0 + kRefTile - 1, S)) break;
       __syncthreads();  // previous tile's readers of sQ/sdO/sP/sdS/sLse/sDrow are done
       ref_load_tile(sQ, ld, q, b, q0, h, S, Hq, D);
       ref_load_tile(sdO, ld, dout, b, q0, h, S, Hq, D);
@@ -151,7 +189,7 @@ __global__ void __launch_bounds__(kRefThreads)
         sDrow[tid] = q0 + tid < S ? drow_h[q0 + tid] : 0.0f;
       }
       __syncthreads();
-      ref_scores(sP, sdS, sQ, sdO, sK, sV, sLse, sDrow, ld, D, q0, k0, S, scale);
+      ref_scores(sP, sdS, sQ, sdO, sK, sV, sLse, sDrow, ld, D, q0, k0, S, scale, mask, b);
       __syncthreads();
       for (int i = tid; i < kRefTile * D; i += kRefThreads) {
         const int c = i / D, d = i % D;
@@ -177,7 +215,7 @@ __global__ void __launch_bounds__(kRefThreads)
 template <typename T>
 __global__ void __launch_bounds__(kRefThreads)
     ref_dq_kernel(T* dq, const T* dout, const T* q, const T* k, const T* v, const float* lse, const float* drow,
-                  int S, int Hq, int Hkv, int D, float scale) {
+                  int S, int Hq, int Hkv, int D, float scale, DeviceMask mask) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int ld = D + 1;
   float* sQ = reinterpret_cast<float*>(smem);
@@ -206,13 +244,13 @@ __global__ void __launch_bounds__(kRefThreads)
     const int r = i / D, d = i % D;
     sdQ[r * ld + d] = 0.0f;
   }
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = mask.first_key(b, q0, S) / kRefTile; kt <= qt; ++kt) {
     const int k0 = kt * kRefTile;
     __syncthreads();  // previous tile's readers of sK/sV/sdS are done (first pass: loads visible)
     ref_load_tile(sK, ld, k, b, k0, kvh, S, Hkv, D);
     ref_load_tile(sV, ld, v, b, k0, kvh, S, Hkv, D);
     __syncthreads();
-    ref_scores(nullptr, sdS, sQ, sdO, sK, sV, sLse, sDrow, ld, D, q0, k0, S, scale);
+    ref_scores(nullptr, sdS, sQ, sdO, sK, sV, sLse, sDrow, ld, D, q0, k0, S, scale, mask, b);
     __syncthreads();
     for (int i = tid; i < kRefTile * D; i += kRefThreads) {
       const int r = i / D, d = i % D;
@@ -230,7 +268,7 @@ __global__ void __launch_bounds__(kRefThreads)
 template <typename T>
 void launch_ref_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const void* dout, const void* q,
                          const void* k, const void* v, const float* lse, const float* drow, int64_t B, int64_t S,
-                         int64_t Hq, int64_t Hkv, int64_t D, float scale) {
+                         int64_t Hq, int64_t Hkv, int64_t D, float scale, DeviceMask mask) {
   static const size_t dkdv_limit = raise_smem_limit(ref_dkdv_kernel<T>);
   static const size_t dq_limit = raise_smem_limit(ref_dq_kernel<T>);
   check_smem(ref_dkdv_smem(D), dkdv_limit, "attention backward dK/dV (reference)", D);
@@ -239,11 +277,11 @@ void launch_ref_backward(cudaStream_t stream, void* dq, void* dk, void* dv, cons
   const int s = static_cast<int>(S), hq = static_cast<int>(Hq), hkv = static_cast<int>(Hkv), d = static_cast<int>(D);
   ref_dkdv_kernel<T><<<dim3(tiles, hkv, static_cast<unsigned>(B)), kRefThreads, ref_dkdv_smem(D), stream>>>(
       static_cast<T*>(dk), static_cast<T*>(dv), static_cast<const T*>(dout), static_cast<const T*>(q),
-      static_cast<const T*>(k), static_cast<const T*>(v), lse, drow, s, hq, hkv, d, scale);
+      static_cast<const T*>(k), static_cast<const T*>(v), lse, drow, s, hq, hkv, d, scale, mask);
   SO_CUDA_CHECK(cudaGetLastError());
   ref_dq_kernel<T><<<dim3(tiles, hq, static_cast<unsigned>(B)), kRefThreads, ref_dq_smem(D), stream>>>(
       static_cast<T*>(dq), static_cast<const T*>(dout), static_cast<const T*>(q), static_cast<const T*>(k),
-      static_cast<const T*>(v), lse, drow, s, hq, hkv, d, scale);
+      static_cast<const T*>(v), lse, drow, s, hq, hkv, d, scale, mask);
   SO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -332,7 +370,7 @@ __device__ __forceinline__ void load_row_stats(float* sLse2, float* sDrow, const
 template <int D>
 __global__ void __launch_bounds__(kTcThreads)
     tc_dkdv_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                   const float* lse, const float* drow, int S, int Hq, int Hkv, float scale) {
+                   const float* lse, const float* drow, int S, int Hq, int Hkv, float scale, DeviceMask mask) {
   using L = TcBackwardLayout<D>;
   constexpr int kDt = D / 16;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -371,6 +409,8 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
     for (int qt = kt; qt < nqt; ++qt) {
       const int q0 = qt * kTcTile;
+      // first_key only grows along the row: once a tile's queries are past this key tile, all are.
+      if (!mask.tile_visible(b, q0, q0 + kTcTile - 1, k0, k0 + kTcTile - 1, S)) break;
       __syncthreads();  // previous readers of sQ/sdO/sLse2/sDrow are done
       load_tile_bf16<D, L::kLdh>(sQ, q, b, q0, h, S, Hq);
       load_tile_bf16<D, L::kLdh>(sdO, dout, b, q0, h, S, Hq);
@@ -388,7 +428,7 @@ __global__ void __launch_bounds__(kTcThreads)
           const int r = ix.row[e], c = ix.col[e];  // key wk0 + r, query cq0 + c
           const int qi = cq0 + c;
           float p = 0.0f, ds = 0.0f;
-          if (wk0 + r <= qi && qi < S) {
+          if (wk0 + r <= qi && qi < S && wk0 + r >= mask.first_key(b, qi, S)) {
             p = exp2f(st.x[e] * scale_log2 - sLse2[qc * 16 + c]);
             ds = p * (dpt.x[e] - sDrow[qc * 16 + c]) * scale;
           }
@@ -411,7 +451,7 @@ __global__ void __launch_bounds__(kTcThreads)
 template <int D>
 __global__ void __launch_bounds__(kTcThreads)
     tc_dq_kernel(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const float* lse,
-                 const float* drow, int S, int Hq, int Hkv, float scale) {
+                 const float* drow, int S, int Hq, int Hkv, float scale, DeviceMask mask) {
   using L = TcBackwardLayout<D>;
   constexpr int kDt = D / 16;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -443,7 +483,7 @@ __global__ void __launch_bounds__(kTcThreads)
   __syncthreads();
   const FragIndex ix = load_frag_index(sIdx);
 
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = mask.first_key(b, q0, S) / kTcTile; kt <= qt; ++kt) {
     const int k0 = kt * kTcTile;
     __syncthreads();  // previous readers of sK/sV are done
     load_tile_bf16<D, L::kLdh>(sK, k, b, k0, kvh, S, Hkv);
@@ -460,7 +500,7 @@ __global__ void __launch_bounds__(kTcThreads)
         const int r = ix.row[e], c = ix.col[e];  // query wq0 + r, key ck0 + c
         const int qi = wq0 + r;
         float ds = 0.0f;
-        if (ck0 + c <= qi && qi < S) {
+        if (ck0 + c <= qi && qi < S && ck0 + c >= mask.first_key(b, qi, S)) {
           const float p = exp2f(sf.x[e] * scale_log2 - sLse2[warp * 16 + r]);
           ds = p * (dpf.x[e] - sDrow[warp * 16 + r]) * scale;
         }
@@ -479,7 +519,7 @@ __global__ void __launch_bounds__(kTcThreads)
 template <int D>
 void launch_tc_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const void* dout, const void* q,
                         const void* k, const void* v, const float* lse, const float* drow, int64_t B, int64_t S,
-                        int64_t Hq, int64_t Hkv, float scale) {
+                        int64_t Hq, int64_t Hkv, float scale, DeviceMask mask) {
   using L = TcBackwardLayout<D>;
   static const size_t dkdv_limit = raise_smem_limit(tc_dkdv_kernel<D>);
   static const size_t dq_limit = raise_smem_limit(tc_dq_kernel<D>);
@@ -489,11 +529,11 @@ void launch_tc_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const
   const int s = static_cast<int>(S), hq = static_cast<int>(Hq), hkv = static_cast<int>(Hkv);
   tc_dkdv_kernel<D><<<dim3(tiles, hkv, static_cast<unsigned>(B)), kTcThreads, L::kBytes, stream>>>(
       static_cast<bf16*>(dk), static_cast<bf16*>(dv), static_cast<const bf16*>(dout), static_cast<const bf16*>(q),
-      static_cast<const bf16*>(k), static_cast<const bf16*>(v), lse, drow, s, hq, hkv, scale);
+      static_cast<const bf16*>(k), static_cast<const bf16*>(v), lse, drow, s, hq, hkv, scale, mask);
   SO_CUDA_CHECK(cudaGetLastError());
   tc_dq_kernel<D><<<dim3(tiles, hq, static_cast<unsigned>(B)), kTcThreads, L::kBytes, stream>>>(
       static_cast<bf16*>(dq), static_cast<const bf16*>(dout), static_cast<const bf16*>(q),
-      static_cast<const bf16*>(k), static_cast<const bf16*>(v), lse, drow, s, hq, hkv, scale);
+      static_cast<const bf16*>(k), static_cast<const bf16*>(v), lse, drow, s, hq, hkv, scale, mask);
   SO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -507,9 +547,11 @@ size_t attention_backward_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int6
 
 void attention_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const void* dout, const void* q,
                         const void* k, const void* v, const void* out, const float* lse, int64_t B, int64_t S,
-                        int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt, void* workspace,
-                        size_t workspace_bytes) {
+                        int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask, void* dsinks_acc,
+                        DType dt, void* workspace, size_t workspace_bytes) {
   constexpr const char* kWhat = "attention_backward";
+  const DeviceMask dm = device_mask(mask);
+  SO_CHECK(mask.sinks == nullptr || dsinks_acc != nullptr, kWhat, ": sinks without a dsinks_acc buffer");
   check_shape(kWhat, B, S, Hq, Hkv, D);
   if (B == 0 || S == 0) return;
   const size_t needed = attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
@@ -522,18 +564,24 @@ void attention_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const
     launch_row_dot<bf16>(stream, drow, dout, out, B, S, Hq, D);
   else
     launch_row_dot<float>(stream, drow, dout, out, B, S, Hq, D);
+  if (mask.sinks != nullptr) {
+    if (dt == DType::BF16)
+      launch_sink_grad<bf16>(stream, dsinks_acc, mask.sinks, lse, drow, B, S, Hq);
+    else
+      launch_sink_grad<float>(stream, dsinks_acc, mask.sinks, lse, drow, B, S, Hq);
+  }
   if (variant == 2) {
     const void* ptrs[] = {dq, dk, dv, dout, q, k, v};
     const char* names[] = {"dq", "dk", "dv", "dout", "q", "k", "v"};
     for (int i = 0; i < 7; ++i) check_aligned16(ptrs[i], kWhat, names[i]);
     if (D == 64)
-      launch_tc_backward<64>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, scale);
+      launch_tc_backward<64>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, scale, dm);
     else
-      launch_tc_backward<128>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, scale);
+      launch_tc_backward<128>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, scale, dm);
   } else if (dt == DType::BF16) {
-    launch_ref_backward<bf16>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, D, scale);
+    launch_ref_backward<bf16>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, D, scale, dm);
   } else {
-    launch_ref_backward<float>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, D, scale);
+    launch_ref_backward<float>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, D, scale, dm);
   }
 }
 

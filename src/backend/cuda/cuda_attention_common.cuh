@@ -18,9 +18,44 @@
 
 #include "cuda_bf16.cuh"
 #include "cuda_check.h"
+#include "so/backend/ops.h"
 #include "so/core/dtype.h"
 
 namespace so::cuda::attn {
+
+// AttentionMask's documents and window on the device: query i of row b sees keys
+// [first_key(b, i), i]. first_key never decreases along a row (documents are contiguous), which is
+// what lets the kernels skip whole tiles: a query tile needs key tiles from first_key(its first
+// row) on, and a key tile needs query tiles until first_key passes its last key.
+struct DeviceMask {
+  const int32_t* doc_start;  // [B*S], or null
+  int window;                // 0: none
+
+  __device__ __forceinline__ int first_key(int64_t b, int i, int S) const {
+    int lo = (doc_start != nullptr && i < S) ? __ldg(doc_start + b * S + i) : 0;  // padded rows: causal only
+    if (window > 0) lo = max(lo, i - window + 1);
+    return lo;
+  }
+  // Whether any query in [q0, q1] sees any key in [k0, k1] (q0 < S).
+  __device__ __forceinline__ bool tile_visible(int64_t b, int q0, int q1, int k0, int k1, int S) const {
+    return q1 >= k0 && first_key(b, max(q0, k0), S) <= k1;
+  }
+};
+
+inline DeviceMask device_mask(const AttentionMask& m) {
+  SO_CHECK(m.window >= 0 && m.window <= (int64_t{1} << 30), "attention: sliding window ", m.window, " out of range");
+  return DeviceMask{m.doc_start, static_cast<int>(m.window)};
+}
+
+// Folds a sink logit into a row's softmax: lse (natural log, keys only) becomes the log-sum-exp of
+// keys and sink, and the keys' output shrinks by exp(old - new). Returns that factor.
+__device__ __forceinline__ float add_sink(float& lse, float sink) {
+  const float hi = fmaxf(lse, sink);
+  const float with_sink = hi + logf(expf(lse - hi) + expf(sink - hi));
+  const float factor = expf(lse - with_sink);
+  lse = with_sink;
+  return factor;
+}
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;

@@ -1,6 +1,7 @@
 // Causal GQA flash-attention forward (FlashAttention-2): one block per (query tile, query head,
 // batch); K/V tiles stream through shared memory under an online softmax; key tiles wholly above
-// the diagonal are never visited. Writes out and lse = logsumexp of the scaled scores (natural log).
+// the diagonal, or before the first key the mask lets the tile's first row see, are never visited.
+// Writes out and lse = logsumexp of the scaled scores (natural log), sink included.
 // Variants and dispatch: cuda_attention_common.cuh.
 #include <cmath>
 
@@ -17,7 +18,7 @@ namespace wmma = nvcuda::wmma;
 // ---- variant 1: fp32 math from shared-memory tiles ----
 
 // Query rows and keys per tile. 32 keys make a score row one warp wide (lane = key) for the
-// softmax; query and key tiles are the same size and aligned, so tile kt <= qt is never fully masked.
+// softmax. With documents or a window a row can see no key of a visited tile (guarded below).
 constexpr int kRefTile = 32;
 constexpr int kRefThreads = 128;
 
@@ -30,7 +31,7 @@ size_t ref_forward_smem(int64_t D) {
 template <typename T>
 __global__ void __launch_bounds__(kRefThreads)
     ref_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v, int S, int Hq, int Hkv, int D,
-                       float scale) {
+                       float scale, DeviceMask mask, const T* sinks) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int ld = D + 1;
   float* sQ = reinterpret_cast<float*>(smem);
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kRefThreads)
   }
 
   const int nkt = (q0 + rows - 1) / kRefTile + 1;  // tiles holding a key <= the last query row
-  for (int kt = 0; kt < nkt; ++kt) {
+  for (int kt = mask.first_key(b, q0, S) / kRefTile; kt < nkt; ++kt) {
     const int k0 = kt * kRefTile;
     __syncthreads();  // the previous tile's sK/sV/sS readers are done (first pass: init visible)
     for (int i = tid; i < kRefTile * D; i += kRefThreads) {
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(kRefThreads)
     for (int i = tid; i < kRefTile * kRefTile; i += kRefThreads) {
       const int r = i / kRefTile, c = i % kRefTile;
       float s = -INFINITY;
-      if (k0 + c <= q0 + r) {
+      if (k0 + c <= q0 + r && k0 + c >= mask.first_key(b, q0 + r, S)) {
         const float* qr = sQ + r * ld;
         const float* kc = sK + c * ld;
         float acc = 0.0f;
@@ -90,8 +91,7 @@ __global__ void __launch_bounds__(kRefThreads)
       const float s = sS[r * (kRefTile + 1) + lane];
       const float m_old = sM[r];
       const float m_new = fmaxf(m_old, warp_max(s));
-      // Every row sees key k0 <= its index in tile 0, so m_new is finite; the guard keeps a fully
-      // masked row (-inf - -inf) from producing NaN should the tiling ever change.
+      // A row that has seen no key yet (mask) keeps m = -inf: the guards keep -inf - -inf from NaN.
       const float p = m_new == -INFINITY ? 0.0f : expf(s - m_new);
       sS[r * (kRefTile + 1) + lane] = p;
       const float sum = warp_sum(p);
@@ -113,23 +113,32 @@ __global__ void __launch_bounds__(kRefThreads)
     }
   }
   __syncthreads();
+  if (tid < rows) {  // every real row saw at least its own key: sL > 0
+    float row_lse = sM[tid] + logf(sL[tid]);
+    float factor = 1.0f / sL[tid];
+    if (sinks != nullptr) factor *= add_sink(row_lse, to_float(sinks[h]));
+    sCorr[tid] = factor;
+    lse[(b * Hq + h) * S + q0 + tid] = row_lse;
+  }
+  __syncthreads();
   for (int i = tid; i < rows * D; i += kRefThreads) {
     const int r = i / D, d = i % D;
-    out[row_offset(b, q0 + r, h, S, Hq, D) + d] = from_float<T>(sO[r * ld + d] / sL[r]);
+    out[row_offset(b, q0 + r, h, S, Hq, D) + d] = from_float<T>(sO[r * ld + d] * sCorr[r]);
   }
-  if (tid < rows) lse[(b * Hq + h) * S + q0 + tid] = sM[tid] + logf(sL[tid]);
 }
 
 template <typename T>
 void launch_ref_forward(cudaStream_t stream, void* out, float* lse, const void* q, const void* k, const void* v,
-                        int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale) {
+                        int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DeviceMask mask,
+                        const void* sinks) {
   static const size_t smem_limit = raise_smem_limit(ref_forward_kernel<T>);
   check_smem(ref_forward_smem(D), smem_limit, "attention forward (reference)", D);
   const dim3 grid(static_cast<unsigned>((S + kRefTile - 1) / kRefTile), static_cast<unsigned>(Hq),
                   static_cast<unsigned>(B));
   ref_forward_kernel<T><<<grid, kRefThreads, ref_forward_smem(D), stream>>>(
       static_cast<T*>(out), lse, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-      static_cast<int>(S), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), scale);
+      static_cast<int>(S), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), scale, mask,
+      static_cast<const T*>(sinks));
   SO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -158,7 +167,7 @@ struct TcForwardLayout {
 template <int D>
 __global__ void __launch_bounds__(kTcThreads)
     tc_forward_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int S, int Hq, int Hkv,
-                      float scale_log2) {
+                      float scale_log2, DeviceMask mask, const bf16* sinks) {
   using L = TcForwardLayout<D>;
   constexpr int kDt = D / 16;  // 16-wide slices of the head dim
   extern __shared__ __align__(128) unsigned char smem[];
@@ -192,9 +201,10 @@ __global__ void __launch_bounds__(kTcThreads)
   // of its 64 scores (interleaved columns: fewer bank conflicts).
   const int sr = lane >> 1, half = lane & 1;
   const int qrow = q0 + warp * 16 + sr;
+  const int first = mask.first_key(b, qrow, S);  // this row sees keys [first, qrow]
   float m = -INFINITY, l = 0.0f;
 
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = mask.first_key(b, q0, S) / kTcTile; kt <= qt; ++kt) {
     const int k0 = kt * kTcTile;
     __syncthreads();  // previous readers of sK/sV (and of Q in sK) are done
     load_tile_bf16<D, L::kLdh>(sK, k, b, k0, kvh, S, Hkv);
@@ -216,23 +226,22 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     __syncwarp();
 
-    const bool diagonal = kt == qt;
     const float* srow = sS + sr * L::kLds;
     float tmax = -INFINITY;
     for (int j = 0; j < kTcTile / 2; ++j) {
       const int c = 2 * j + half;
-      const float s = (diagonal && k0 + c > qrow) ? -INFINITY : srow[c] * scale_log2;
+      const float s = (k0 + c > qrow || k0 + c < first) ? -INFINITY : srow[c] * scale_log2;
       tmax = fmaxf(tmax, s);
     }
     tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-    // Key k0 = 0 of tile 0 is unmasked for every row, so m_new is finite from the first tile on.
+    // m_new stays -inf while the row has seen no key (mask); the guards keep that from NaN.
     const float m_new = fmaxf(m, tmax);
-    const float corr = exp2f(m - m_new);  // 0 on the first tile (m = -inf)
+    const float corr = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);  // 0 on the row's first keys (m = -inf)
     float psum = 0.0f;
     for (int j = 0; j < kTcTile / 2; ++j) {
       const int c = 2 * j + half;
-      const float s = (diagonal && k0 + c > qrow) ? -INFINITY : srow[c] * scale_log2;
-      const float p = exp2f(s - m_new);
+      const float s = (k0 + c > qrow || k0 + c < first) ? -INFINITY : srow[c] * scale_log2;
+      const float p = m_new == -INFINITY ? 0.0f : exp2f(s - m_new);
       psum += p;
       sP[sr * L::kLdp + c] = __float2bfloat16_rn(p);
     }
@@ -261,8 +270,11 @@ __global__ void __launch_bounds__(kTcThreads)
 
   __syncwarp();  // every lane is done reading sCorr
   if (half == 0) {
-    sCorr[sr] = 1.0f / l;
-    if (qrow < S) lse[(b * Hq + h) * S + qrow] = (m + log2f(l)) * kLn2;
+    float row_lse = (m + log2f(l)) * kLn2;
+    float factor = 1.0f / l;
+    if (sinks != nullptr) factor *= add_sink(row_lse, to_float(sinks[h]));
+    sCorr[sr] = factor;
+    if (qrow < S) lse[(b * Hq + h) * S + qrow] = row_lse;
   }
   __syncwarp();
 #pragma unroll
@@ -277,7 +289,8 @@ __global__ void __launch_bounds__(kTcThreads)
 
 template <int D>
 void launch_tc_forward(cudaStream_t stream, void* out, float* lse, const void* q, const void* k, const void* v,
-                       int64_t B, int64_t S, int64_t Hq, int64_t Hkv, float scale) {
+                       int64_t B, int64_t S, int64_t Hq, int64_t Hkv, float scale, DeviceMask mask,
+                       const void* sinks) {
   using L = TcForwardLayout<D>;
   static const size_t smem_limit = raise_smem_limit(tc_forward_kernel<D>);
   check_smem(L::kBytes, smem_limit, "attention forward (tensor core)", D);
@@ -286,15 +299,17 @@ void launch_tc_forward(cudaStream_t stream, void* out, float* lse, const void* q
   tc_forward_kernel<D><<<grid, kTcThreads, L::kBytes, stream>>>(
       static_cast<bf16*>(out), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
       static_cast<const bf16*>(v), static_cast<int>(S), static_cast<int>(Hq), static_cast<int>(Hkv),
-      scale * kLog2e);
+      scale * kLog2e, mask, static_cast<const bf16*>(sinks));
   SO_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 void attention_forward(cudaStream_t stream, void* out, float* lse, const void* q, const void* k, const void* v,
-                       int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
+                       int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask,
+                       DType dt) {
   constexpr const char* kWhat = "attention_forward";
+  const DeviceMask dm = device_mask(mask);
   check_shape(kWhat, B, S, Hq, Hkv, D);
   if (B == 0 || S == 0) return;
   if (select_variant(kWhat, D, dt) == 2) {
@@ -303,13 +318,13 @@ void attention_forward(cudaStream_t stream, void* out, float* lse, const void* q
     check_aligned16(k, kWhat, "k");
     check_aligned16(v, kWhat, "v");
     if (D == 64)
-      launch_tc_forward<64>(stream, out, lse, q, k, v, B, S, Hq, Hkv, scale);
+      launch_tc_forward<64>(stream, out, lse, q, k, v, B, S, Hq, Hkv, scale, dm, mask.sinks);
     else
-      launch_tc_forward<128>(stream, out, lse, q, k, v, B, S, Hq, Hkv, scale);
+      launch_tc_forward<128>(stream, out, lse, q, k, v, B, S, Hq, Hkv, scale, dm, mask.sinks);
   } else if (dt == DType::BF16) {
-    launch_ref_forward<bf16>(stream, out, lse, q, k, v, B, S, Hq, Hkv, D, scale);
+    launch_ref_forward<bf16>(stream, out, lse, q, k, v, B, S, Hq, Hkv, D, scale, dm, mask.sinks);
   } else {
-    launch_ref_forward<float>(stream, out, lse, q, k, v, B, S, Hq, Hkv, D, scale);
+    launch_ref_forward<float>(stream, out, lse, q, k, v, B, S, Hq, Hkv, D, scale, dm, mask.sinks);
   }
 }
 

@@ -60,6 +60,26 @@ void launch_dropout_add(cudaStream_t stream, void* x, const void* y, int64_t row
 void launch_dropout_backward(cudaStream_t stream, void* dy, const void* dx, int64_t rows, int64_t cols,
                              const DropoutMask& m, DType dt);
 
+// Mixture of experts (cuda_moe_kernels.cu), semantics of the Ops calls of the same names.
+void launch_moe_route(cudaStream_t stream, const MoeRouting& r, float* weights, int32_t* experts,
+                      const float* logits, int64_t T);
+void launch_moe_route_backward(cudaStream_t stream, const MoeRouting& r, float* dlogits, const float* dweights,
+                               const float* logits, const int32_t* experts, const float* aux_dprob, int64_t T);
+// workspace: E int32 (the per-expert counts).
+void launch_moe_sort_slots(cudaStream_t stream, int32_t* slot_of, int32_t* row_of, int32_t* offsets,
+                           const int32_t* experts, int64_t T, int64_t k, int64_t E, void* workspace);
+void launch_moe_dispatch(cudaStream_t stream, void* dst, const void* x, const int32_t* slot_of, int64_t T, int64_t k,
+                         int64_t H, DType dt);
+void launch_moe_combine(cudaStream_t stream, void* out, const void* y, const float* weights, const int32_t* row_of,
+                        int64_t T, int64_t k, int64_t H, bool accumulate, DType dt);
+void launch_moe_combine_backward(cudaStream_t stream, void* dy, float* dweights, const void* dout, const void* y,
+                                 const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
+                                 DType dt);
+void launch_clamped_swiglu_forward(cudaStream_t stream, void* out, const void* gate_up, int64_t n, float alpha,
+                                   float limit, DType dt);
+void launch_clamped_swiglu_backward(cudaStream_t stream, void* dgate_up, const void* dout, const void* gate_up,
+                                    int64_t n, float alpha, float limit, DType dt);
+
 size_t cross_entropy_workspace_bytes(int64_t rows);
 // One block per row of fp32 logits[rows, V]: online max / sum of exp, per-row nll (double) to the
 // workspace (plus z_loss * lse^2), optional dlogits = scale * (softmax * (1 + 2 z_loss lse) - onehot)

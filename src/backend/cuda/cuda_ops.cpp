@@ -76,19 +76,25 @@ void CudaOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int6
 }
 
 const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                                                          DType dt) {
+                                                          const AttentionMask& mask, DType dt) {
   std::lock_guard<std::mutex> lock(attention_mu_);
-  const auto key = std::tuple{B, S, Hq, Hkv, D, dt};
+  const bool documents = mask.doc_start != nullptr, sinks = mask.sinks != nullptr;
+  const auto key = std::tuple{B, S, Hq, Hkv, D, documents, mask.window, sinks, dt};
   if (auto it = attention_choices_.find(key); it != attention_choices_.end()) return it->second;
   const char* forced = std::getenv("SO_ATTENTION_KERNEL");  // a flash variant forced (tests, benchmarks)
   const std::string flash = "flash kernels (ours)";
+  const SdpaShape shape{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)), mask.window};
   std::string why;
   if (attention_mode_ == "flash" || (forced != nullptr && *forced != '\0')) {
     why = attention_mode_ == "flash" ? "backend.attention is flash" : "SO_ATTENTION_KERNEL is set";
   } else if (dt != DType::BF16) {
     why = str_cat("cuDNN's fused attention takes bf16, this run is ", dtype_name(dt));
+  } else if (documents) {
+    // cuDNN expresses documents only as ragged (varlen) sequences, another layout than ours.
+    why = "packed rows (documents within a row) are not a mask cuDNN's SDPA takes in this layout";
+  } else if (sinks) {
+    why = "attention sinks are not wired to cuDNN's SDPA";
   } else {
-    const SdpaShape shape{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
     if (!sdpa_) sdpa_ = std::make_unique<CudnnSdpa>(deterministic_attention_);
     why = sdpa_->check_support(shape);
     if (why.empty()) {
@@ -115,7 +121,7 @@ const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, 
   if (why.empty()) {
     c.cudnn = true;
     c.description = str_cat("cuDNN ", sdpa_->version(), " fused SDPA (", deterministic_attention_ ? "deterministic" : "atomic",
-                            " backward)");
+                            " backward", mask.window > 0 ? str_cat(", sliding window ", mask.window) : std::string(), ")");
   } else {
     SO_CHECK(attention_mode_ != "cudnn", "backend.attention is cudnn, but cuDNN cannot take attention over B=", B,
              " S=", S, " Hq=", Hq, " Hkv=", Hkv, " D=", D, " ", dtype_name(dt), ": ", why);
@@ -124,38 +130,43 @@ const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, 
   return attention_choices_.emplace(key, std::move(c)).first->second;
 }
 
-std::string CudaOps::attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) {
-  return attention_choice(B, S, Hq, Hkv, D, dt).description;
+std::string CudaOps::attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                              const AttentionMask& mask, DType dt) {
+  return attention_choice(B, S, Hq, Hkv, D, mask, dt).description;
 }
 
-size_t CudaOps::attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt) {
-  if (!attention_choice(B, S, Hq, Hkv, D, dt).cudnn) return attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
-  const SdpaShape shape{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
+size_t CudaOps::attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                                          const AttentionMask& mask, DType dt) {
+  if (!attention_choice(B, S, Hq, Hkv, D, mask, dt).cudnn)
+    return attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
+  const SdpaShape shape{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)), mask.window};
   return std::max(sdpa_->forward_workspace(shape), sdpa_->backward_workspace(shape));
 }
 
 void CudaOps::attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
-                                int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
-  if (attention_choice(B, S, Hq, Hkv, D, dt).cudnn) {
-    const SdpaShape shape{B, S, Hq, Hkv, D, scale};
+                                int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                                const AttentionMask& mask, DType dt) {
+  if (attention_choice(B, S, Hq, Hkv, D, mask, dt).cudnn) {
+    const SdpaShape shape{B, S, Hq, Hkv, D, scale, mask.window};
     sdpa_->forward(raw(s), shape, out, lse, q, k, v, attention_workspace(s, sdpa_->forward_workspace(shape)));
     return;
   }
-  cuda::attention_forward(raw(s), out, lse, q, k, v, B, S, Hq, Hkv, D, scale, dt);
+  cuda::attention_forward(raw(s), out, lse, q, k, v, B, S, Hq, Hkv, D, scale, mask, dt);
 }
 
 void CudaOps::attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
                                  const void* k, const void* v, const void* out, const float* lse, int64_t B,
-                                 int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DType dt) {
-  if (attention_choice(B, S, Hq, Hkv, D, dt).cudnn) {
-    const SdpaShape shape{B, S, Hq, Hkv, D, scale};
+                                 int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                                 const AttentionMask& mask, void* dsinks_acc, DType dt) {
+  if (attention_choice(B, S, Hq, Hkv, D, mask, dt).cudnn) {
+    const SdpaShape shape{B, S, Hq, Hkv, D, scale, mask.window};
     sdpa_->backward(raw(s), shape, dq, dk, dv, dout, q, k, v, out, lse,
                     attention_workspace(s, sdpa_->backward_workspace(shape)));
     return;
   }
   // rowsum(dout * out) in fp32, B*Hq*S floats.
   const size_t bytes = attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
-  cuda::attention_backward(raw(s), dq, dk, dv, dout, q, k, v, out, lse, B, S, Hq, Hkv, D, scale, dt,
+  cuda::attention_backward(raw(s), dq, dk, dv, dout, q, k, v, out, lse, B, S, Hq, Hkv, D, scale, mask, dsinks_acc, dt,
                            attention_workspace(s, bytes), bytes);
 }
 
@@ -183,6 +194,77 @@ void CudaOps::cross_entropy(Stream& s, float* loss_acc, void* dlogits, const flo
   const size_t bytes = cross_entropy_workspace_bytes(rows);
   launch_cross_entropy(raw(s), loss_acc, dlogits, logits, targets, rows, V, scale, z_loss, dt, device_error_,
                        scratch(s, bytes), bytes);
+}
+
+void CudaOps::moe_route(Stream& s, const MoeRouting& r, float* weights, int32_t* experts, const float* logits,
+                        int64_t T) {
+  SO_CHECK(r.experts > 0 && r.top_k > 0 && r.top_k <= r.experts, "moe: top_k (", r.top_k,
+           ") must be in [1, experts = ", r.experts, "]");
+  launch_moe_route(raw(s), r, weights, experts, logits, T);
+}
+
+void CudaOps::moe_route_backward(Stream& s, const MoeRouting& r, float* dlogits, const float* dweights,
+                                 const float* logits, const int32_t* experts, const float* aux_dprob, int64_t T) {
+  launch_moe_route_backward(raw(s), r, dlogits, dweights, logits, experts, aux_dprob, T);
+}
+
+void CudaOps::moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets,
+                             const int32_t* experts, int64_t T, int64_t k, int64_t E) {
+  launch_moe_sort_slots(raw(s), slot_of, row_of, offsets, experts, T, k, E, scratch(s, E * sizeof(int32_t)));
+}
+
+void CudaOps::moe_dispatch(Stream& s, void* dst, const void* x, const int32_t* slot_of, int64_t T, int64_t k,
+                           int64_t H, DType dt) {
+  launch_moe_dispatch(raw(s), dst, x, slot_of, T, k, H, dt);
+}
+
+void CudaOps::moe_combine(Stream& s, void* out, const void* y, const float* weights, const int32_t* row_of,
+                          int64_t T, int64_t k, int64_t H, bool accumulate, DType dt) {
+  launch_moe_combine(raw(s), out, y, weights, row_of, T, k, H, accumulate, dt);
+}
+
+void CudaOps::moe_combine_backward(Stream& s, void* dy, float* dweights, const void* dout, const void* y,
+                                   const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
+                                   DType dt) {
+  launch_moe_combine_backward(raw(s), dy, dweights, dout, y, weights, slot_of, T, k, H, dt);
+}
+
+// One cuBLASLt call per non-empty group (its plan cached by shape like every GEMM's). cuBLAS's
+// grouped batched GEMM would make it one launch; it is the thing to measure on a GPU.
+void CudaOps::grouped_gemm(Stream& s, const GroupedGemm& g) {
+  const size_t ab = dtype_size(g.ab), c = dtype_size(g.c);
+  const auto* A = static_cast<const char*>(g.A);
+  int64_t start = 0;
+  for (int64_t grp = 0; grp < g.groups; ++grp) {
+    const int64_t n = g.rows[grp];
+    SO_CHECK(n >= 0, "grouped_gemm: group ", grp, " has ", n, " rows");
+    if (!g.vary_k) {
+      const void* B = g.per_group ? g.per_group[grp] : static_cast<const char*>(g.B) + grp * g.N * g.K * ab;
+      if (n > 0)
+        gemm_.gemm(raw(s), false, g.trans_b, n, g.N, g.K, g.alpha, A + start * g.K * ab, B, g.ab, g.beta,
+                   static_cast<char*>(g.C) + start * g.N * c, g.c);
+    } else {
+      char* C = static_cast<char*>(g.per_group ? g.per_group[grp] : static_cast<char*>(g.C) + grp * g.M * g.N * c);
+      if (n > 0) {
+        gemm_.gemm(raw(s), true, false, g.M, g.N, n, g.alpha, A + start * g.M * ab,
+                   static_cast<const char*>(g.B) + start * g.N * ab, g.ab, g.beta, C, g.c);
+      } else if (g.beta != 1.0f) {  // an expert without tokens: its gradient is beta * C
+        SO_CHECK(g.beta == 0.0f, "grouped_gemm: an empty group with beta ", g.beta, " (only 0 or 1 is supported)");
+        SO_CUDA_CHECK(cudaMemsetAsync(C, 0, g.M * g.N * c, raw(s)));
+      }
+    }
+    start += n;
+  }
+}
+
+void CudaOps::clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,
+                                     DType dt) {
+  launch_clamped_swiglu_forward(raw(s), out, gate_up, n, alpha, limit, dt);
+}
+
+void CudaOps::clamped_swiglu_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t n,
+                                      float alpha, float limit, DType dt) {
+  launch_clamped_swiglu_backward(raw(s), dgate_up, dout, gate_up, n, alpha, limit, dt);
 }
 
 void CudaOps::sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) {

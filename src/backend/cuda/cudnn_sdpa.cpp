@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -29,7 +30,8 @@ namespace fe = cudnn_frontend;
 namespace {
 
 std::string shape_text(const SdpaShape& s) {
-  return str_cat("B=", s.B, " S=", s.S, " Hq=", s.Hq, " Hkv=", s.Hkv, " D=", s.D);
+  return str_cat("B=", s.B, " S=", s.S, " Hq=", s.Hq, " Hkv=", s.Hkv, " D=", s.D,
+                 s.window > 0 ? str_cat(" window=", s.window) : std::string());
 }
 
 // Frontend calls return an error_object; a failure names the call, the stage and the shape.
@@ -91,7 +93,8 @@ std::shared_ptr<fe::graph::Graph> new_graph() {
   return g;
 }
 
-// Causal with the diagonal at the top left: query i sees keys 0..i (S_q == S_kv).
+// Causal with the diagonal at the top left: query i sees keys 0..i (S_q == S_kv); a sliding window
+// is the band's left bound: cuDNN keeps key j when j + window > i, transformers' i - j < window.
 std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaShape& s) {
   auto g = new_graph();
   auto q = input(*g, "Q", kQ, dims(s, s.Hq), strides(s, s.Hq));
@@ -103,6 +106,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaShape& s) {
                    .set_attn_scale(s.scale)
                    .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                    .set_diagonal_band_right_bound(0);
+  if (s.window > 0) attrs.set_diagonal_band_left_bound(static_cast<int>(s.window));
   auto [o, stats] = g->sdpa(q, k, v, attrs);
   o->set_output(true).set_uid(kO).set_dim(dims(s, s.Hq)).set_stride(strides(s, s.Hq));
   stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dims(s)).set_stride(
@@ -124,6 +128,7 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaShape& s, bool determ
                    .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                    .set_diagonal_band_right_bound(0)
                    .set_deterministic_algorithm(deterministic);
+  if (s.window > 0) attrs.set_diagonal_band_left_bound(static_cast<int>(s.window));
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, attrs);
   dq->set_output(true).set_uid(kdQ).set_dim(dims(s, s.Hq)).set_stride(strides(s, s.Hq));
   dk->set_output(true).set_uid(kdK).set_dim(dims(s, s.Hkv)).set_stride(strides(s, s.Hkv));
@@ -139,11 +144,12 @@ std::string cudnn_sdpa_shape_refusal(const SdpaShape& s) {
   if (s.Hq % s.Hkv != 0) return "query heads are not a multiple of key/value heads";
   if (s.D % 8 != 0 || s.D > 256) return str_cat("head dimension ", s.D, " (cuDNN takes multiples of 8 up to 256)");
   if (!std::isfinite(s.scale)) return "the attention scale is not finite";
+  if (s.window < 0 || s.window > INT32_MAX) return str_cat("sliding window ", s.window, " out of range");
   return "";
 }
 
 struct CudnnSdpa::Impl {
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool>;
   struct Graph {
     std::shared_ptr<fe::graph::Graph> graph;
     int64_t workspace = 0;
@@ -167,7 +173,7 @@ struct CudnnSdpa::Impl {
              device, "'s");
     uint32_t scale_bits = 0;
     std::memcpy(&scale_bits, &s.scale, sizeof scale_bits);
-    const Key key{s.B, s.S, s.Hq, s.Hkv, s.D, scale_bits, backward};
+    const Key key{s.B, s.S, s.Hq, s.Hkv, s.D, s.window, scale_bits, backward};
     if (auto it = graphs.find(key); it != graphs.end()) return it->second;
     const std::string what = str_cat("cuDNN SDPA ", backward ? "backward" : "forward", " ", shape_text(s));
     const std::string refusal = cudnn_sdpa_shape_refusal(s);

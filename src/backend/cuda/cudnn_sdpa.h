@@ -1,5 +1,6 @@
 #pragma once
-// Causal grouped-query attention through cuDNN's fused flash SDPA (the cuDNN frontend's graph API),
+// Causal grouped-query attention, optionally with a sliding window (the diagonal band's left
+// bound), through cuDNN's fused flash SDPA (the cuDNN frontend's graph API),
 // bf16, forward and backward, in the layouts of Ops::attention_forward/backward:
 // q/out/dout/dq [B*S, Hq*D], k/v/dk/dv [B*S, Hkv*D], lse fp32 [B, Hq, S]. cuDNN's softmax stats
 // are the natural-log log-sum-exp of each scaled, masked score row — what our flash kernels store
@@ -20,6 +21,7 @@ namespace so::cuda {
 struct SdpaShape {
   int64_t B = 0, S = 0, Hq = 0, Hkv = 0, D = 0;
   float scale = 0.0f;
+  int64_t window = 0;  // sliding window (AttentionMask::window), 0 = causal only
 };
 
 // The shape rules of cuDNN's fused kernels (bf16, D a multiple of 8 up to 256, Hq a multiple of

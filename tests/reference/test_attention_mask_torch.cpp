@@ -1,0 +1,90 @@
+// The attention op's masks against transformers (fixtures/attention_mask_torch.h5, made by
+// make_attention_mask_fixture.py in float64 with masking_utils' mask functions and the eager
+// attention of Llama / GPT-OSS): packed documents, a sliding window, sinks and all together.
+// Output, lse and every gradient (q, k, v, sinks) within 1e-5 relative (fp32). The CUDA kernels
+// are held to this op by test_cuda_ops (the *_docs_*, *_window_*, *_sinks cases).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "so/backend/backend.h"
+#include "so/io/hdf5_file.h"
+#include "tests/test_util.h"
+
+namespace so {
+namespace {
+
+const std::string kFixture = std::string(SO_FIXTURE_DIR) + "/attention_mask_torch.h5";
+
+TEST(AttentionMaskVsTorch, OutputAndGradientsOfEveryCase) {
+  const H5File f = H5File::open_read(kFixture);
+  auto be = create_backend(test::cpu_backend_options());
+  Stream& s = be->stream(StreamKind::Compute);
+  const std::vector<std::string> cases = f.members("/");
+  ASSERT_EQ(cases.size(), 5u);
+  for (const std::string& name : cases) {
+    const std::string g = "/" + name;
+    const std::vector<int64_t> ds = f.shape(g + "/doc_start");
+    const int64_t B = ds.at(0), S = ds.at(1);
+    const int64_t Hq = f.shape(g + "/lse").at(1);
+    const int64_t D = f.shape(g + "/q").at(1) / Hq, Hkv = f.shape(g + "/k").at(1) / D;
+    const auto scale = static_cast<float>(f.read_double_attr(g, "scale"));
+    const bool sinks = f.exists(g + "/sinks");
+    const auto read = [&](const std::string& n) { return f.read_f32(g + "/" + n, f.shape(g + "/" + n)); };
+    auto q = test::upload(*be, read("q"), DType::F32), k = test::upload(*be, read("k"), DType::F32),
+         v = test::upload(*be, read("v"), DType::F32), dout = test::upload(*be, read("dout"), DType::F32);
+    auto sk = test::upload(*be, sinks ? read("sinks") : std::vector<float>(Hq, 0.0f), DType::F32);
+    auto dsk = test::upload(*be, std::vector<float>(Hq, 0.0f), DType::F32);
+    const std::vector<int32_t> doc_start = f.read_i32(g + "/doc_start", ds);
+    auto docs = be->alloc(doc_start.size() * 4, "doc_start");
+    be->copy_h2d(docs.data(), doc_start.data(), doc_start.size() * 4, s);
+    AttentionMask mask;
+    mask.doc_start = docs.as<int32_t>();
+    mask.window = f.read_int_attr(g, "window");
+    if (sinks) mask.sinks = sk.data();
+    const int64_t nq = B * S * Hq * D, nkv = B * S * Hkv * D;
+    auto out = be->alloc(nq * 4, "out"), lse = be->alloc(B * Hq * S * 4, "lse");
+    auto dq = be->alloc(nq * 4, "dq"), dk = be->alloc(nkv * 4, "dk"), dv = be->alloc(nkv * 4, "dv");
+    be->ops().attention_forward(s, out.data(), lse.as<float>(), q.data(), k.data(), v.data(), B, S, Hq, Hkv, D, scale,
+                                mask, DType::F32);
+    be->ops().attention_backward(s, dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                 out.data(), lse.as<float>(), B, S, Hq, Hkv, D, scale, mask, dsk.data(), DType::F32);
+    std::vector<std::pair<std::string, double>> errors = {
+        {"out", test::rel_error(test::download(*be, out.data(), nq, DType::F32), read("out"))},
+        {"lse", test::rel_error(test::download(*be, lse.data(), B * Hq * S, DType::F32), read("lse"))},
+        {"dq", test::rel_error(test::download(*be, dq.data(), nq, DType::F32), read("dq"))},
+        {"dk", test::rel_error(test::download(*be, dk.data(), nkv, DType::F32), read("dk"))},
+        {"dv", test::rel_error(test::download(*be, dv.data(), nkv, DType::F32), read("dv"))}};
+    if (sinks) errors.push_back({"dsinks", test::rel_error(test::download(*be, dsk.data(), Hq, DType::F32), read("dsinks"))});
+    std::string line;
+    for (const auto& [what, err] : errors) {
+      EXPECT_LE(err, 1e-5) << name << ": " << what;
+      line += str_cat(" ", what, " ", err);
+    }
+    std::printf("[ %s ] window %lld, sinks %d; relative errors:%s\n", name.c_str(),
+                static_cast<long long>(mask.window), sinks ? 1 : 0, line.c_str());
+  }
+}
+
+// Broken document boundaries are refused by name (row and token) before any kernel runs.
+TEST(AttentionMask, DocStartThatIsNotContiguousDocumentsIsRefused) {
+  const std::vector<int32_t> ok = {0, 0, 2, 2, 2, 5};
+  EXPECT_NO_THROW(check_attention_doc_start(ok.data(), 1, 6));
+  const std::vector<int32_t> starts_late = {1, 1, 2, 2};
+  const std::vector<int32_t> jumps_back = {0, 0, 2, 2, 0, 0};
+  const std::vector<int32_t> points_ahead = {0, 0, 3, 3};
+  for (const auto& [v, want] : {std::pair{starts_late, "row 0 at token 0 is 1; a row starts a document at 0"},
+                                std::pair{jumps_back, "row 0 at token 4 is 0; documents are contiguous, so it must be 2"},
+                                std::pair{points_ahead, "row 0 at token 2 is 3; documents are contiguous"}}) {
+    try {
+      check_attention_doc_start(v.data(), 1, static_cast<int64_t>(v.size()));
+      ADD_FAILURE() << "accepted: " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace so
