@@ -252,9 +252,11 @@ void read_sliding_window(JsonReader& r, const Family& family, ModelConfig& c) {
       c.sliding_layers[l] = types != nullptr ? (*types)[l] == "sliding_attention" : l % 2 == 0;
     return;
   }
-  const bool use = family.window_layers && r.get<bool>("use_sliding_window", false);
-  if (!family.window_layers && r.get<bool>("use_sliding_window", false))
+  // Mistral and Phi-3 window every layer whatever use_sliding_window says (transformers reads it not).
+  const bool flag = r.get<bool>("use_sliding_window", false);
+  if (flag && !family.window_layers && !family.window)
     r.fail("use_sliding_window", str_cat("is true; ", c.model_type, " models have no sliding-window attention"));
+  const bool use = family.window_layers && flag;
   if (family.window || use) c.sliding_window = r.get_in("sliding_window", 0, 1, INT32_MAX);
   if (family.window) {  // every layer
     c.sliding_layers.assign(static_cast<size_t>(c.num_layers), c.sliding_window > 0);

@@ -538,3 +538,52 @@ TEST(ModelConfigs, ShippedShapesParseWithExpectedSizes) {
 
 }  // namespace
 }  // namespace so
+
+namespace so {
+namespace {
+
+// Sliding windows as transformers applies them: Mistral's on every layer; Qwen2's only with
+// use_sliding_window, on the layers layer_types marks (by default from max_window_layers on);
+// export writes what was trained; families without windows refuse sliding layers by name.
+TEST(ModelConfigs, SlidingWindowLayersAsTransformersAppliesThem) {
+  const nlohmann::json base = {{"vocab_size", 64}, {"hidden_size", 32}, {"intermediate_size", 64},
+                               {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}};
+  const auto windows = [](const ModelConfig& c) {
+    std::vector<int64_t> w;
+    for (int64_t l = 0; l < c.num_layers; ++l) w.push_back(c.layer_window(l));
+    return w;
+  };
+  nlohmann::json mistral = base;
+  mistral["model_type"] = "mistral";
+  mistral["sliding_window"] = 16;
+  EXPECT_EQ(windows(ModelConfig::from_hf_json(mistral, "mistral")), (std::vector<int64_t>{16, 16, 16, 16}));
+  mistral["sliding_window"] = nullptr;
+  EXPECT_EQ(windows(ModelConfig::from_hf_json(mistral, "mistral")), (std::vector<int64_t>{0, 0, 0, 0}));
+
+  nlohmann::json qwen2 = base;
+  qwen2["model_type"] = "qwen2";
+  qwen2["sliding_window"] = 8;  // ignored without use_sliding_window, as Qwen2Config does
+  qwen2["max_window_layers"] = 2;
+  EXPECT_EQ(windows(ModelConfig::from_hf_json(qwen2, "qwen2")), (std::vector<int64_t>{0, 0, 0, 0}));
+  qwen2["use_sliding_window"] = true;
+  const ModelConfig q = ModelConfig::from_hf_json(qwen2, "qwen2");
+  EXPECT_EQ(windows(q), (std::vector<int64_t>{0, 0, 8, 8}));
+  const nlohmann::json exported = q.to_hf_json();
+  EXPECT_EQ(windows(ModelConfig::from_hf_json(exported, "export")), windows(q)) << exported.dump();
+  qwen2["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention", "full_attention"};
+  EXPECT_EQ(windows(ModelConfig::from_hf_json(qwen2, "qwen2")), (std::vector<int64_t>{8, 0, 8, 0}));
+  qwen2["layer_types"] = {"sliding_attention", "full_attention"};
+  EXPECT_NE(test::error_message([&] { ModelConfig::from_hf_json(qwen2, "qwen2"); })
+                .find("it must list \"full_attention\" or \"sliding_attention\" for each of the 4 layers"),
+            std::string::npos);
+
+  nlohmann::json llama = base;
+  llama["model_type"] = "llama";
+  llama["use_sliding_window"] = true;
+  EXPECT_NE(test::error_message([&] { ModelConfig::from_hf_json(llama, "llama"); })
+                .find("'use_sliding_window' is true; llama models have no sliding-window attention"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace so
