@@ -15,6 +15,7 @@
 #include "parallel/communicator.h"
 #include "so/core/error.h"
 #include "so/core/log.h"
+#include "so/data/prepared_data.h"
 #include "so/train/memory_plan.h"
 #include "so/train/trainer.h"
 
@@ -106,7 +107,10 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
     if (!data.empty() && doc.is_object()) {
       const std::string ext = std::filesystem::path(data).extension().string();
       if (!doc.contains("data") || !doc["data"].is_object()) doc["data"] = nlohmann::json::object();
-      doc["data"]["type"] = ext == ".txt" ? "text" : ext == ".h5" || ext == ".hdf5" ? "hdf5" : "tokens";
+      doc["data"]["type"] = ext == ".txt"                      ? "text"
+                             : ext != ".h5" && ext != ".hdf5"    ? "tokens"
+                             : so::is_prepared_file(data)       ? "prepared"
+                                                                 : "hdf5";
       doc["data"]["path"] = data;
     }
     if (vm.count("seq-len")) so::apply_override(doc, "data.seq_len=" + std::to_string(seq_len));

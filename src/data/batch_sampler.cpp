@@ -53,6 +53,8 @@ TokenBatch slice_sequences(const TokenBatch& batch, int64_t seq_len, int parts, 
     out.inputs.insert(out.inputs.end(), batch.inputs.begin() + from, batch.inputs.begin() + from + local);
     out.targets.insert(out.targets.end(), batch.targets.begin() + from, batch.targets.begin() + from + local);
     out.positions.insert(out.positions.end(), batch.positions.begin() + from, batch.positions.begin() + from + local);
+    if (!batch.doc_start.empty())
+      out.doc_start.insert(out.doc_start.end(), batch.doc_start.begin() + from, batch.doc_start.begin() + from + local);
   }
   return out;
 }

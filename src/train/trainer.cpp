@@ -10,6 +10,8 @@
 #include "so/core/error.h"
 #include "so/core/log.h"
 #include "so/data/batch_sampler.h"
+#include "so/train/evaluation.h"
+#include "so/train/training_data.h"
 #include "so/engine/engine.h"
 #include "so/model/hf_model.h"
 #include "so/model/llama_model.h"
@@ -28,13 +30,6 @@ namespace {
 // SIGTERM / SIGUSR1 (Slurm's preemption signals): finish the step, save, exit cleanly.
 volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
-
-std::unique_ptr<TokenSource> open_data(const DataConfig& d, int64_t vocab) {
-  if (d.type == "text") return open_text_bytes(d.path);
-  if (d.type == "tokens") return open_token_file(d.path);
-  if (d.type == "hdf5") return open_hdf5_tokens(d.path, d.dataset);
-  return make_synthetic_tokens(vocab, d.synthetic_tokens, d.seed);
-}
 
 // The model's view of the sequence-parallel group.
 class CommSequenceParallel final : public SequenceParallel {
@@ -94,6 +89,8 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   // The memory plan, before anything is allocated: "auto" settings resolved from it, and a run that
   // cannot fit refused with the table rather than failing at some allocation later.
   RunConfig run = cfg;
+  const TrainingData data = open_training_data(cfg, batch.micro);
+  if (run.steps == 0) run.steps = steps_for_epochs(cfg.num_train_epochs, data.train->samples_per_epoch(), global_batch);
   const MachineProfile machine = machine_profile_of(*backend);
   const std::string auto_choice = resolve_auto_memory(run, comm.size(), machine);
   const MemoryPlan plan = plan_memory(run, comm.size(), comm.rank(), machine, !opts.save_dir.empty() && opts.async_save);
@@ -155,11 +152,8 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     }
   }
 
-  std::unique_ptr<TokenSource> source = open_data(cfg.data, cfg.model.vocab_size);
-  BatchSampler sampler(*source, cfg.data.seq_len, batch.micro, cfg.model.vocab_size, cfg.data.seed);
-
-  // Every rank's loss is scaled by the global token count and gradients are summed over ranks,
-  // so the step sees the mean over the global batch.
+  // Every rank's loss is scaled by the step's supervised tokens (train.loss_normalization) and
+  // gradients are summed over ranks, so the step sees the mean over the global batch.
   const int64_t tokens_per_step = global_batch * cfg.data.seq_len;
   const double flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len);
   const double flops_noncausal = train_flops_per_token(cfg.model, cfg.data.seq_len, false);
@@ -181,7 +175,12 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
                      mib(engine.state_bytes()), " MiB parameter/optimizer state; planned device peak ",
                      mib(plan.device_peak), " MiB on rank 0), peak ", peak,
                      " TFLOP/s for MFU (attention counted causally; the non-causal figure beside it), ", gemm_peak,
-                     " TFLOP/s measured GEMM; data ", source->describe(), " (", source->size(), " tokens); ",
+                     " TFLOP/s measured GEMM; data ", data.train->describe(), " (", data.tokens_count, " tokens",
+                     data.train->samples_per_epoch() > 0
+                         ? str_cat(", ", run.steps * global_batch / static_cast<double>(data.train->samples_per_epoch()),
+                                   " epochs in ", run.steps, " steps")
+                         : "",
+                     "); ",
                      tokens_per_step, " tokens/step, ", flops_per_token / 1e6, " MFLOP/token"));
     if (offload)
       log_info(str_cat("cores: compute stream on ", format_core_list(cores.compute), ", optimizer pool on ",
@@ -206,13 +205,14 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     m.exposed_optimizer_s = t->exposed_optimizer;
     m.optimizer_busy_s = t->optimizer_busy;
     m.tokens_per_s = tokens_per_step / m.seconds;
+    m.supervised_tokens_per_s = m.supervised_tokens / m.seconds;
     m.tflops = m.tokens_per_s * flops_per_token / 1e12;
     m.mfu = peak > 0 ? m.tflops / peak : 0.0;
     m.mfu_noncausal = peak > 0 ? m.tokens_per_s * flops_noncausal / 1e12 / peak : 0.0;
     m.mfu_gemm = gemm_peak > 0 ? m.tflops / gemm_peak : 0.0;
     m.elapsed_s = now_seconds() - run_start;
-    m.eta_s = m.elapsed_s / static_cast<double>(m.step - first_step + 1) * static_cast<double>(cfg.steps - m.step);
-    sink.write(m, cfg.steps, lead && (m.step % cfg.log_every == 0 || m.step == 1 || m.step == cfg.steps));
+    m.eta_s = m.elapsed_s / static_cast<double>(m.step - first_step + 1) * static_cast<double>(run.steps - m.step);
+    sink.write(m, run.steps, lead && (m.step % cfg.log_every == 0 || m.step == 1 || m.step == run.steps || m.evaluated));
     std::fflush(stdout);
     tokens_per_s_sum += m.tokens_per_s;
     summary.step_seconds.push_back(m.seconds);
@@ -220,10 +220,11 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
       step_sum += m.seconds, exposed_sum += m.exposed_optimizer_s, busy_sum += m.optimizer_busy_s;
   };
 
-  SO_CHECK(opts.profile_first == 0 || (opts.profile_first > state.iteration && opts.profile_last <= cfg.steps),
+  SO_CHECK(opts.profile_first == 0 || (opts.profile_first > state.iteration && opts.profile_last <= run.steps),
            "--profile-steps ", opts.profile_first, ":", opts.profile_last, " is not within the steps this run takes (",
-           state.iteration + 1, " to ", cfg.steps, ")");
-  const float loss_scale = 1.0f / static_cast<float>(tokens_per_step);
+           state.iteration + 1, " to ", run.steps, ")");
+  const EvaluationShare eval_share{batch.micro, cfg.data.seq_len, groups.dp_size, groups.dp_rank, groups.sp_size,
+                                   groups.sp_rank};
   int64_t sample = state.data_position;  // index of the next global sample
   // At most one save in flight: its writers run while training goes on; it is committed at the
   // first step boundary where every rank's writer has finished (or before the next save).
@@ -254,19 +255,22 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     if (pending) emit(*pending);
     throw Error(str_cat(why, saved));
   };
-  for (int64_t step = state.iteration + 1; step <= cfg.steps; ++step) {
+  for (int64_t step = state.iteration + 1; step <= run.steps; ++step) {
     if (step == opts.profile_first) backend->profile_range(true);
     const double lr = cfg.schedule.lr_at(engine.steps_taken());
     const int64_t samples_before = sample;
     engine.begin_step(lr, static_cast<int>(batch.accumulation), cfg.schedule.betas_at(engine.steps_taken()));
     model.zero_loss();
+    const std::vector<float> loss_scales = micro_batch_loss_scales(
+        *data.train, sample, batch.micro, batch.accumulation, groups.dp_size, groups.dp_rank, cfg.loss_normalization);
+    const int64_t supervised = data.train->supervised_tokens(sample, global_batch);
     // Data-parallel ranks read disjoint samples: each global micro-batch is dp_size x micro_batch
     // consecutive samples, this rank taking its share; sequence-parallel ranks take their slice
     // of every sequence of that share.
     for (int64_t micro = 0; micro < batch.accumulation; ++micro) {
-      const TokenBatch mine = slice_sequences(sampler.batch_at(sample + groups.dp_rank * batch.micro),
+      const TokenBatch mine = slice_sequences(data.train->batch_at(sample + groups.dp_rank * batch.micro),
                                               cfg.data.seq_len, groups.sp_size, groups.sp_rank);
-      model.forward_backward(mine, engine, engine, loss_scale, true);
+      model.forward_backward(mine, engine, engine, loss_scales[micro], true);
       sample += groups.dp_size * batch.micro;
     }
     double loss_sum = model.read_loss();
@@ -281,6 +285,11 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     m.loss = loss;
     m.lr = lr;
     m.grad_norm = r.grad_norm;
+    m.supervised_tokens = supervised;
+    if (data.validation && ((cfg.eval_every > 0 && step % cfg.eval_every == 0) || step == run.steps)) {
+      const Evaluation e = evaluate(model, engine, engine, *data.validation, eval_share, comm);
+      m.evaluated = true, m.eval_loss = e.loss, m.eval_perplexity = e.perplexity, m.eval_tokens = e.supervised_tokens;
+    }
     m.skipped = r.skipped;
     const MemoryStats mem = backend->memory_stats();
     m.mem_mib = mib(mem.in_use);

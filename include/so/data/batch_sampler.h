@@ -4,17 +4,22 @@
 // index, so resuming (or resharding) needs only that one number.
 #include <cstdint>
 
+#include "so/data/sample_stream.h"
 #include "so/data/token_source.h"
 #include "so/model/llama_model.h"
 
 namespace so {
 
-class BatchSampler {
+class BatchSampler final : public SampleStream {
  public:
   BatchSampler(const TokenSource& source, int64_t seq_len, int64_t micro_batch, int64_t vocab_size, uint64_t seed);
 
   // The micro-batch made of samples [first, first + micro_batch).
-  TokenBatch batch_at(int64_t first_sample) const;
+  TokenBatch batch_at(int64_t first_sample) const override;
+  // Every token of a window is a label.
+  int64_t supervised_tokens(int64_t, int64_t count) const override { return count * seq_len_; }
+  int64_t samples_per_epoch() const override { return 0; }
+  std::string describe() const override { return source_.describe(); }
   // The next micro-batch at the current position; advances it.
   TokenBatch next();
   int64_t position() const { return position_; }
@@ -27,8 +32,9 @@ class BatchSampler {
   int64_t position_ = 0;
 };
 
-// Ulysses: part `part` of `parts` contiguous slices of every sequence (inputs, targets and the
-// global positions RoPE needs). seq_len must be divisible by parts.
+// Ulysses: part `part` of `parts` contiguous slices of every sequence (inputs, targets, the
+// global positions RoPE needs and the document starts, which stay indices within the whole row).
+// seq_len must be divisible by parts.
 TokenBatch slice_sequences(const TokenBatch& batch, int64_t seq_len, int parts, int part);
 
 }  // namespace so
