@@ -85,6 +85,9 @@ PreparedSplit::PreparedSplit(const std::string& path, const std::string& split)
     read_row(r, b, 0);
     supervised_[r] = std::count_if(b.targets.begin(), b.targets.end(), [](int32_t t) { return t >= 0; });
   }
+  SO_CHECK(std::any_of(supervised_.begin(), supervised_.end(), [](int64_t n) { return n > 0; }), describe(),
+           ": no row has a supervised token (every loss_mask is 0, or only on documents' first tokens): nothing to "
+           "train on");
 }
 
 std::string PreparedSplit::describe() const {

@@ -3,3 +3,22 @@ add_test(NAME data.prepare_vs_transformers
          COMMAND ${SO_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/test_prepare_data.py ${CMAKE_CURRENT_BINARY_DIR}/data_prepare)
 set_tests_properties(data.prepare_vs_transformers PROPERTIES LABELS unit PASS_REGULAR_EXPRESSION "all checks passed"
                      TIMEOUT 300)
+# so_train on a masked, padded prepared dataset against a torch loop fed the same batches: step 1
+# to 1e-6, 10 steps to 1e-4; the loss over the step's supervised tokens and per micro-batch; dp2.
+foreach(norm step micro_batch)
+  add_test(NAME data.masked_training_vs_torch_${norm}
+           COMMAND ${SO_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/check_masked_training.py
+                   ${CMAKE_CURRENT_BINARY_DIR}/data_masked_${norm} $<TARGET_FILE:so_train> --normalization ${norm})
+  set_tests_properties(data.masked_training_vs_torch_${norm} PROPERTIES LABELS unit
+                       PASS_REGULAR_EXPRESSION "masked training matches torch" TIMEOUT 300)
+  add_test(NAME mpi.masked_training_vs_torch_${norm}_np2
+           COMMAND ${SO_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/check_masked_training.py
+                   ${CMAKE_CURRENT_BINARY_DIR}/data_masked_${norm}_np2 $<TARGET_FILE:so_train> --normalization ${norm}
+                   --mpiexec ${MPIEXEC_BIN} --np 2)
+  set_tests_properties(mpi.masked_training_vs_torch_${norm}_np2 PROPERTIES LABELS mpi ENVIRONMENT "${SO_MPI_TEST_ENV}"
+                       PASS_REGULAR_EXPRESSION "masked training matches torch" TIMEOUT 300)
+endforeach()
+# Resume mid-epoch bit for bit, epochs, steps without a supervised token, and the refusals.
+add_test(NAME data.prepared_runs COMMAND ${SO_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/check_prepared_runs.py
+                                         ${CMAKE_CURRENT_BINARY_DIR}/data_prepared_runs $<TARGET_FILE:so_train>)
+set_tests_properties(data.prepared_runs PROPERTIES LABELS unit PASS_REGULAR_EXPRESSION "all checks passed" TIMEOUT 300)
