@@ -18,7 +18,8 @@ foreach(norm step micro_batch)
   set_tests_properties(mpi.masked_training_vs_torch_${norm}_np2 PROPERTIES LABELS mpi ENVIRONMENT "${SO_MPI_TEST_ENV}"
                        PASS_REGULAR_EXPRESSION "masked training matches torch" TIMEOUT 300)
 endforeach()
-# Resume mid-epoch bit for bit, epochs, steps without a supervised token, and the refusals.
+# Resume mid-epoch bit for bit, epochs, validation loss vs transformers, steps without a supervised token, and the refusals.
 add_test(NAME data.prepared_runs COMMAND ${SO_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/check_prepared_runs.py
-                                         ${CMAKE_CURRENT_BINARY_DIR}/data_prepared_runs $<TARGET_FILE:so_train>)
+                                         ${CMAKE_CURRENT_BINARY_DIR}/data_prepared_runs $<TARGET_FILE:so_train>
+                                         $<TARGET_FILE:so_ckpt>)
 set_tests_properties(data.prepared_runs PROPERTIES LABELS unit PASS_REGULAR_EXPRESSION "all checks passed" TIMEOUT 300)
