@@ -323,6 +323,9 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
       break;
     }
   }
+  if (opts.save_at_end && !summary.stopped_by_signal && state.iteration == run.steps &&
+      (opts.save_every == 0 || run.steps % opts.save_every != 0))
+    save(false);
   if (in_flight) commit();
   engine.finish();
   if (opts.at_end) opts.at_end(engine);

@@ -6,7 +6,7 @@ vocabulary, data made with another tokenizer than the model directory's, a data.
 than the rows', a file whose masks supervise nothing, and HDF5 token datasets declared but never
 written (prepared rows and the 1-D token reader alike).
 
-  check_prepared_runs.py WORK SO_TRAIN SO_CKPT
+  check_prepared_runs.py WORK SO_TRAIN SO_CKPT [MPIEXEC]   (with MPIEXEC: validation under ZeRO-3, dp2)
 """
 import json
 import os
@@ -58,10 +58,52 @@ def refused(so, args, pattern, what):
           f"{what} refused: {errors[0] if errors else r.stderr[-300:]}")
 
 
+def check_evaluation(work, so, model, launcher, zero_stage):
+    """Validation every train.eval_every steps and at the end; the last one equals the loss
+    transformers computes with the exported final weights over the validation rows."""
+    tag = f"eval_np{len(launcher) and launcher[-1] or 1}_z{zero_stage}"
+    split = os.path.join(work, "split.h5")
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "prepare_data.py"), "--model-dir", model, "--input",
+                    os.path.join(work, "alpaca.jsonl"), "--out", split, "--max-length", "160",
+                    "--validation-fraction", "0.25"], check=True, capture_output=True)
+    cfg = config(work, tag, model, split, steps=3, eval_every=2)
+    metrics, ck = os.path.join(work, tag + ".jsonl"), os.path.join(work, tag + "_ck")
+    os.path.exists(metrics) and os.remove(metrics)
+    shutil.rmtree(ck, ignore_errors=True)
+    r = subprocess.run(launcher + [so, "--config", cfg, "--metrics", metrics, "--save-dir", ck, "--save-at-end",
+                                   "--set", f"zero_optimization.stage={zero_stage}", "--quiet"],
+                       capture_output=True, text=True)
+    rec = [json.loads(line) for line in open(metrics)] if r.returncode == 0 else []
+    check([x["step"] for x in rec if "eval_loss" in x] == [2, 3], f"{tag}: evaluated at steps 2 and 3 ({r.stderr[-300:]})")
+    hf = os.path.join(work, tag + "_hf")
+    shutil.rmtree(hf, ignore_errors=True)
+    subprocess.run([sys.argv[3], "export", "--hf", hf, "--dtype", "fp32", ck], check=True, capture_output=True)
+    import torch
+    from transformers import LlamaForCausalLM
+    from check_masked_training import labels_of
+    m = LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    with h5py.File(split) as f:
+        g = f["validation"]
+        x = torch.tensor(g["tokens"][...], dtype=torch.long)
+        y = torch.tensor(labels_of(g["tokens"][...], g["loss_mask"][...], g["row_documents"][...],
+                                   g["document_lengths"][...]))
+    n = int((y[:, 1:] != -100).sum())
+    with torch.no_grad():
+        ref = float(m(input_ids=x, labels=y, num_items_in_batch=n).loss)
+    last = rec[-1] if rec else {"eval_loss": float("nan"), "eval_tokens": -1, "eval_perplexity": float("nan")}
+    check(abs(last["eval_loss"] - ref) <= 1e-5 and last["eval_tokens"] == n,
+          f"{tag}: validation loss {last['eval_loss']} over {last['eval_tokens']} tokens = transformers' {ref} over {n}")
+    check(abs(last["eval_perplexity"] - np.exp(ref)) <= 1e-3 * np.exp(ref), f"{tag}: perplexity")
+
+
 def main():
     work, so = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
     model, data = make_data(work)
+    if len(sys.argv) > 4:  # MPIEXEC: validation under ZeRO-3 over two data-parallel ranks
+        check_evaluation(work, so, model, [sys.argv[4], "--oversubscribe", "-np", "2"], 3)
+        finish()
+        return
     with h5py.File(data) as f:
         rows = f["train/tokens"].shape[0]
 
@@ -106,39 +148,7 @@ def main():
     check(len(zero) == rows // 2 and all(x["loss"] == 0.0 and np.isfinite(x["grad_norm"]) for x in zero)
           and all(np.isfinite(x["loss"]) for x in rec), f"steps without a supervised token: loss 0, no NaN ({r.stderr[-200:]})")
 
-    # Validation: every train.eval_every steps and at the end; the last one equals the loss
-    # transformers computes with the exported final weights over the validation rows.
-    split = os.path.join(work, "split.h5")
-    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "prepare_data.py"), "--model-dir", model, "--input",
-                    os.path.join(work, "alpaca.jsonl"), "--out", split, "--max-length", "160",
-                    "--validation-fraction", "0.25"], check=True, capture_output=True)
-    cfg = config(work, "eval", model, split, steps=3, eval_every=2)
-    metrics, ck = os.path.join(work, "eval.jsonl"), os.path.join(work, "eval_ck")
-    os.path.exists(metrics) and os.remove(metrics)
-    shutil.rmtree(ck, ignore_errors=True)
-    r = so_train(so, ["--config", cfg, "--metrics", metrics, "--save-dir", ck, "--save-every", "3"])
-    rec = [json.loads(line) for line in open(metrics)] if r.returncode == 0 else []
-    check([x["step"] for x in rec if "eval_loss" in x] == [2, 3], f"evaluated at steps 2 and 3 ({r.stderr[-200:]})")
-    hf = os.path.join(work, "eval_hf")
-    shutil.rmtree(hf, ignore_errors=True)
-    subprocess.run([sys.argv[3], "export", "--hf", hf, "--dtype", "fp32",
-                    os.path.join(ck, "step-00000003.h5")], check=True, capture_output=True)
-    import torch
-    from transformers import LlamaForCausalLM
-    from check_masked_training import labels_of
-    m = LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
-    with h5py.File(split) as f:
-        g = f["validation"]
-        x = torch.tensor(g["tokens"][...], dtype=torch.long)
-        y = torch.tensor(labels_of(g["tokens"][...], g["loss_mask"][...], g["row_documents"][...],
-                                   g["document_lengths"][...]))
-    n = int((y[:, 1:] != -100).sum())
-    with torch.no_grad():
-        ref = float(m(input_ids=x, labels=y, num_items_in_batch=n).loss)
-    last = rec[-1] if rec else {"eval_loss": float("nan"), "eval_tokens": -1}
-    check(abs(last["eval_loss"] - ref) <= 1e-5 and last["eval_tokens"] == n,
-          f"validation loss {last['eval_loss']} over {last['eval_tokens']} tokens = transformers' {ref} over {n}")
-    check(abs(last["eval_perplexity"] - np.exp(ref)) <= 1e-3 * np.exp(ref) if rec else False, "perplexity")
+    check_evaluation(work, so, model, [], 0)
 
     # Refusals.
     refused(so, ["--config", config(work, "vocab", model, data, steps=1), "--set", "model.override.vocab_size=300"],
@@ -178,6 +188,10 @@ def main():
     refused(so, ["--config", config(work, "partial", model, data, steps=1), "--data", partial, "--seq-len", "32"],
             r"dataset 'tokens' .* only partly written", "1-D token dataset partly written")
 
+    finish()
+
+
+def finish():
     if failures:
         print(f"{len(failures)} checks failed")
         sys.exit(1)

@@ -23,3 +23,13 @@ add_test(NAME data.prepared_runs COMMAND ${SO_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR
                                          ${CMAKE_CURRENT_BINARY_DIR}/data_prepared_runs $<TARGET_FILE:so_train>
                                          $<TARGET_FILE:so_ckpt>)
 set_tests_properties(data.prepared_runs PROPERTIES LABELS unit PASS_REGULAR_EXPRESSION "all checks passed" TIMEOUT 300)
+add_test(NAME mpi.prepared_eval_zero3_np2
+         COMMAND ${SO_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/check_prepared_runs.py
+                 ${CMAKE_CURRENT_BINARY_DIR}/data_prepared_eval_np2 $<TARGET_FILE:so_train> $<TARGET_FILE:so_ckpt> ${MPIEXEC_BIN})
+set_tests_properties(mpi.prepared_eval_zero3_np2 PROPERTIES LABELS mpi ENVIRONMENT "${SO_MPI_TEST_ENV}"
+                     PASS_REGULAR_EXPRESSION "all checks passed" TIMEOUT 300)
+# The fine-tuning command on its shipped demo, end to end.
+add_test(NAME jobs.finetune_demo COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/data/check_finetune_demo.sh
+                                         ${CMAKE_CURRENT_BINARY_DIR}/finetune_demo WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(jobs.finetune_demo PROPERTIES LABELS unit PASS_REGULAR_EXPRESSION "finetune demo ok" TIMEOUT 300
+                     ENVIRONMENT "SO_TRAIN=$<TARGET_FILE:so_train>;SO_CKPT=$<TARGET_FILE:so_ckpt>")
