@@ -295,8 +295,9 @@ void parse_model(JsonReader r, RunConfig& c) {
 void parse_data(JsonReader r, RunConfig& c) {
   DataConfig& d = c.data;
   d.type = r.get<std::string>("type", "text");
-  if (d.type != "text" && d.type != "tokens" && d.type != "hdf5" && d.type != "synthetic" && d.type != "prepared")
-    r.fail("type", "is '" + d.type + "'; supported: text, tokens, hdf5, synthetic, prepared");
+  if (d.type != "text" && d.type != "tokens" && d.type != "hdf5" && d.type != "synthetic" && d.type != "prepared" &&
+      d.type != "megatron")
+    r.fail("type", "is '" + d.type + "'; supported: text, tokens, hdf5, synthetic, prepared, megatron");
   if (d.type == "prepared") {  // rows of the file's length; data.seq_len, when given, must agree
     d.path = r.require<std::string>("path");
     if (!std::filesystem::is_regular_file(d.path)) r.fail("path", "names '" + d.path + "', which is not a file");
@@ -317,6 +318,22 @@ void parse_data(JsonReader r, RunConfig& c) {
   d.seed = static_cast<uint64_t>(r.get<int64_t>("seed", static_cast<int64_t>(c.seed)));
   if (d.type == "synthetic") {
     d.synthetic_tokens = r.get_in("size", d.synthetic_tokens, 2, kMaxElements);
+  } else if (d.type == "megatron") {
+    // One prefix (data.path) or Megatron's blend list (data.blend: weight, prefix, weight, ...).
+    if (r.has("path") == r.has("blend")) r.fail("path", "or blend: give exactly one for Megatron data");
+    const nlohmann::json list = r.has("path") ? nlohmann::json::array({1.0, r.require<std::string>("path")}) : r.raw()["blend"];
+    r.accept("blend");
+    if (!list.is_array() || list.empty() || list.size() % 2 != 0)
+      r.fail("blend", "must be [weight, prefix, weight, prefix, ...] as Megatron's --data-path");
+    for (size_t i = 0; i < list.size(); i += 2) {
+      if (!list[i].is_number() || !(list[i].get<double>() > 0) || !list[i + 1].is_string())
+        r.fail("blend", str_cat("entry ", i / 2, " must be a positive weight and a path prefix"));
+      const std::string prefix = list[i + 1].get<std::string>();
+      for (const char* ext : {".bin", ".idx"})
+        if (!std::filesystem::is_regular_file(prefix + ext))
+          r.fail(r.has("path") ? "path" : "blend", str_cat("names the prefix '", prefix, "', but '", prefix, ext, "' is not a file"));
+      d.blend.emplace_back(list[i].get<double>(), prefix);
+    }
   } else {
     d.path = r.require<std::string>("path");
     if (!std::filesystem::exists(d.path)) r.fail("path", "names '" + d.path + "', which does not exist");

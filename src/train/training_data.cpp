@@ -5,6 +5,7 @@
 #include "so/core/error.h"
 #include "so/data/batch_sampler.h"
 #include "so/data/epoch_sampler.h"
+#include "so/data/megatron_dataset.h"
 
 namespace so {
 
@@ -25,12 +26,25 @@ TrainingData open_training_data(const RunConfig& cfg, int64_t micro_batch) {
     }
     return out;
   }
-  if (d.type == "text") out.tokens = open_text_bytes(d.path);
-  else if (d.type == "tokens") out.tokens = open_token_file(d.path);
-  else if (d.type == "hdf5") out.tokens = open_hdf5_tokens(d.path, d.dataset);
-  else out.tokens = make_synthetic_tokens(vocab, d.synthetic_tokens, d.seed);
-  out.train = std::make_unique<BatchSampler>(*out.tokens, d.seq_len, micro_batch, vocab, d.seed);
-  out.tokens_count = out.tokens->size();
+  if (d.type == "megatron") {
+    std::vector<std::unique_ptr<BatchSampler>> parts;
+    std::vector<double> weights;
+    for (const auto& [weight, prefix] : d.blend) {
+      out.tokens.push_back(std::make_unique<MegatronIndexedDataset>(prefix));
+      parts.push_back(std::make_unique<BatchSampler>(*out.tokens.back(), d.seq_len, micro_batch, vocab, d.seed));
+      weights.push_back(weight);
+      out.tokens_count += out.tokens.back()->size();
+    }
+    if (parts.size() == 1) out.train = std::move(parts.front());
+    else out.train = std::make_unique<BlendedSampler>(std::move(parts), weights, micro_batch, d.seq_len, d.seed);
+    return out;
+  }
+  if (d.type == "text") out.tokens.push_back(open_text_bytes(d.path));
+  else if (d.type == "tokens") out.tokens.push_back(open_token_file(d.path));
+  else if (d.type == "hdf5") out.tokens.push_back(open_hdf5_tokens(d.path, d.dataset));
+  else out.tokens.push_back(make_synthetic_tokens(vocab, d.synthetic_tokens, d.seed));
+  out.train = std::make_unique<BatchSampler>(*out.tokens.front(), d.seq_len, micro_batch, vocab, d.seed);
+  out.tokens_count = out.tokens.front()->size();
   return out;
 }
 

@@ -33,3 +33,14 @@ add_test(NAME jobs.finetune_demo COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/data/check_
                                          ${CMAKE_CURRENT_BINARY_DIR}/finetune_demo WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(jobs.finetune_demo PROPERTIES LABELS unit PASS_REGULAR_EXPRESSION "finetune demo ok" TIMEOUT 300
                      ENVIRONMENT "SO_TRAIN=$<TARGET_FILE:so_train>;SO_CKPT=$<TARGET_FILE:so_ckpt>")
+# Megatron-LM .bin/.idx (fixtures by make_megatron_fixture.py), windows with documents, blends,
+# damaged index files; loss scales.
+so_add_gtest(test_data_path LABELS unit SOURCES data/test_data_path.cpp)
+add_test(NAME cli.megatron_blend_trains
+         COMMAND $<TARGET_FILE:so_train> --config configs/runs/tiny-demo.json --steps 2 --set data.seq_len=32
+                 --set "data={\"type\": \"megatron\", \"seq_len\": 32, \"blend\": [1, \"tests/data/fixtures/megatron_i32_sentences\", 3, \"tests/data/fixtures/megatron_i32_sentences\"]}"
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.megatron_blend_trains PROPERTIES LABELS unit
+                     PASS_REGULAR_EXPRESSION "data blend of Megatron indexed dataset .*done: 2 steps")
+so_add_cli_failure(megatron_prefix_missing "names the prefix 'nowhere', but 'nowhere.bin' is not a file"
+                   --config configs/runs/tiny-demo.json --steps 1 --set "data={\"type\": \"megatron\", \"seq_len\": 32, \"path\": \"nowhere\"}")

@@ -26,6 +26,9 @@ struct DataConfig {
   int64_t seq_len = 0;
   uint64_t seed = 0;
   int64_t synthetic_tokens = 1 << 20;
+  // megatron: data.path is one PREFIX (PREFIX.bin + PREFIX.idx), or data.blend gives
+  // [weight, prefix, weight, prefix, ...] as Megatron's --data-path does.
+  std::vector<std::pair<double, std::string>> blend;
 };
 
 struct RunConfig {

@@ -14,7 +14,7 @@
 namespace so {
 
 struct TrainingData {
-  std::unique_ptr<TokenSource> tokens;                       // the windowed types
+  std::vector<std::unique_ptr<TokenSource>> tokens;           // the windowed types (a blend: several)
   std::unique_ptr<PreparedSplit> train_rows, validation_rows;  // "prepared"
   std::unique_ptr<SampleStream> train, validation;           // validation: null when there is none
   // Tokens the data holds in all (windowed) or per epoch (prepared), for the start-up line.
