@@ -287,6 +287,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     m.grad_norm = r.grad_norm;
     m.supervised_tokens = supervised;
     if (data.validation && ((cfg.eval_every > 0 && step % cfg.eval_every == 0) || step == run.steps)) {
+      engine.settle_weights();
       const Evaluation e = evaluate(model, engine, engine, *data.validation, eval_share, comm);
       m.evaluated = true, m.eval_loss = e.loss, m.eval_perplexity = e.perplexity, m.eval_tokens = e.supervised_tokens;
     }

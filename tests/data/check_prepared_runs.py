@@ -70,30 +70,44 @@ def check_evaluation(work, so, model, launcher, zero_stage):
     metrics, ck = os.path.join(work, tag + ".jsonl"), os.path.join(work, tag + "_ck")
     os.path.exists(metrics) and os.remove(metrics)
     shutil.rmtree(ck, ignore_errors=True)
-    r = subprocess.run(launcher + [so, "--config", cfg, "--metrics", metrics, "--save-dir", ck, "--save-at-end",
+    r = subprocess.run(launcher + [so, "--config", cfg, "--metrics", metrics, "--save-dir", ck, "--save-every", "2",
+                                   "--save-at-end", "--async-save", "off",
                                    "--set", f"zero_optimization.stage={zero_stage}", "--quiet"],
                        capture_output=True, text=True)
     rec = [json.loads(line) for line in open(metrics)] if r.returncode == 0 else []
     check([x["step"] for x in rec if "eval_loss" in x] == [2, 3], f"{tag}: evaluated at steps 2 and 3 ({r.stderr[-300:]})")
-    hf = os.path.join(work, tag + "_hf")
-    shutil.rmtree(hf, ignore_errors=True)
-    subprocess.run([sys.argv[3], "export", "--hf", hf, "--dtype", "fp32", ck], check=True, capture_output=True)
+    # Evaluating changes nothing the training computes: the same run evaluating only at the end
+    # has the same losses bit for bit.
+    plain = os.path.join(work, tag + "_end_only.jsonl")
+    os.path.exists(plain) and os.remove(plain)
+    subprocess.run(launcher + [so, "--config", cfg, "--metrics", plain, "--set", "train.eval_every=0", "--set",
+                               f"zero_optimization.stage={zero_stage}", "--quiet"], capture_output=True)
+    end_only = [json.loads(line) for line in open(plain)] if os.path.exists(plain) else []
+    check([x["loss"] for x in end_only] == [x["loss"] for x in rec] and len(rec) == 3,
+          f"{tag}: training losses with and without evaluation at step 2 are identical")
     import torch
     from transformers import LlamaForCausalLM
     from check_masked_training import labels_of
-    m = LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
     with h5py.File(split) as f:
         g = f["validation"]
         x = torch.tensor(g["tokens"][...], dtype=torch.long)
         y = torch.tensor(labels_of(g["tokens"][...], g["loss_mask"][...], g["row_documents"][...],
                                    g["document_lengths"][...]))
     n = int((y[:, 1:] != -100).sum())
-    with torch.no_grad():
-        ref = float(m(input_ids=x, labels=y, num_items_in_batch=n).loss)
-    last = rec[-1] if rec else {"eval_loss": float("nan"), "eval_tokens": -1, "eval_perplexity": float("nan")}
-    check(abs(last["eval_loss"] - ref) <= 1e-5 and last["eval_tokens"] == n,
-          f"{tag}: validation loss {last['eval_loss']} over {last['eval_tokens']} tokens = transformers' {ref} over {n}")
-    check(abs(last["eval_perplexity"] - np.exp(ref)) <= 1e-3 * np.exp(ref), f"{tag}: perplexity")
+    # Both evaluations (step 2, mid-run, and the end) against the weights saved at those steps.
+    for step, got in zip((2, 3), [x for x in rec if "eval_loss" in x] or [None, None]):
+        hf = os.path.join(work, f"{tag}_hf{step}")
+        shutil.rmtree(hf, ignore_errors=True)
+        subprocess.run([sys.argv[3], "export", "--hf", hf, "--dtype", "fp32", os.path.join(ck, f"step-{step:08d}.h5")],
+                       check=True, capture_output=True)
+        m = LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+        with torch.no_grad():
+            ref = float(m(input_ids=x, labels=y, num_items_in_batch=n).loss)
+        got = got or {"eval_loss": float("nan"), "eval_tokens": -1, "eval_perplexity": float("nan")}
+        check(abs(got["eval_loss"] - ref) <= 1e-5 and got["eval_tokens"] == n,
+              f"{tag}: validation loss at step {step} {got['eval_loss']} over {got['eval_tokens']} tokens = "
+              f"transformers' {ref} over {n}")
+        check(abs(got["eval_perplexity"] - np.exp(ref)) <= 1e-3 * np.exp(ref), f"{tag}: perplexity at step {step}")
 
 
 def main():
