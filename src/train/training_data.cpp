@@ -9,7 +9,9 @@
 
 namespace so {
 
-TrainingData open_training_data(const RunConfig& cfg, int64_t micro_batch) {
+namespace {
+
+TrainingData open_streams(const RunConfig& cfg, int64_t micro_batch) {
   const DataConfig& d = cfg.data;
   const int64_t vocab = cfg.model.vocab_size;
   TrainingData out;
@@ -45,6 +47,15 @@ TrainingData open_training_data(const RunConfig& cfg, int64_t micro_batch) {
   else out.tokens.push_back(make_synthetic_tokens(vocab, d.synthetic_tokens, d.seed));
   out.train = std::make_unique<BatchSampler>(*out.tokens.front(), d.seq_len, micro_batch, vocab, d.seed);
   out.tokens_count = out.tokens.front()->size();
+  return out;
+}
+
+}  // namespace
+
+TrainingData open_training_data(const RunConfig& cfg, int64_t micro_batch) {
+  TrainingData out = open_streams(cfg, micro_batch);
+  SO_CHECK(cfg.eval_every == 0 || out.validation, "train.eval_every is ", cfg.eval_every, " but ", out.train->describe(),
+           " has no validation split to evaluate on (scripts/prepare_data.py --validation-fraction or --validation-file)");
   return out;
 }
 

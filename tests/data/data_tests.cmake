@@ -44,3 +44,5 @@ set_tests_properties(cli.megatron_blend_trains PROPERTIES LABELS unit
                      PASS_REGULAR_EXPRESSION "data blend of Megatron indexed dataset .*done: 2 steps")
 so_add_cli_failure(megatron_prefix_missing "names the prefix 'nowhere', but 'nowhere.bin' is not a file"
                    --config configs/runs/tiny-demo.json --steps 1 --set "data={\"type\": \"megatron\", \"seq_len\": 32, \"path\": \"nowhere\"}")
+so_add_cli_failure(eval_every_without_validation "train.eval_every is 2 but .* has no validation split to evaluate on"
+                   --config configs/runs/tiny-demo.json --steps 1 --set data.seq_len=32 --set train.eval_every=2)
