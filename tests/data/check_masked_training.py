@@ -47,7 +47,7 @@ def epoch_order(rows, seed, epoch):
     return perm
 
 
-def make_data(work):
+def make_data(work, pack=False):
     model = os.path.join(work, "model")
     if not os.path.exists(os.path.join(model, "model.safetensors")):
         subprocess.run([sys.executable, os.path.join(HERE, "make_chat_model.py"), model], check=True)
@@ -60,9 +60,9 @@ def make_data(work):
             a = rng.randrange(0, len(words) - 60)
             f.write(json.dumps({"instruction": "Continue: " + " ".join(words[a:a + 6]), "input": "",
                                 "output": " ".join(words[a + 6:a + 6 + rng.randrange(2, 25)])}) + "\n")
-    out = os.path.join(work, "train.h5")
+    out = os.path.join(work, "packed.h5" if pack else "train.h5")
     subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "prepare_data.py"), "--model-dir", model, "--input",
-                    src, "--out", out, "--max-length", "160", "--pad"], check=True)
+                    src, "--out", out, "--max-length", "400" if pack else "160", "--pack" if pack else "--pad"], check=True)
     return model, out
 
 
@@ -81,14 +81,31 @@ def labels_of(tokens, mask, counts, lengths):
     return labels
 
 
-def torch_losses(model_dir, data, normalization, accumulation, dp):
+def documents_of(tokens, labels, counts, lengths):
+    """Per row, its documents as (input ids, labels) cut out of the row."""
+    rows, d = [], 0
+    for r in range(tokens.shape[0]):
+        docs, at = [], 0
+        for _ in range(counts[r]):
+            n = lengths[d]
+            docs.append((tokens[r, at:at + n], labels[r, at:at + n]))
+            at, d = at + n, d + 1
+        rows.append(docs)
+    return rows
+
+
+def torch_losses(model_dir, data, normalization, accumulation, dp, separate=False):
+    """separate: each row's documents run as sequences of their own (positions from 0, attending
+    only within themselves), which is what a packed row must equal."""
     from transformers import LlamaForCausalLM
     torch.manual_seed(0)
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
     with h5py.File(data) as f:
         tokens, mask = f["train/tokens"][...], f["train/loss_mask"][...]
-        labels = labels_of(tokens, mask, f["train/row_documents"][...], f["train/document_lengths"][...])
+        counts, lengths = f["train/row_documents"][...], f["train/document_lengths"][...]
+        labels = labels_of(tokens, mask, counts, lengths)
+    docs = documents_of(tokens, labels, counts, lengths)
     rows = tokens.shape[0]
     params = [p for p in model.parameters()]
     opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
@@ -105,7 +122,17 @@ def torch_losses(model_dir, data, normalization, accumulation, dp):
             for r in range(dp):
                 sl = slice((m * dp + r) * MICRO, (m * dp + r + 1) * MICRO)
                 n_micro = int((y[sl, 1:] != -100).sum())
-                if normalization == "step":
+                if separate:
+                    total_sum = 0
+                    for row in idx[sl]:
+                        for ids, lab in docs[row]:
+                            logits = model(input_ids=torch.tensor(ids[None], dtype=torch.long)).logits[0, :-1]
+                            target = torch.tensor(lab[1:], dtype=torch.long)
+                            total_sum = total_sum + torch.nn.functional.cross_entropy(
+                                logits, target, ignore_index=-100, reduction="sum")
+                    denominator = n_step if normalization == "step" else max(n_micro, 1) * accumulation * dp
+                    loss = total_sum / denominator
+                elif normalization == "step":
                     out = model(input_ids=x[sl], labels=y[sl], num_items_in_batch=n_step)
                     loss = out.loss
                 else:
@@ -127,9 +154,10 @@ def main():
     p.add_argument("--normalization", default="step")
     p.add_argument("--mpiexec")
     p.add_argument("--np", type=int, default=1)
+    p.add_argument("--packed", action="store_true", help="packed rows, against the documents run separately")
     a = p.parse_args()
     os.makedirs(a.work, exist_ok=True)
-    model, data = make_data(a.work)
+    model, data = make_data(a.work, a.packed)
     accumulation = GLOBAL_BATCH // (MICRO * a.np)
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": accumulation,
               "gradient_clipping": CLIP, "bf16": {"enabled": False},
@@ -138,10 +166,11 @@ def main():
               "zero_optimization": {"stage": 0}, "model": {"hf_dir": model},
               "data": {"type": "prepared", "path": data, "seed": SEED},
               "train": {"steps": STEPS, "loss_normalization": a.normalization}, "seed": 1}
-    cfg = os.path.join(a.work, f"config_{a.normalization}_np{a.np}.json")
+    kind = "packed" if a.packed else "padded"
+    cfg = os.path.join(a.work, f"config_{kind}_{a.normalization}_np{a.np}.json")
     with open(cfg, "w") as f:
         json.dump(config, f)
-    metrics = os.path.join(a.work, f"metrics_{a.normalization}_np{a.np}.jsonl")
+    metrics = os.path.join(a.work, f"metrics_{kind}_{a.normalization}_np{a.np}.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
     cmd = [a.so_train, "--config", cfg, "--metrics", metrics, "--quiet"]
@@ -149,7 +178,7 @@ def main():
         cmd = [a.mpiexec, "--oversubscribe", "-np", str(a.np)] + cmd
     subprocess.run(cmd, check=True)
     ours = [json.loads(line)["loss"] for line in open(metrics)]
-    ref = torch_losses(model, data, a.normalization, accumulation, a.np)
+    ref = torch_losses(model, data, a.normalization, accumulation, a.np, separate=a.packed)
     print("step  so_train      torch         |diff|")
     worst = 0.0
     for i, (o, r) in enumerate(zip(ours, ref)):

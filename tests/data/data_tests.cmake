@@ -46,3 +46,15 @@ so_add_cli_failure(megatron_prefix_missing "names the prefix 'nowhere', but 'now
                    --config configs/runs/tiny-demo.json --steps 1 --set "data={\"type\": \"megatron\", \"seq_len\": 32, \"path\": \"nowhere\"}")
 so_add_cli_failure(eval_every_without_validation "train.eval_every is 2 but .* has no validation split to evaluate on"
                    --config configs/runs/tiny-demo.json --steps 1 --set data.seq_len=32 --set train.eval_every=2)
+# Packed rows (several documents each, prompts masked) against the same documents run one by one in
+# torch: equal only once attention honours TokenBatch::doc_start (the attention work of issue 29).
+add_test(NAME data.packed_training_vs_torch
+         COMMAND ${SO_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/check_masked_training.py
+                 ${CMAKE_CURRENT_BINARY_DIR}/data_packed $<TARGET_FILE:so_train> --packed)
+set_tests_properties(data.packed_training_vs_torch PROPERTIES LABELS unit
+                     PASS_REGULAR_EXPRESSION "masked training matches torch" TIMEOUT 300)
+add_test(NAME mpi.packed_training_vs_torch_np2
+         COMMAND ${SO_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/check_masked_training.py
+                 ${CMAKE_CURRENT_BINARY_DIR}/data_packed_np2 $<TARGET_FILE:so_train> --packed --mpiexec ${MPIEXEC_BIN} --np 2)
+set_tests_properties(mpi.packed_training_vs_torch_np2 PROPERTIES LABELS mpi ENVIRONMENT "${SO_MPI_TEST_ENV}"
+                     PASS_REGULAR_EXPRESSION "masked training matches torch" TIMEOUT 300)
