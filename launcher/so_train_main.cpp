@@ -15,6 +15,7 @@
 #include "parallel/communicator.h"
 #include "so/core/error.h"
 #include "so/core/log.h"
+#include "so/data/prepared_data.h"
 #include "so/train/memory_plan.h"
 #include "so/train/trainer.h"
 
@@ -67,6 +68,7 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       "save-dir", po::value<std::string>(&save_dir),
       "write HDF5 checkpoints here (atomically, with a `latest` pointer); also on SIGTERM/SIGUSR1")(
       "save-every", po::value<int64_t>(&save_every), "checkpoint every N steps (needs --save-dir)")(
+      "save-at-end", "checkpoint after the last step too (needs --save-dir)")(
       "keep", po::value<int>(&keep)->default_value(3), "checkpoints to keep in --save-dir")(
       "async-save", po::value<std::string>(&async_save)->default_value("on"),
       "on: training goes on while a checkpoint is written (committed when every rank is done); off: wait for it")(
@@ -109,7 +111,10 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
     if (!data.empty() && doc.is_object()) {
       const std::string ext = std::filesystem::path(data).extension().string();
       if (!doc.contains("data") || !doc["data"].is_object()) doc["data"] = nlohmann::json::object();
-      doc["data"]["type"] = ext == ".txt" ? "text" : ext == ".h5" || ext == ".hdf5" ? "hdf5" : "tokens";
+      doc["data"]["type"] = ext == ".txt"                      ? "text"
+                             : ext != ".h5" && ext != ".hdf5"    ? "tokens"
+                             : so::is_prepared_file(data)       ? "prepared"
+                                                                 : "hdf5";
       doc["data"]["path"] = data;
     }
     if (vm.count("seq-len")) so::apply_override(doc, "data.seq_len=" + std::to_string(seq_len));
@@ -182,6 +187,8 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   if (keep < 1) throw so::Error("command line: --keep must be at least 1");
   opts.save_dir = save_dir;
   opts.save_every = save_every;
+  opts.save_at_end = vm.count("save-at-end") > 0;
+  if (opts.save_at_end && save_dir.empty()) throw so::Error("command line: --save-at-end needs --save-dir");
   opts.async_save = async_save == "on";
   opts.keep = keep;
   opts.resume = resume;

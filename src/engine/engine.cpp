@@ -823,6 +823,12 @@ StepResult Engine::end_step() {
   return r;
 }
 
+void Engine::settle_weights() {
+  if (shards_.sharded()) return;
+  std::fill(weights_waited_.begin(), weights_waited_.end(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b) wait_stepped_weights(b);
+}
+
 void Engine::finish() {
   // What the next forward would wait for counts against the last step.
   for (size_t b = 0; b < buckets_.size(); ++b) {

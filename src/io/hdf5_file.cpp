@@ -152,22 +152,44 @@ std::vector<int32_t> H5File::read_i32(const std::string& dataset, const std::vec
 }
 
 void H5File::read_i32_range(const std::string& dataset, int64_t offset, int64_t count, int32_t* out) const {
+  read_i32_slab(dataset, 1, offset, count, out);
+}
+
+void H5File::read_i32_rows(const std::string& dataset, int64_t first_row, int64_t rows, int32_t* out) const {
+  read_i32_slab(dataset, 2, first_row, rows, out);
+}
+
+void H5File::read_i32_slab(const std::string& dataset, int rank, int64_t first, int64_t count, int32_t* out) const {
   const std::string what = str_cat(path_, ": dataset '", dataset, "'");
   H5Id d = open_dataset(dataset);
   H5Id type(H5Dget_type(d.get()));
   SO_CHECK(H5Tget_class(type.get()) == H5T_INTEGER, what, " holds ", type_description(dataset), ", not integers");
   H5Id space(H5Dget_space(d.get()));
   const std::vector<int64_t> dims = extent_of(space.get(), what);
-  SO_CHECK(dims.size() == 1, what, " must be 1-D, has shape ", shape_text(dims));
-  SO_CHECK(offset >= 0 && count >= 0 && offset <= dims[0] && count <= dims[0] - offset, what, ": elements [", offset,
-           ", ", offset + count, ") lie outside its ", dims[0]);
+  SO_CHECK(static_cast<int>(dims.size()) == rank, what, " must be ", rank, "-D, has shape ", shape_text(dims));
+  SO_CHECK(first >= 0 && count >= 0 && first <= dims[0] && count <= dims[0] - first, what, ": ",
+           rank == 1 ? "elements" : "rows", " [", first, ", ", first + count, ") lie outside its ", dims[0]);
   if (count == 0) return;
-  hsize_t start = static_cast<hsize_t>(offset), n = static_cast<hsize_t>(count);
-  SO_CHECK(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr) >= 0, what, ": bad range [",
-           offset, ", ", offset + count, ")");
-  H5Id mem(H5Screate_simple(1, &n, nullptr));
+  std::vector<hsize_t> start(rank, 0), n(dims.begin(), dims.end());
+  start[0] = static_cast<hsize_t>(first);
+  n[0] = static_cast<hsize_t>(count);
+  SO_CHECK(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, n.data(), nullptr) >= 0, what,
+           ": bad range [", first, ", ", first + count, ")");
+  H5Id mem(H5Screate_simple(rank, n.data(), nullptr));
   SO_CHECK(quietly([&] { return H5Dread(d.get(), H5T_NATIVE_INT32, mem.get(), space.get(), H5P_DEFAULT, out); }) >= 0,
-           what, ": reading [", offset, ", ", offset + count, ") failed (damaged file)");
+           what, ": reading [", first, ", ", first + count, ") failed (damaged file)");
+}
+
+void H5File::check_written(const std::string& dataset) const {
+  H5Id d = open_dataset(dataset);
+  H5Id space(H5Dget_space(d.get()));
+  const std::vector<int64_t> dims = extent_of(space.get(), str_cat(path_, ": dataset '", dataset, "'"));
+  if (numel(dims) == 0) return;
+  H5D_space_status_t status;
+  SO_CHECK(H5Dget_space_status(d.get(), &status) >= 0, path_, ": dataset '", dataset, "': storage status unreadable");
+  SO_CHECK(status == H5D_SPACE_STATUS_ALLOCATED, path_, ": dataset '", dataset, "' of shape ", shape_text(dims), " was ",
+           status == H5D_SPACE_STATUS_NOT_ALLOCATED ? "declared but never written" : "only partly written",
+           " (HDF5 would hand back its fill value, zeros, for what is missing): write it completely");
 }
 
 std::string H5File::read_string(const std::string& dataset, size_t max_bytes) const {

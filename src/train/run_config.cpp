@@ -8,6 +8,7 @@
 #include "so/core/error.h"
 #include "so/optim/simd_isa.h"
 #include "so/core/json_reader.h"
+#include "so/data/prepared_data.h"
 #include "so/data/token_source.h"
 
 namespace so {
@@ -294,14 +295,45 @@ void parse_model(JsonReader r, RunConfig& c) {
 void parse_data(JsonReader r, RunConfig& c) {
   DataConfig& d = c.data;
   d.type = r.get<std::string>("type", "text");
-  if (d.type != "text" && d.type != "tokens" && d.type != "hdf5" && d.type != "synthetic")
-    r.fail("type", "is '" + d.type + "'; supported: text, tokens, hdf5, synthetic");
+  if (d.type != "text" && d.type != "tokens" && d.type != "hdf5" && d.type != "synthetic" && d.type != "prepared" &&
+      d.type != "megatron")
+    r.fail("type", "is '" + d.type + "'; supported: text, tokens, hdf5, synthetic, prepared, megatron");
+  if (d.type == "prepared") {  // rows of the file's length; data.seq_len, when given, must agree
+    d.path = r.require<std::string>("path");
+    if (!std::filesystem::is_regular_file(d.path)) r.fail("path", "names '" + d.path + "', which is not a file");
+    if (!is_prepared_file(d.path)) r.fail("path", "names '" + d.path + "', which scripts/prepare_data.py did not write");
+    const int64_t row = prepared_row_length(d.path);
+    const int64_t given = r.get_in("seq_len", row, 1, INT32_MAX);
+    if (given != row)
+      r.fail("seq_len", str_cat("is ", given, " but the rows of '", d.path, "' have ", row,
+                                " tokens (a row is one sample; leave seq_len out)"));
+    d.seq_len = row;
+    d.seed = static_cast<uint64_t>(r.get<int64_t>("seed", static_cast<int64_t>(c.seed)));
+    r.finish();
+    return;
+  }
   if (!r.has("seq_len")) r.fail("seq_len", "is required (tokens per sequence; so_train --seq-len N sets it)");
   // RoPE positions and token indices are 32-bit on the device.
   d.seq_len = r.get_in("seq_len", 0, 1, INT32_MAX);
   d.seed = static_cast<uint64_t>(r.get<int64_t>("seed", static_cast<int64_t>(c.seed)));
   if (d.type == "synthetic") {
     d.synthetic_tokens = r.get_in("size", d.synthetic_tokens, 2, kMaxElements);
+  } else if (d.type == "megatron") {
+    // One prefix (data.path) or Megatron's blend list (data.blend: weight, prefix, weight, ...).
+    if (r.has("path") == r.has("blend")) r.fail("path", "or blend: give exactly one for Megatron data");
+    const nlohmann::json list = r.has("path") ? nlohmann::json::array({1.0, r.require<std::string>("path")}) : r.raw()["blend"];
+    r.accept("blend");
+    if (!list.is_array() || list.empty() || list.size() % 2 != 0)
+      r.fail("blend", "must be [weight, prefix, weight, prefix, ...] as Megatron's --data-path");
+    for (size_t i = 0; i < list.size(); i += 2) {
+      if (!list[i].is_number() || !(list[i].get<double>() > 0) || !list[i + 1].is_string())
+        r.fail("blend", str_cat("entry ", i / 2, " must be a positive weight and a path prefix"));
+      const std::string prefix = list[i + 1].get<std::string>();
+      for (const char* ext : {".bin", ".idx"})
+        if (!std::filesystem::is_regular_file(prefix + ext))
+          r.fail(r.has("path") ? "path" : "blend", str_cat("names the prefix '", prefix, "', but '", prefix, ext, "' is not a file"));
+      d.blend.emplace_back(list[i].get<double>(), prefix);
+    }
   } else {
     d.path = r.require<std::string>("path");
     if (!std::filesystem::exists(d.path)) r.fail("path", "names '" + d.path + "', which does not exist");
@@ -312,8 +344,21 @@ void parse_data(JsonReader r, RunConfig& c) {
 }
 
 void parse_train(JsonReader r, RunConfig& c) {
-  if (!r.has("steps") && c.steps <= 0) r.fail("steps", "is required (so_train --steps N sets it)");
-  c.steps = r.get_in("steps", c.steps, 1, kMaxSteps);
+  c.num_train_epochs = r.get<double>("num_train_epochs", 0.0);
+  if (!(c.num_train_epochs >= 0.0 && c.num_train_epochs <= 1e6))
+    r.fail("num_train_epochs", str_cat("is ", c.num_train_epochs, "; it must lie in [0, 1e6]"));
+  // As in transformers, steps (max_steps there), when given, decides over the epochs.
+  if (c.num_train_epochs == 0 || r.has("steps")) {
+    if (!r.has("steps") && c.steps <= 0)
+      r.fail("steps", "is required (so_train --steps N sets it; or train.num_train_epochs)");
+    c.steps = r.get_in("steps", c.steps, 1, kMaxSteps);
+  }
+  c.eval_every = r.get_in("eval_every", 0, 0, kMaxSteps);
+  const std::string norm = r.get<std::string>("loss_normalization", "step");
+  if (norm != "step" && norm != "micro_batch")
+    r.fail("loss_normalization", "is '" + norm + "'; supported: step (mean over the step's supervised tokens), "
+           "micro_batch (mean per micro-batch, as DeepSpeed)");
+  c.loss_normalization = norm == "step" ? LossNormalization::Step : LossNormalization::MicroBatch;
   c.log_every = r.get_in("log_every", c.log_every, 1, kMaxSteps);
   c.peak_tflops = r.get<double>("peak_tflops", 0.0);
   c.activation_checkpointing = r.get<bool>("activation_checkpointing", false);

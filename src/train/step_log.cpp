@@ -29,6 +29,7 @@ void StepLog::write_held(StepTimeline& timeline) {
   m.exposed_optimizer_s = t->exposed_optimizer;
   m.optimizer_busy_s = t->optimizer_busy;
   m.tokens_per_s = basis_.tokens_per_step / m.seconds;
+  m.supervised_tokens_per_s = static_cast<double>(m.supervised_tokens) / m.seconds;
   m.tflops = m.tokens_per_s * basis_.flops_per_token / 1e12;
   m.mfu = peak > 0 ? m.tflops / peak : 0.0;
   m.mfu_noncausal = peak > 0 ? m.tokens_per_s * basis_.flops_per_token_noncausal / 1e12 / peak : 0.0;
@@ -37,7 +38,7 @@ void StepLog::write_held(StepTimeline& timeline) {
   m.eta_s = m.elapsed_s / static_cast<double>(m.step - opts_.first_step + 1) *
             static_cast<double>(opts_.last_step - m.step);
   sink_.write(m, opts_.last_step,
-              opts_.lead && (m.step % opts_.log_every == 0 || m.step == 1 || m.step == opts_.last_step));
+              opts_.lead && (m.step % opts_.log_every == 0 || m.step == 1 || m.step == opts_.last_step || m.evaluated));
   std::fflush(stdout);
   if (tensorboard_.on()) {
     std::vector<std::pair<std::string, double>> scalars = metric_scalars(m);

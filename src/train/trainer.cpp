@@ -1,6 +1,6 @@
-// The training loop, top to bottom: set up the run (ranks, backend, memory plan, model, engine,
-// weights, data), announce it, then per step: take the step, log it, check its health, save;
-// finally report. Each feature lives in its own file: the step log and monitors (step_log.h,
+// The training loop, top to bottom: set up the run (ranks, backend, data, memory plan, model,
+// engine, weights), announce it, then per step: take the step, log it (evaluating on the
+// validation split when due), check its health, save; finally report. Each feature lives in its own file: the step log and monitors (step_log.h,
 // csv_monitor.h, tensorboard_monitor.h), the NaN policy (nan_policy.h), checkpoints (run_saves.h, checkpoint.h).
 #include "so/train/trainer.h"
 
@@ -19,23 +19,19 @@
 #include "so/train/checkpoint.h"
 #include "so/train/csv_monitor.h"
 #include "so/train/decay_groups.h"
+#include "so/train/evaluation.h"
+#include "so/train/loss_normalization.h"
 #include "so/train/memory_plan.h"
 #include "so/train/nan_policy.h"
 #include "so/train/rank_agreement.h"
 #include "so/train/run_saves.h"
 #include "so/train/step_log.h"
 #include "so/train/tensorboard_monitor.h"
+#include "so/train/training_data.h"
 
 namespace so {
 
 namespace {
-
-std::unique_ptr<TokenSource> open_data(const DataConfig& d, int64_t vocab) {
-  if (d.type == "text") return open_text_bytes(d.path);
-  if (d.type == "tokens") return open_token_file(d.path);
-  if (d.type == "hdf5") return open_hdf5_tokens(d.path, d.dataset);
-  return make_synthetic_tokens(vocab, d.synthetic_tokens, d.seed);
-}
 
 // The model's view of the sequence-parallel group.
 class CommSequenceParallel final : public SequenceParallel {
@@ -81,14 +77,12 @@ struct Run {
   DecayGroups decay;
   std::unique_ptr<Engine> engine;
   TrainState state;
-  std::unique_ptr<TokenSource> source;
-  std::unique_ptr<BatchSampler> sampler;
+  TrainingData data;  // the training samples and, when given, the validation split
+  int64_t steps = 0;  // train.steps, or as many as train.num_train_epochs takes
   ThroughputBasis throughput;
 
   Communicator& comm() { return *groups.world; }
   bool lead() { return comm().rank() == 0; }
-  // Every rank's loss is scaled by the global token count and gradients are summed over ranks,
-  // so the step sees the mean over the global batch.
   int64_t tokens_per_step() const { return batch.global * cfg.data.seq_len; }
 };
 
@@ -123,6 +117,10 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
 
   // The memory plan, before anything is allocated: "auto" settings resolved from it, and a run that
   // cannot fit refused with the table rather than failing at some allocation later.
+  run.data = open_training_data(cfg, run.batch.micro);
+  run.steps = cfg.steps > 0 ? cfg.steps
+                            : steps_for_epochs(cfg.num_train_epochs, run.data.train->samples_per_epoch(), run.batch.global);
+  run.planned.steps = run.steps;
   const MachineProfile machine = machine_profile_of(*run.backend);
   run.auto_choice = resolve_auto_memory(run.planned, comm.size(), machine);
   run.plan = plan_memory(run.planned, comm.size(), comm.rank(), machine, !opts.save_dir.empty() && opts.async_save);
@@ -175,9 +173,6 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
                        " (optimizer step ", run.state.steps_taken, ", sample ", run.state.data_position, ")"));
   }
 
-  run.source = open_data(cfg.data, cfg.model.vocab_size);
-  run.sampler = std::make_unique<BatchSampler>(*run.source, cfg.data.seq_len, run.batch.micro, cfg.model.vocab_size,
-                                               cfg.data.seed);
   run.throughput.tokens_per_step = run.tokens_per_step();
   run.throughput.flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len);
   run.throughput.flops_per_token_noncausal = train_flops_per_token(cfg.model, cfg.data.seq_len, false);
@@ -207,9 +202,13 @@ void announce(Run& run, const TrainOptions& opts) {
                    mib(engine.state_bytes()), " MiB parameter/optimizer state; planned device peak ",
                    mib(run.plan.device_peak), " MiB on rank 0), peak ", run.throughput.peak_tflops,
                    " TFLOP/s for MFU (attention counted causally; the non-causal figure beside it), ",
-                   run.throughput.gemm_tflops, " TFLOP/s measured GEMM; data ", run.source->describe(), " (",
-                   run.source->size(), " tokens); ", run.tokens_per_step(), " tokens/step, ",
-                   run.throughput.flops_per_token / 1e6, " MFLOP/token"));
+                   run.throughput.gemm_tflops, " TFLOP/s measured GEMM; data ", run.data.train->describe(), " (",
+                   run.data.tokens_count, " tokens",
+                   run.data.train->samples_per_epoch() > 0
+                       ? str_cat(", ", run.steps * batch.global / static_cast<double>(run.data.train->samples_per_epoch()),
+                                 " epochs in ", run.steps, " steps")
+                       : "",
+                   "); ", run.tokens_per_step(), " tokens/step, ", run.throughput.flops_per_token / 1e6, " MFLOP/token"));
   if (cfg.offload.mode != OffloadMode::None)
     log_info(str_cat("cores: compute stream on ", format_core_list(run.cores.compute), ", optimizer pool on ",
                      format_core_list(run.cores.optimizer)));
@@ -230,7 +229,8 @@ void announce(Run& run, const TrainOptions& opts) {
 // What one step did.
 struct StepOutcome {
   int64_t step = 0;
-  double loss = 0.0;  // the global mean over the step's tokens
+  double loss = 0.0;  // the global mean over the step's supervised tokens (train.loss_normalization)
+  int64_t supervised_tokens = 0;
   double lr = 0.0;
   StepResult result;
   int64_t samples_before = 0, samples_after = 0;
@@ -247,15 +247,21 @@ StepOutcome take_step(Run& run, int64_t step, const TrainOptions& opts, StepLog&
   out.samples_before = run.state.data_position;
   engine.begin_step(out.lr, static_cast<int>(run.batch.accumulation), run.cfg.schedule.betas_at(engine.steps_taken()));
   run.model->zero_loss();
+  // Every rank's loss is scaled by the step's supervised tokens (train.loss_normalization) and
+  // gradients are summed over ranks, so the step sees the mean over the global batch.
+  int64_t& sample = run.state.data_position;  // index of the next global sample
+  const SampleStream& data = *run.data.train;
+  const std::vector<float> loss_scales = micro_batch_loss_scales(data, sample, run.batch.micro, run.batch.accumulation,
+                                                                 run.groups.dp_size, run.groups.dp_rank,
+                                                                 run.cfg.loss_normalization);
+  out.supervised_tokens = data.supervised_tokens(sample, run.batch.global);
   // Data-parallel ranks read disjoint samples: each global micro-batch is dp_size x micro_batch
   // consecutive samples, this rank taking its share; sequence-parallel ranks take their slice
   // of every sequence of that share.
-  const float loss_scale = 1.0f / static_cast<float>(run.tokens_per_step());
-  int64_t& sample = run.state.data_position;  // index of the next global sample
   for (int64_t micro = 0; micro < run.batch.accumulation; ++micro) {
-    const TokenBatch mine = slice_sequences(run.sampler->batch_at(sample + run.groups.dp_rank * run.batch.micro),
+    const TokenBatch mine = slice_sequences(data.batch_at(sample + run.groups.dp_rank * run.batch.micro),
                                             run.cfg.data.seq_len, run.groups.sp_size, run.groups.sp_rank);
-    run.model->forward_backward(mine, engine, engine, loss_scale, true);
+    run.model->forward_backward(mine, engine, engine, loss_scales[micro], true);
     sample += run.groups.dp_size * run.batch.micro;
   }
   out.samples_after = sample;
@@ -268,6 +274,17 @@ StepOutcome take_step(Run& run, int64_t step, const TrainOptions& opts, StepLog&
   return out;
 }
 
+// Evaluation on the validation split every train.eval_every steps and at the last step, into m.
+void evaluate_if_due(Run& run, int64_t step, StepMetrics& m) {
+  const int64_t every = run.cfg.eval_every;
+  if (!run.data.validation || !((every > 0 && step % every == 0) || step == run.steps)) return;
+  run.engine->settle_weights();  // the device optimizer may still be writing this step's weights
+  const EvaluationShare share{run.batch.micro, run.cfg.data.seq_len, run.groups.dp_size, run.groups.dp_rank,
+                              run.groups.sp_size, run.groups.sp_rank};
+  const Evaluation e = evaluate(*run.model, *run.engine, *run.engine, *run.data.validation, share, run.comm());
+  m.evaluated = true, m.eval_loss = e.loss, m.eval_perplexity = e.perplexity, m.eval_tokens = e.supervised_tokens;
+}
+
 // The step into the log (held until its timing is known), the CSV monitor and the run's summary.
 void record_step(Run& run, const StepOutcome& out, StepLog& log, CsvMonitor& csv, TrainSummary& summary) {
   StepMetrics m;
@@ -276,6 +293,8 @@ void record_step(Run& run, const StepOutcome& out, StepLog& log, CsvMonitor& csv
   m.lr = out.lr;
   m.grad_norm = out.result.grad_norm;
   m.skipped = out.result.skipped;
+  m.supervised_tokens = out.supervised_tokens;
+  evaluate_if_due(run, out.step, m);
   const MemoryStats mem = run.backend->memory_stats();
   m.mem_mib = mib(mem.in_use);
   m.peak_mem_mib = mib(mem.peak);
@@ -326,15 +345,15 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   if (!csv.directory().empty()) log_info(str_cat("csv_monitor: DeepSpeed's CSV files in ", csv.directory()));
   TensorBoardMonitor tensorboard(cfg.tensorboard, run.lead(), cfg.resolved.dump(2));
   if (tensorboard.on()) log_info(str_cat("tensorboard: event file ", tensorboard.path()));
-  StepLog log({opts.metrics_path, opts.quiet, run.lead(), first_step, cfg.steps, cfg.log_every}, run.throughput,
+  StepLog log({opts.metrics_path, opts.quiet, run.lead(), first_step, run.steps, cfg.log_every}, run.throughput,
               tensorboard);
-  SO_CHECK(opts.profile_first == 0 || (opts.profile_first >= first_step && opts.profile_last <= cfg.steps),
+  SO_CHECK(opts.profile_first == 0 || (opts.profile_first >= first_step && opts.profile_last <= run.steps),
            "--profile-steps ", opts.profile_first, ":", opts.profile_last, " is not within the steps this run takes (",
-           first_step, " to ", cfg.steps, ")");
+           first_step, " to ", run.steps, ")");
   StepGuard guard(cfg.nan_policy);
   TrainSummary summary;
 
-  for (int64_t step = first_step; step <= cfg.steps; ++step) {
+  for (int64_t step = first_step; step <= run.steps; ++step) {
     // Step.
     const StepOutcome out = take_step(run, step, opts, log);
     // Log.
@@ -350,7 +369,11 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
     }
   }
 
-  // Finish: the last save committed, the optimizer drained, the last step logged.
+  // Finish: the final state saved when asked (--save-at-end, unless the last step saved it), the
+  // last save committed, the optimizer drained, the last step logged.
+  if (opts.save_at_end && saves.on() && !summary.stopped_by_signal && run.state.iteration == run.steps &&
+      (opts.save_every == 0 || run.steps % opts.save_every != 0))
+    saves.save_now(run.state);
   saves.finish();
   engine.finish();
   if (opts.at_end) opts.at_end(engine);

@@ -14,6 +14,9 @@ class TokenSource {
   virtual int64_t size() const = 0;  // number of tokens
   virtual void read(int64_t offset, int64_t count, int32_t* out) const = 0;
   virtual std::string describe() const = 0;
+  // Token offsets where documents begin (ascending, the first 0), for sources that know them;
+  // windows then restart positions there and carry doc_start. nullptr: one undivided stream.
+  virtual const std::vector<int64_t>* document_offsets() const { return nullptr; }
 };
 
 // Binary token file: 32-byte header, then little-endian tokens.

@@ -178,6 +178,10 @@ class Engine final : public ParamStore, public ModelHooks {
   StepResult end_step();
   // Waits for all optimizer work and closes the timeline (end of training, before reading state).
   void finish();
+  // Between end_step and the next begin_step: a forward pass run now (evaluation) reads the weights
+  // of the step just ended. Unsharded, the compute stream waits for every bucket's update (the
+  // step's forward had already waited for the last ones); sharded, every gather waits for them anyway.
+  void settle_weights();
 
   int64_t steps_taken() const { return steps_; }
   int64_t iteration() const { return iteration_; }

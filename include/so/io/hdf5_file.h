@@ -57,6 +57,11 @@ class H5File {
   std::vector<int32_t> read_i32(const std::string& dataset, const std::vector<int64_t>& shape) const;
   // Reads count elements starting at flat element `offset` of a 1-D integer dataset.
   void read_i32_range(const std::string& dataset, int64_t offset, int64_t count, int32_t* out) const;
+  // Reads rows [first_row, first_row + rows) of a 2-D integer dataset, row-major.
+  void read_i32_rows(const std::string& dataset, int64_t first_row, int64_t rows, int32_t* out) const;
+  // Refuses a non-empty dataset whose storage was never (or only partly) written: HDF5 reads its
+  // fill value there without a word, and token data of zeros would train.
+  void check_written(const std::string& dataset) const;
   // A scalar fixed-length string dataset of at most max_bytes, up to its first NUL.
   std::string read_string(const std::string& dataset, size_t max_bytes) const;
   // Scalar attributes: a string (fixed or variable length), a number, an integer.
@@ -81,6 +86,7 @@ class H5File {
 
  private:
   H5Id open_dataset(const std::string& dataset) const;
+  void read_i32_slab(const std::string& dataset, int rank, int64_t first, int64_t count, int32_t* out) const;
   H5Id open_attr(const std::string& object, const std::string& name) const;
   std::string path_;
   H5Id file_;

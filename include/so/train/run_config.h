@@ -13,18 +13,22 @@
 #include "so/optim/adamw.h"
 #include "so/train/monitor_config.h"
 #include "so/train/decay_groups.h"
+#include "so/train/loss_normalization.h"
 #include "so/train/lr_schedule.h"
 #include "so/train/nan_policy.h"
 
 namespace so {
 
 struct DataConfig {
-  std::string type = "text";  // text | tokens | hdf5 | synthetic
+  std::string type = "text";  // text | tokens | hdf5 | synthetic | prepared (scripts/prepare_data.py)
   std::string path;
   std::string dataset = "tokens";  // hdf5 only
   int64_t seq_len = 0;
   uint64_t seed = 0;
   int64_t synthetic_tokens = 1 << 20;
+  // megatron: data.path is one PREFIX (PREFIX.bin + PREFIX.idx), or data.blend gives
+  // [weight, prefix, weight, prefix, ...] as Megatron's --data-path does.
+  std::vector<std::pair<double, std::string>> blend;
 };
 
 struct RunConfig {
@@ -48,7 +52,10 @@ struct RunConfig {
   int64_t bucket_size = int64_t{1} << 22;
   OffloadConfig offload;
   DataConfig data;
-  int64_t steps = 0;
+  int64_t steps = 0;  // with num_train_epochs: 0 until train() derives it from the data
+  double num_train_epochs = 0.0;  // train.num_train_epochs (0 = train.steps decides)
+  int64_t eval_every = 0;         // train.eval_every: validation loss every N steps and at the end (0 = at the end)
+  LossNormalization loss_normalization = LossNormalization::Step;
   uint64_t seed = 1234;
   int64_t log_every = 1;
   double peak_tflops = 0.0;  // 0 = ask the backend

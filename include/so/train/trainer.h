@@ -17,6 +17,7 @@ struct TrainOptions {
   std::string trace_path;    // Chrome/Perfetto trace of every step; empty = none
   std::string save_dir;      // checkpoints go here (docs/checkpoints.md); empty = never saved
   int64_t save_every = 0;    // steps between checkpoints; 0 = only on SIGTERM/SIGUSR1
+  bool save_at_end = false;  // also after the last step (HF Trainer's final save), unless just saved
   int keep = 3;              // checkpoints kept in save_dir
   bool async_save = true;    // training goes on while a checkpoint is written (docs/checkpoints.md)
   std::string resume;        // checkpoint file, or a directory with a `latest` pointer

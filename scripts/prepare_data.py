@@ -1,0 +1,449 @@
+#!/usr/bin/env python
+"""Turns instruction, chat or plain-text data into one HDF5 file so_train trains on.
+
+The model's own tokenizer is read from its directory (tokenizer.json, tokenizer_config.json,
+chat_template.jinja) through transformers, never from the hub. Every sample becomes a document:
+its token ids and a loss mask (1 = the token is a label the loss is computed on). Documents are
+packed several to a row (--pack, the default) or padded one to a row (--pad). The layout of the
+output is documented in docs/finetuning.md; so_train reads it with data.type "prepared".
+
+  $SO_PYTHON scripts/prepare_data.py --model-dir DIR --input alpaca.json --format alpaca \
+      --max-length 4096 --out train.h5
+"""
+import argparse
+import hashlib
+import json
+import os
+import random
+import sys
+
+import h5py
+import numpy as np
+
+FORMAT_VERSION = 1
+
+# Stanford Alpaca's prompt (tatsu-lab/stanford_alpaca train.py), the one the public example uses.
+ALPACA_PROMPT = {
+    "with_input": ("Below is an instruction that describes a task, paired with an input that provides further "
+                   "context. Write a response that appropriately completes the request.\n\n"
+                   "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"),
+    "without_input": ("Below is an instruction that describes a task. Write a response that appropriately "
+                      "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n"),
+}
+# The public SuperOffload example's shorter template (no preamble).
+EXAMPLE_PROMPT = {
+    "with_input": "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n",
+    "without_input": "### Instruction:\n{instruction}\n\n### Response:\n",
+}
+
+
+class DataError(Exception):
+    """A problem with the user's input: printed as one line, exit status 1."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading records
+
+
+def read_json_records(path):
+    """JSON (an array of objects) or JSON Lines; a malformed line is named by file and line."""
+    with open(path, "r", encoding="utf-8") as f:
+        text = f.read()
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{e.lineno}: malformed JSON: {e.msg}")
+        for i, r in enumerate(records):
+            yield f"{path}: record {i}", r
+        return
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield f"{path}:{lineno}", json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{lineno}: malformed JSON line: {e.msg} (column {e.colno})")
+
+
+def read_arrow_records(path):
+    """Parquet, Arrow IPC files and datasets.save_to_disk directories, through pyarrow."""
+    try:
+        import pyarrow.parquet as pq
+        import pyarrow.ipc as ipc
+        import pyarrow as pa
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet/Arrow needs the PyPI package pyarrow, which this Python "
+                        f"({sys.executable}) does not have; convert to JSON Lines or use an environment with it")
+    if os.path.isdir(path):  # datasets.save_to_disk: data-*.arrow files (streaming IPC) in order
+        files = sorted(f for f in os.listdir(path) if f.endswith(".arrow"))
+        if not files:
+            raise DataError(f"{path}: a directory, but no .arrow files in it (not a datasets.save_to_disk directory)")
+        tables = []
+        for f in files:
+            with open(os.path.join(path, f), "rb") as fh:
+                tables.append(ipc.open_stream(fh).read_all())
+        table = pa.concat_tables(tables)
+    elif path.endswith(".parquet"):
+        table = pq.read_table(path)
+    else:
+        with open(path, "rb") as fh:
+            try:
+                table = ipc.open_file(fh).read_all()
+            except pa.ArrowInvalid:
+                fh.seek(0)
+                table = ipc.open_stream(fh).read_all()
+    for i, r in enumerate(table.to_pylist()):
+        yield f"{path}: row {i}", r
+
+
+def read_records(path):
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file or directory")
+    if os.path.isdir(path) or path.endswith((".parquet", ".arrow")):
+        return read_arrow_records(path)
+    return read_json_records(path)
+
+
+def detect_format(where, record):
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: a record must be an object, got {type(record).__name__}")
+    if "messages" in record:
+        return "chat"
+    if "instruction" in record:
+        return "alpaca"
+    if "text" in record:
+        return "text"
+    raise DataError(f"{where}: cannot tell the format: no 'messages' (chat), 'instruction' (alpaca) or 'text' "
+                    f"field (fields: {sorted(record)})")
+
+
+def field(where, record, name, allow_empty=True):
+    if name not in record:
+        raise DataError(f"{where}: missing field '{name}' (fields: {sorted(record)})")
+    v = record[name]
+    if v is None:
+        v = ""
+    if not isinstance(v, str):
+        raise DataError(f"{where}: field '{name}' must be a string, got {type(v).__name__}")
+    if not allow_empty and not v.strip():
+        raise EmptyResponse(f"{where}: field '{name}' is empty")
+    return v
+
+
+class EmptyResponse(Exception):
+    """A sample with nothing to learn from: counted and skipped, never trained on."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizing one sample: token ids and, per token, whether it is supervised. Text is rendered
+# whole and tokenized once (so the ids equal what the tokenizer gives for the whole text); the
+# supervised character spans decide the mask through the tokenizer's offsets.
+
+
+def tokenize_with_spans(tok, text, spans, add_special_tokens):
+    enc = tok(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    mask = []
+    for (a, b) in enc["offset_mapping"]:
+        # Special tokens added by the tokenizer have an empty span (0, 0): never supervised here.
+        mask.append(1 if b > a and any(s <= a < e for s, e in spans) else 0)
+    return ids, mask
+
+
+def alpaca_sample(tok, where, record, args):
+    instruction = field(where, record, "instruction")
+    inp = field(where, record, "input") if "input" in record else ""
+    output = field(where, record, "output", allow_empty=args.example_compatible)
+    if args.alpaca_template == "chat":
+        user = instruction if not inp.strip() else f"{instruction}\n\n{inp}"
+        messages = [{"role": "user", "content": user}, {"role": "assistant", "content": output}]
+        return chat_sample(tok, where, {"messages": messages}, args)
+    prompts = EXAMPLE_PROMPT if args.alpaca_template == "example" else ALPACA_PROMPT
+    prompt = (prompts["with_input"] if inp.strip() else prompts["without_input"]).format(instruction=instruction,
+                                                                                          input=inp)
+    ids, mask = tokenize_with_spans(tok, prompt + output, [(len(prompt), len(prompt) + len(output))],
+                                    add_special_tokens=True)
+    return ids, mask
+
+
+def chat_sample(tok, where, record, args):
+    if not tok.chat_template:
+        raise DataError(f"{where}: a chat sample, but the tokenizer has no chat template (neither in "
+                        f"tokenizer_config.json nor in chat_template.jinja)")
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise DataError(f"{where}: message {i} must have 'role' and 'content'")
+    render = lambda msgs, gen=False: tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+    text = render(messages)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] not in args.train_roles:
+            continue
+        if m["role"] == "assistant" and not str(m["content"]).strip():
+            raise EmptyResponse(f"{where}: message {i} (assistant) is empty")
+        # The template must render a conversation as the prefix of its continuation; the text
+        # message i adds is what lies between the two renderings (its header excluded for the
+        # assistant: the generation prompt).
+        before = render(messages[:i], gen=m["role"] == "assistant") if i else ""
+        upto = render(messages[:i + 1])
+        if not text.startswith(upto) or not upto.startswith(before):
+            raise DataError(f"{where}: the chat template does not render message {i} as a continuation of the ones "
+                            f"before it; the trained span cannot be located")
+        end = len(upto)
+        while end > len(before) and upto[end - 1].isspace():  # the turn ends at its end token, not the newline
+            end -= 1
+        spans.append((len(before), end))
+    # The template writes any BOS itself: nothing added on top (as apply_chat_template does).
+    return tokenize_with_spans(tok, text, spans, add_special_tokens=False)
+
+
+def text_sample(tok, where, record, args):
+    text = field(where, record, "text", allow_empty=False)
+    ids = list(tok(text, add_special_tokens=True)["input_ids"])
+    return ids, [1] * len(ids)
+
+
+SHAPES = {"alpaca": alpaca_sample, "chat": chat_sample, "text": text_sample}
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows
+
+
+class Counts:
+    def __init__(self):
+        self.samples = self.truncated = self.dropped_long = self.empty = self.unsupervised = 0
+        self.warnings = []
+
+    def warn(self, msg):
+        if len(self.warnings) < 5:
+            self.warnings.append(msg)
+
+
+def load_documents(tok, paths, args, counts):
+    """Every sample of every file as (ids, mask), after EOS, truncation and drops."""
+    docs = []
+    for path in paths:
+        for where, record in read_records(path):
+            shape = args.format if args.format != "auto" else detect_format(where, record)
+            if not isinstance(record, dict):
+                raise DataError(f"{where}: a record must be an object, got {type(record).__name__}")
+            try:
+                ids, mask = SHAPES[shape](tok, where, record, args)
+            except EmptyResponse as e:
+                counts.empty += 1
+                counts.warn(f"skipped: {e}")
+                continue
+            if args.eos:
+                ids.append(tok.eos_token_id)
+                mask.append(1 if shape == "text" or any(mask) else 0)
+            if args.example_compatible:
+                mask = [1] * len(ids)
+            counts.samples += 1
+            if len(ids) > args.max_length:
+                if args.overflow == "drop":
+                    counts.dropped_long += 1
+                    counts.warn(f"dropped: {where} has {len(ids)} tokens, more than --max-length {args.max_length}")
+                    continue
+                counts.truncated += 1
+                ids, mask = ids[:args.max_length], mask[:args.max_length]
+            if not any(mask):
+                counts.unsupervised += 1
+                counts.warn(f"skipped: {where} has no supervised token left (after truncation to {args.max_length})")
+                continue
+            docs.append((ids, mask))
+    return docs
+
+
+def make_rows(docs, max_length, pack):
+    """Rows of documents: first-fit in the given order when packing, one per row otherwise."""
+    rows = []
+    if not pack:
+        return [[d] for d in docs]
+    current, used = [], 0
+    for d in docs:
+        if used + len(d[0]) > max_length:
+            rows.append(current)
+            current, used = [], 0
+        current.append(d)
+        used += len(d[0])
+    if current:
+        rows.append(current)
+    return rows
+
+
+def write_split(group, rows, max_length, pad_id, supervise_padding):
+    n = len(rows)
+    tokens = np.full((n, max_length), pad_id, dtype=np.int32)
+    mask = np.zeros((n, max_length), dtype=np.uint8)
+    doc_counts = np.zeros(n, dtype=np.int32)
+    doc_lengths = []
+    for r, docs in enumerate(rows):
+        at = 0
+        for ids, m in docs:
+            tokens[r, at:at + len(ids)] = ids
+            mask[r, at:at + len(ids)] = m
+            at += len(ids)
+            doc_lengths.append(len(ids))
+        doc_counts[r] = len(docs)
+        if supervise_padding:  # the public example: labels = input ids, padding included, one document
+            mask[r, :] = 1
+            doc_lengths[-1] += max_length - at
+    group.create_dataset("tokens", data=tokens)
+    group.create_dataset("loss_mask", data=mask)
+    group.create_dataset("row_documents", data=doc_counts)
+    group.create_dataset("document_lengths", data=np.asarray(doc_lengths, dtype=np.int32))
+    real = sum(len(ids) for docs in rows for ids, _ in docs)
+    # A label is a token predicted from the one before it in its document: a document's first
+    # token is never one.
+    supervised, at = 0, 0
+    for r, docs in enumerate(rows):
+        starts = np.cumsum([0] + doc_lengths[at:at + len(docs)])[:-1]
+        at += len(docs)
+        supervised += int(mask[r].sum()) - int(mask[r, starts].sum())
+    return {"rows": n, "documents": len(doc_lengths), "tokens": real, "supervised_tokens": supervised,
+            "padding_fraction": 1.0 - real / max(1, n * max_length)}
+
+
+def tokenizer_identity(model_dir, tok):
+    path = os.path.join(model_dir, "tokenizer.json")
+    if not os.path.exists(path):
+        raise DataError(f"{model_dir}: no tokenizer.json (so_train identifies a tokenizer by that file)")
+    with open(path, "rb") as f:
+        data = f.read()
+    return {"tokenizer_sha256": hashlib.sha256(data).hexdigest(), "tokenizer_crc32c": crc32c(data),
+            "vocab_size": len(tok), "eos_token_id": -1 if tok.eos_token_id is None else tok.eos_token_id,
+            "pad_token_id": -1 if tok.pad_token_id is None else tok.pad_token_id,
+            "bos_token_id": -1 if tok.bos_token_id is None else tok.bos_token_id}
+
+
+def crc32c(data):
+    """CRC32C (Castagnoli), as so_train's so::crc32c computes it."""
+    table = crc32c.table
+    if table is None:
+        table = crc32c.table = [0] * 256
+        for i in range(256):
+            c = i
+            for _ in range(8):
+                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+            table[i] = c
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+crc32c.table = None
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-dir", required=True, help="the model's directory (its tokenizer files)")
+    p.add_argument("--input", required=True, action="append", help="JSON/JSONL/Parquet/Arrow file or "
+                   "datasets.save_to_disk directory; repeatable")
+    p.add_argument("--format", choices=["auto", "alpaca", "chat", "text"], default="auto")
+    p.add_argument("--out", required=True, help="the HDF5 file to write")
+    p.add_argument("--max-length", type=int, default=4096, help="tokens per row")
+    p.add_argument("--overflow", choices=["truncate", "drop"], default="truncate",
+                   help="what happens to a sample longer than --max-length (counted either way)")
+    p.add_argument("--eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="append the tokenizer's EOS to every sample (supervised when the sample is)")
+    p.add_argument("--train-roles", default="assistant", help="chat roles whose messages are trained on, "
+                   "comma-separated")
+    p.add_argument("--alpaca-template", choices=["alpaca", "example", "chat"], default="alpaca",
+                   help="alpaca: Stanford Alpaca's prompt; example: the public SuperOffload example's; chat: "
+                   "rendered as a user/assistant conversation by the tokenizer's chat template")
+    packing = p.add_mutually_exclusive_group()
+    packing.add_argument("--pack", dest="pack", action="store_true", default=True,
+                         help="several documents per row, attention kept within each (default)")
+    packing.add_argument("--pad", dest="pack", action="store_false", help="one document per row, padded")
+    p.add_argument("--validation-fraction", type=float, default=0.0, help="share of samples held out")
+    p.add_argument("--validation-file", action="append", default=[], help="validation data instead of a fraction")
+    p.add_argument("--seed", type=int, default=1234, help="order of the samples and the validation split")
+    p.add_argument("--example-compatible", action="store_true",
+                   help="reproduce the public SuperOffload example: its Alpaca template, no EOS, every row padded "
+                   "to --max-length, every token (prompt and padding) trained on")
+    args = p.parse_args(argv)
+    args.train_roles = [r for r in args.train_roles.split(",") if r]
+    if args.example_compatible:
+        args.alpaca_template, args.eos, args.pack = "example", False, False
+    if args.max_length < 2:
+        p.error("--max-length must be at least 2")
+    if not 0.0 <= args.validation_fraction < 1.0:
+        p.error("--validation-fraction must lie in [0, 1)")
+    if args.validation_fraction and args.validation_file:
+        p.error("--validation-fraction and --validation-file exclude each other")
+    return args
+
+
+def load_tokenizer(model_dir, args):
+    from transformers import AutoTokenizer
+    if not os.path.isdir(model_dir):
+        raise DataError(f"--model-dir {model_dir}: not a directory")
+    tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    if not tok.is_fast:
+        raise DataError(f"{model_dir}: the tokenizer is not a fast (tokenizers) one; token offsets are needed")
+    needs_template = args.format == "chat" or (args.format in ("alpaca", "auto") and args.alpaca_template == "chat")
+    if needs_template and not tok.chat_template:
+        raise DataError(f"{model_dir}: the tokenizer has no chat template (neither in tokenizer_config.json nor in "
+                        f"chat_template.jinja); chat data cannot be rendered")
+    if args.eos and tok.eos_token_id is None:
+        raise DataError(f"{model_dir}: the tokenizer has no EOS token; pass --no-eos")
+    return tok
+
+
+def main(argv):
+    args = parse_args(argv)
+    tok = load_tokenizer(args.model_dir, args)
+    counts = Counts()
+    docs = load_documents(tok, args.input, args, counts)
+    rng = random.Random(args.seed)
+    rng.shuffle(docs)
+    if args.validation_file:
+        val_docs = load_documents(tok, args.validation_file, args, Counts())
+    else:
+        n_val = int(round(len(docs) * args.validation_fraction))
+        val_docs, docs = docs[:n_val], docs[n_val:]
+    if not docs:
+        raise DataError(f"no training sample left: {counts.samples} read, {counts.empty} empty, "
+                        f"{counts.dropped_long} too long, {counts.unsupervised} with no supervised token")
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad_id = 0 if pad_id is None else pad_id
+    identity = tokenizer_identity(args.model_dir, tok)
+    options = {k: v for k, v in vars(args).items() if k not in ("out",)}
+    tmp = args.out + ".tmp"
+    with h5py.File(tmp, "w") as f:
+        f.attrs["format"] = "so_train prepared data"
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["options"] = json.dumps(options, sort_keys=True)
+        f.attrs["model_dir"] = os.path.abspath(args.model_dir)
+        for k, v in identity.items():
+            f.attrs[k] = v
+        stats = {"train": write_split(f.create_group("train"), make_rows(docs, args.max_length, args.pack),
+                                      args.max_length, pad_id, args.example_compatible)}
+        if val_docs:
+            stats["validation"] = write_split(f.create_group("validation"),
+                                              make_rows(val_docs, args.max_length, args.pack), args.max_length,
+                                              pad_id, args.example_compatible)
+    os.replace(tmp, args.out)
+    for w in counts.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"prepared {args.out}: {counts.samples} samples read; dropped {counts.dropped_long} too long, "
+          f"{counts.empty} empty, {counts.unsupervised} without a supervised token; {counts.truncated} truncated")
+    for split, s in stats.items():
+        print(f"  {split}: {s['rows']} rows of {args.max_length}, {s['documents']} documents, {s['tokens']} tokens, "
+              f"{s['supervised_tokens']} supervised, padding {100 * s['padding_fraction']:.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except DataError as e:
+        print(f"prepare_data: {e}", file=sys.stderr)
+        sys.exit(1)

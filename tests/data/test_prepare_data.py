@@ -1,0 +1,242 @@
+#!/usr/bin/env python
+"""scripts/prepare_data.py against transformers: the prepared tokens equal what the tokenizer and
+its chat template give, token for token; the loss masks cover exactly the trained text; packing,
+padding, the validation split and the example-compatible mode lay rows out as documented; bad
+input gives a clear error or a counted warning.
+
+  $SO_PYTHON tests/data/test_prepare_data.py WORK_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+from transformers import AutoTokenizer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+PREPARE = os.path.join(ROOT, "scripts", "prepare_data.py")
+
+ALPACA = [
+    {"instruction": "Name the sisters.", "input": "", "output": "Elinor and Marianne Dashwood."},
+    {"instruction": "Who is Mr. Darcy?", "input": "Pride and Prejudice", "output": "A proud gentleman."},
+    {"instruction": "Say nothing.", "input": "", "output": "Silence, my dear."},
+]
+CHAT = [
+    {"messages": [{"role": "system", "content": "You are Jane."},
+                  {"role": "user", "content": "How are you?"},
+                  {"role": "assistant", "content": "Very well, I thank you."},
+                  {"role": "user", "content": "And your sister?"},
+                  {"role": "assistant", "content": "She is at Netherfield."}]},
+    {"messages": [{"role": "user", "content": "Where is Longbourn?"},
+                  {"role": "assistant", "content": "In Hertfordshire, sir."}]},
+]
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print(f"FAIL: {what}")
+
+
+class Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def run(args, expect_ok=True):
+    """prepare_data's main in this process (one transformers import for all cases), its exit
+    status and output as the command line would give them."""
+    import contextlib
+    import io
+    import prepare_data
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = prepare_data.main(args)
+        except prepare_data.DataError as e:
+            print(f"prepare_data: {e}", file=sys.stderr)
+            rc = 1
+    r = Result(rc, out.getvalue(), err.getvalue())
+    if expect_ok and r.returncode != 0:
+        raise SystemExit(f"prepare_data {args} failed: {r.stderr}")
+    return r
+
+
+def write_jsonl(path, records):
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+def documents(h5, split="train"):
+    """Every document of a split as (ids, mask), in row order."""
+    g = h5[split]
+    tokens, mask, counts, lengths = g["tokens"][...], g["loss_mask"][...], g["row_documents"][...], g["document_lengths"][...]
+    out, d = [], 0
+    for r in range(tokens.shape[0]):
+        at = 0
+        for _ in range(counts[r]):
+            n = lengths[d]
+            out.append((tokens[r, at:at + n].tolist(), mask[r, at:at + n].tolist()))
+            at, d = at + n, d + 1
+    return out
+
+
+def main():
+    work = sys.argv[1]
+    os.makedirs(work, exist_ok=True)
+    model = os.path.join(work, "model")
+    subprocess.run([sys.executable, os.path.join(HERE, "make_chat_model.py"), model, "--tokenizer-only"], check=True)
+    tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    eos = tok.eos_token_id
+    alpaca = write_jsonl(os.path.join(work, "alpaca.jsonl"), ALPACA)
+    chat = write_jsonl(os.path.join(work, "chat.jsonl"), CHAT)
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import prepare_data
+    prompts = [prepare_data.ALPACA_PROMPT["with_input" if s["input"] else "without_input"].format(**s) for s in ALPACA]
+    full = [len(tok(p + s["output"])["input_ids"]) + 1 for p, s in zip(prompts, ALPACA)]
+    prompt_lens = [len(tok(p)["input_ids"]) for p in prompts]
+
+    # Alpaca, padded, one document per row (order shuffled by seed: match by content).
+    out = os.path.join(work, "alpaca.h5")
+    r = run(["--model-dir", model, "--input", alpaca, "--out", out, "--max-length", "256", "--pad"])
+    print(r.stdout)
+    with h5py.File(out) as f:
+        docs = documents(f)
+        check(f["train/tokens"].shape == (3, 256), "alpaca: one padded row per sample")
+        check(f.attrs["vocab_size"] == len(tok), "vocab size recorded")
+        check(f.attrs["eos_token_id"] == eos, "eos id recorded")
+        check(len(f.attrs["tokenizer_sha256"]) == 64, "tokenizer hash recorded")
+        pad = f["train/tokens"][0, -1]
+        check(pad == tok.pad_token_id, "padding uses the pad token")
+        check(f["train/loss_mask"][0, -1] == 0, "padding is not supervised")
+    want = {}
+    for s in ALPACA:
+        t = prepare_data.ALPACA_PROMPT["with_input" if s["input"] else "without_input"].format(**s)
+        ids = tok(t + s["output"])["input_ids"] + [eos]
+        want[tuple(ids)] = s["output"]
+    for ids, m in docs:
+        check(tuple(ids) in want, f"alpaca tokens equal tokenizer(prompt + output) + [eos]: {tok.decode(ids)!r}")
+        sup = [i for i, k in zip(ids, m) if k]
+        check(sup[-1] == eos and tok.decode(sup[:-1]).strip() == want.get(tuple(ids), "").strip(),
+              f"alpaca mask covers the output and EOS, got {tok.decode(sup)!r}")
+
+    # Chat, packed: tokens equal apply_chat_template, masks end at <|im_end|>.
+    out = os.path.join(work, "chat.h5")
+    r = run(["--model-dir", model, "--input", chat, "--out", out, "--max-length", "512", "--no-eos"])
+    with h5py.File(out) as f:
+        docs = documents(f)
+        check(f["train/tokens"].shape[0] == 1, "two short chats pack into one row")
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    by_ids = {tuple(ids): m for ids, m in docs}
+    for s in CHAT:
+        ref = tok.apply_chat_template(s["messages"], tokenize=True)
+        ref = ref["input_ids"] if isinstance(ref, dict) or hasattr(ref, "keys") else ref
+        check(tuple(ref) in by_ids, "chat tokens equal apply_chat_template token for token")
+        m = by_ids.get(tuple(ref), [0] * len(ref))
+        # The supervised runs, decoded, are exactly the assistant turns and their <|im_end|>.
+        runs, cur = [], []
+        for i, k in zip(ref, m):
+            if k:
+                cur.append(i)
+            elif cur:
+                runs.append(cur)
+                cur = []
+        if cur:
+            runs.append(cur)
+        want_runs = [a["content"] + "<|im_end|>" for a in s["messages"] if a["role"] == "assistant"]
+        check([tok.decode(x) for x in runs] == want_runs, f"chat mask = assistant turns: {[tok.decode(x) for x in runs]}")
+        check(all(x[-1] == im_end for x in runs), "each assistant run ends at <|im_end|>")
+
+    # Roles: user turns trained too.
+    out = os.path.join(work, "chat_roles.h5")
+    run(["--model-dir", model, "--input", chat, "--out", out, "--max-length", "512", "--train-roles", "user,assistant"])
+    with h5py.File(out) as f:
+        sup = sum(int(np.sum(m)) for _, m in documents(f))
+    with h5py.File(os.path.join(work, "chat.h5")) as f:
+        sup_assistant = sum(int(np.sum(m)) for _, m in documents(f))
+    check(sup > sup_assistant, "--train-roles user,assistant supervises more tokens")
+
+    # Example-compatible: the example's template, no EOS, padded, everything supervised.
+    out = os.path.join(work, "example.h5")
+    run(["--model-dir", model, "--input", alpaca, "--out", out, "--max-length", "256", "--example-compatible"])
+    with h5py.File(out) as f:
+        check(f["train/loss_mask"][...].all(), "example-compatible: every token supervised")
+        check((f["train/row_documents"][...] == 1).all() and (f["train/document_lengths"][...] == 256).all(),
+              "example-compatible: a row is one document of max length")
+        first = f["train/tokens"][...].tolist()
+    s = ALPACA[0]
+    ids = tok(prepare_data.EXAMPLE_PROMPT["without_input"].format(**s) + s["output"])["input_ids"]
+    check(any(row[:len(ids)] == ids and row[len(ids)] == tok.pad_token_id for row in first),
+          "example-compatible: the example's template, no EOS, then padding")
+
+    # Validation split by fraction and by file; seed decides the order.
+    out = os.path.join(work, "split.h5")
+    run(["--model-dir", model, "--input", alpaca, "--out", out, "--max-length", "256", "--pad",
+         "--validation-fraction", "0.34"])
+    with h5py.File(out) as f:
+        check(f["train/tokens"].shape[0] == 2 and f["validation/tokens"].shape[0] == 1, "validation fraction")
+    out = os.path.join(work, "split_file.h5")
+    run(["--model-dir", model, "--input", alpaca, "--out", out, "--max-length", "256", "--validation-file", alpaca])
+    with h5py.File(out) as f:
+        check("validation" in f, "validation file")
+
+    # Over-long samples: truncated or dropped, counted.
+    cut = str(sorted(full)[1])  # the longest sample is over it
+    r = run(["--model-dir", model, "--input", alpaca, "--out", os.path.join(work, "drop.h5"), "--max-length", cut,
+             "--overflow", "drop"])
+    check("dropped 1 too long" in r.stdout and "more than --max-length" in r.stderr, f"drops counted: {r.stdout}")
+    r = run(["--model-dir", model, "--input", alpaca, "--out", os.path.join(work, "trunc.h5"), "--max-length", cut])
+    check("1 truncated" in r.stdout, f"truncations counted: {r.stdout}")
+    r = run(["--model-dir", model, "--input", alpaca, "--out", os.path.join(work, "trunc.h5"), "--max-length",
+             str(min(prompt_lens))], expect_ok=False)
+    check(r.returncode != 0 and "no training sample left" in r.stderr and "with no supervised token" in r.stderr,
+          f"truncation that leaves no supervised token: {r.stderr}")
+
+    # Bad input.
+    bad = os.path.join(work, "bad.jsonl")
+    with open(bad, "w") as f:
+        f.write(json.dumps(ALPACA[0]) + "\n" + '{"instruction": "x", "output": \n')
+    r = run(["--model-dir", model, "--input", bad, "--out", os.path.join(work, "x.h5")], expect_ok=False)
+    check(r.returncode == 1 and f"{bad}:2: malformed JSON line" in r.stderr, f"malformed line named: {r.stderr}")
+    write_jsonl(bad, [{"instruction": "x"}])
+    r = run(["--model-dir", model, "--input", bad, "--out", os.path.join(work, "x.h5"), "--format", "alpaca"],
+            expect_ok=False)
+    check(r.returncode == 1 and "missing field 'output'" in r.stderr and f"{bad}:1" in r.stderr,
+          f"missing field: {r.stderr}")
+    write_jsonl(bad, [ALPACA[0], {"instruction": "x", "input": "", "output": "  "}])
+    r = run(["--model-dir", model, "--input", bad, "--out", os.path.join(work, "x.h5")])
+    check("1 empty" in r.stdout and "field 'output' is empty" in r.stderr, f"empty response counted: {r.stdout}")
+    write_jsonl(bad, [{"instruction": "x", "input": "", "output": ""}])
+    r = run(["--model-dir", model, "--input", bad, "--out", os.path.join(work, "x.h5")], expect_ok=False)
+    check(r.returncode == 1 and "no training sample left" in r.stderr, f"a file with nothing supervised: {r.stderr}")
+    plain = os.path.join(work, "plain")
+    subprocess.run([sys.executable, os.path.join(HERE, "make_chat_model.py"), plain, "--tokenizer-only",
+                    "--no-chat-template"], check=True)
+    r = run(["--model-dir", plain, "--input", chat, "--out", os.path.join(work, "x.h5"), "--format", "chat"],
+            expect_ok=False)
+    check(r.returncode == 1 and "no chat template" in r.stderr, f"tokenizer without chat template: {r.stderr}")
+    r = run(["--model-dir", plain, "--input", chat, "--out", os.path.join(work, "x.h5")], expect_ok=False)
+    check(r.returncode == 1 and "no chat template" in r.stderr, f"auto-detected chat, no template: {r.stderr}")
+
+    # Plain text: tokens equal tokenizer(text) + EOS, all supervised.
+    text = write_jsonl(os.path.join(work, "text.jsonl"), [{"text": "It is a truth universally acknowledged."}])
+    run(["--model-dir", model, "--input", text, "--out", os.path.join(work, "text.h5"), "--max-length", "64"])
+    with h5py.File(os.path.join(work, "text.h5")) as f:
+        (ids, m), = documents(f)
+    check(ids == tok("It is a truth universally acknowledged.")["input_ids"] + [eos] and all(m), "plain text")
+
+    if failures:
+        print(f"{len(failures)} checks failed")
+        sys.exit(1)
+    print("prepare_data: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
