@@ -39,7 +39,10 @@ small=(\( -perm -u+x -size -60M -o -size -2M \))
 machine_has='linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread|librt\.so|libcuda\.so|libcudart|libcublas|libnccl|libcudnn|libnvidia|libstdc\+\+|libgcc_s'
 ompi=/usr/lib/x86_64-linux-gnu/openmpi
 elves=$(find "$tree/build" -type f -perm -u+x -exec sh -c 'head -c4 "$1" | grep -q ELF && echo "$1"' _ {} \;)
-for f in $elves $(find "$ompi" -name '*.so') /usr/bin/orted /usr/bin/orterun; do
+# h5diff: the checkpoint tests compare files with it (Debian's hdf5-tools; not on the GPU machine).
+mkdir -p "$tree/bin"
+cp -L /usr/bin/h5diff "$tree/bin/"
+for f in $elves $(find "$ompi" -name '*.so') /usr/bin/orted /usr/bin/orterun /usr/bin/h5diff; do
   { ldd "$f" 2>/dev/null || true; } | awk '/=> \//{print $3}'
 done | sort -u | grep -Ev "$machine_has" | while read -r lib; do cp -L "$lib" "$tree/lib/"; done
 # 3. Open MPI's tree (plugins, help files) under a prefix the stage runner points OPAL_PREFIX at.
@@ -52,8 +55,11 @@ ln -s orterun "$tree/ompi/bin/mpirun"
 find "$tree" -type f -exec sh -c 'head -c4 "$1" | grep -q ELF && strip --strip-debug "$1"' _ {} \; 2>/dev/null || true
 mkdir -p "$out"
 if [ "$out" = "$root/.gpu" ]; then
-  mkdir -p "$root/.git/info"
-  grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >> "$root/.git/info/exclude"
+  # A worktree's .git is a file: ask git where its exclude file is.
+  exclude=$(git -C "$root" rev-parse --git-path info/exclude)
+  case $exclude in /*) ;; *) exclude=$root/$exclude ;; esac
+  mkdir -p "$(dirname "$exclude")"
+  grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
 fi
 tar -C "$tree" -c . | xz -T2 -9 > "$out/bundle.tar.xz"
 cp "$root/jobs/local/gpu_stage.sh" "$out/run.sh"

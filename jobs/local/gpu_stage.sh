@@ -40,7 +40,7 @@ site=$("$SO_PYTHON" -c 'import site; print(site.getsitepackages()[0])' 2>/dev/nu
 nv=$(find "$site/nvidia" -maxdepth 3 -type d -name lib 2>/dev/null | tr '\n' ':')
 export SO_SYSTEM_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 export LD_LIBRARY_PATH=$B/lib:$B/ompi/lib/x86_64-linux-gnu/openmpi/lib:/usr/local/cuda/lib64:$nv${LD_LIBRARY_PATH:-}
-export OPAL_PREFIX=$B/ompi PATH=$B/ompi/bin:$PATH
+export OPAL_PREFIX=$B/ompi PATH=$B/ompi/bin:$B/bin:$PATH
 export OMPI_MCA_ess_singleton_isolated=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl=self,vader
 cd "$proj" || exit 1

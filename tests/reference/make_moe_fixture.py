@@ -10,7 +10,8 @@ stacked (gate and up [E, I, H], down [E, H, I]; transformers 5 fuses gate and up
 [E, 2I, H]); gpt_oss's own tensors (gate_up [E, H, 2I] with gate and up interleaved in the
 columns, gate_up_bias [E, 2I], down [E, I, H], down_bias [E, H]); router [E, H] (+ bias [E]).
 
-Layout: one group per case; attrs kind ("qwen3_moe" | "gpt_oss"), top_k, normalize (0/1);
+Layout: one group per case; attrs kind ("qwen3_moe" | "gpt_oss"), top_k, normalize (0/1),
+clamped_fraction (gpt_oss: the share of GLU inputs beyond the clamp);
 f32 datasets x [T, H], dout [T, H], the weights, out [T, H], dx [T, H], d<weight> for each weight,
 i32 experts [T, k] (transformers' choice, best first).
 
@@ -110,6 +111,9 @@ def main():
             x, dout, params, out, grads, experts = make_case(kind, T, H, I, E, k, normalize, hot, std, gen)
             g = f.create_group(name)
             g.attrs["kind"], g.attrs["top_k"], g.attrs["normalize"] = kind, k, int(normalize)
+            if kind == "gpt_oss":  # how often the GLU's clamp (limit 7) engages, over every expert
+                gu = torch.einsum("th,ehn->ten", x, params["gate_up"]) + params["gate_up_bias"][None]
+                g.attrs["clamped_fraction"] = float(((gu[..., ::2] > 7) | (gu[..., 1::2].abs() > 7)).double().mean())
             f32 = lambda t: np.ascontiguousarray(t.detach().numpy().astype(np.float32))
             g["x"], g["dout"], g["out"] = f32(x), f32(dout), f32(out)
             for key, value in list(params.items()) + list(grads.items()):

@@ -140,11 +140,18 @@ TEST_P(MoeVsTransformers, EveryCase) {
       EXPECT_EQ(r.experts, r.want_experts) << name << ": experts differ from transformers'";
     }
     std::string line;
+    // bf16 and GPT-OSS's clamp: a pre-activation within a bf16 step of the limit (7) rounds to
+    // either side of it, switching its gradient on or off, so where the clamp engages often (over
+    // 5% of the GLU's inputs: gpt_oss_clamped) the gradients hold a few such flips (H200: 4.7e-2
+    // on dgate_up_bias).
+    const bool clamp_bites = f.has_attr("/" + name, "clamped_fraction") &&
+                             f.read_double_attr("/" + name, "clamped_fraction") > 0.05;
+    const double case_tol = bc.dt == DType::BF16 && clamp_bites ? 6e-2 : tol;
     for (const auto& [tensor, err] : r.errors) {
       char buf[64];
       std::snprintf(buf, sizeof buf, " %s %.2e", tensor.c_str(), err);
       line += buf;
-      EXPECT_LE(err, tol) << name << " " << tensor << " (" << dtype_name(bc.dt) << ")";
+      EXPECT_LE(err, case_tol) << name << " " << tensor << " (" << dtype_name(bc.dt) << ")";
     }
     std::printf("[ %s %s %s ]%s\n", bc.backend.c_str(), name.c_str(), dtype_name(bc.dt), line.c_str());
   }
