@@ -2,8 +2,9 @@
 // CUDA flash kernels are held to in tests/gpu/test_cuda_ops.cpp: p = 0 is the path without
 // dropout bitwise; with V one-hot per key the output is P itself, so each kept probability shows
 // as P / (1 - p) and each dropped one as 0 (the fraction kept, the scaling, lse unchanged); a
-// Ulysses rank's block of heads (first_head) draws the bits the whole set of heads draws. The
-// gradient is tests/unit/test_ops_gradcheck.cpp's; recompute and sp2 in a model are
+// Ulysses rank's block of heads (first_head) draws the bits the whole set of heads draws; the
+// model drops only when it trains (a forward without backward is evaluation). The gradient is
+// tests/unit/test_ops_gradcheck.cpp's; recompute and sp2 in a model are
 // cli.attention_dropout_masks and mpi.attention_dropout_masks_sp2.
 #include <gtest/gtest.h>
 
@@ -12,7 +13,13 @@
 #include <random>
 #include <vector>
 
+#include "parallel/communicator.h"
 #include "so/backend/backend.h"
+#include "so/data/batch_sampler.h"
+#include "so/engine/engine.h"
+#include "so/model/llama_model.h"
+#include "so/train/memory_plan.h"
+#include "so/train/run_config.h"
 #include "tests/test_util.h"
 
 namespace so {
@@ -125,6 +132,39 @@ TEST_F(AttentionDropout, ProbabilityOneIsRefused) {
   EXPECT_NE(test::error_message([&] { forward(x, x, x, B, S, H, H, D, dropping(1.0f)); })
                 .find("attention: dropout probability 1 is not in [0, 1)"),
             std::string::npos);
+}
+
+// The tiny model's loss over one micro-batch, forward only (evaluation) or forward and backward
+// (training), with attention_dropout p.
+float tiny_loss(float p, bool backward) {
+  RunConfig cfg = parse_run_config(nlohmann::json::parse(R"({"train_micro_batch_size_per_gpu": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 0},
+    "model": {"config": "configs/models/tiny.json"}, "data": {"type": "synthetic", "seq_len": 48}, "train": {"steps": 1}})"),
+                                   "test");
+  cfg.model.attention_dropout = p;
+  auto comm = make_mpi_world_communicator();
+  auto backend = create_backend(test::cpu_backend_options());
+  LlamaModel model(*backend, cfg.model, model_options(cfg, 2, 1));
+  EngineOptions eo;
+  eo.dtype = cfg.dtype;
+  eo.bucket_size = cfg.bucket_size;
+  Engine engine(*backend, model.layout(), eo, *comm);
+  engine.init_weights(5, 0.02f);
+  auto tokens = make_synthetic_tokens(cfg.model.vocab_size, 1 << 12, 9);
+  BatchSampler sampler(*tokens, cfg.data.seq_len, 2, cfg.model.vocab_size, 3);
+  engine.begin_step(1e-3, 1);
+  model.zero_loss();
+  model.forward_backward(sampler.next(), engine, engine, 1.0f / 96, backward);
+  const float loss = model.read_loss();
+  if (backward) engine.end_step();  // evaluation has no gradients to step on
+  engine.finish();
+  return loss;
+}
+
+TEST(AttentionDropoutModel, DropsInTrainingNotInEvaluation) {
+  const float eval_plain = tiny_loss(0.0f, false), eval_dropout = tiny_loss(0.3f, false);
+  EXPECT_EQ(0, std::memcmp(&eval_plain, &eval_dropout, sizeof(float))) << eval_plain << " vs " << eval_dropout;
+  EXPECT_NE(tiny_loss(0.0f, true), tiny_loss(0.3f, true));
 }
 
 }  // namespace
