@@ -298,6 +298,7 @@ std::vector<AttentionMask> LlamaModel::attention_mask_kinds(const ModelConfig& c
       m.doc_start = docs;
       m.window = w;
       if (cfg.attention_sinks) m.sinks = &kPackedRows;  // a placeholder too
+      m.dropout.p = cfg.attention_dropout;  // training's mask (evaluation's: attention_workspace_bytes)
       kinds.push_back(m);
     }
   return kinds;
@@ -307,8 +308,11 @@ size_t LlamaModel::attention_workspace_bytes(Ops& ops, const ModelConfig& cfg, c
                                              int64_t sp_size) {
   const AttentionShape a = attention_shape(cfg, opts, sp_size);
   size_t bytes = 0;
-  for (const AttentionMask& m : attention_mask_kinds(cfg))
+  for (AttentionMask m : attention_mask_kinds(cfg)) {
     bytes = std::max(bytes, ops.attention_workspace_bytes(a.B, a.S, a.Hq, a.Hkv, a.D, m, opts.dtype));
+    m.dropout.p = 0.0f;  // evaluation runs without dropout, perhaps on another implementation
+    bytes = std::max(bytes, ops.attention_workspace_bytes(a.B, a.S, a.Hq, a.Hkv, a.D, m, opts.dtype));
+  }
   return bytes;
 }
 
@@ -334,6 +338,12 @@ AttentionMask LlamaModel::attention_mask(int l, ParamStore& p) const {
   m.window = cfg_.layer_window(l);
   const int sinks = layout_.layers[l].sinks;
   if (sinks >= 0) m.sinks = at(p.weight(sinks), sp_rank() * cfg_.num_heads / sp_size(), opts_.dtype);
+  if (dropping_attention_) {  // keyed as residual dropout's masks; site 2, heads by global index
+    m.dropout.p = cfg_.attention_dropout;
+    m.dropout.key = dropout_key(opts_.dropout_seed, static_cast<uint64_t>(l), 2);
+    m.dropout.first_sample = first_sample_;
+    m.first_head = sp_rank() * cfg_.num_heads / sp_size();
+  }
   return m;
 }
 
@@ -399,6 +409,7 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
   }
   backend_.record(*a.uploaded, stream_);
   dropping_ = backward && cfg_.residual_dropout > 0;  // evaluation runs without dropout
+  dropping_attention_ = backward && cfg_.attention_dropout > 0;
   first_sample_ = batch.first_sample;
 
   const bool offload = opts_.offload_checkpoints;

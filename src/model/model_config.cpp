@@ -40,7 +40,7 @@ struct Family {
   int64_t default_pad = -1;   // pad_token_id when the config has none (-1: no padding row)
   int64_t default_head_dim = 0;  // head_dim when the config has none (0: hidden_size / num_attention_heads)
   double default_dropout = 0.0;  // attention_dropout and residual_dropout when the config has none
-  bool residual_dropout = false;  // residual_dropout is honoured (else only 0 is accepted)
+  bool trains_dropout = false;  // attention_dropout and residual_dropout are honoured (else only 0 is accepted)
   // Mixture-of-experts layers and whose keys, routing and expert tensors they have (Moe::Style).
   enum class Moe { None, Qwen3, GptOss } moe = Moe::None;
   // Every layer's window from layer_types, sliding_window always applying (GPT-OSS).
@@ -58,7 +58,7 @@ constexpr Family kFamilies[] = {
      .default_pad = 32000},
     {.model_type = "seed_oss", .architecture = "SeedOssForCausalLM", .qkv_bias_key = "attention_bias", .qkv_bias = true,
      .o_bias_key = "attention_out_bias", .default_pad = 1, .default_head_dim = 128, .default_dropout = 0.1,
-     .residual_dropout = true},
+     .trains_dropout = true},
     {.model_type = "qwen3_moe", .architecture = "Qwen3MoeForCausalLM", .qk_norm = true,
      .qkv_bias_key = "attention_bias", .o_bias_key = "attention_bias", .moe = Family::Moe::Qwen3},
     {.model_type = "gpt_oss", .architecture = "GptOssForCausalLM", .qkv_bias_key = "attention_bias", .qkv_bias = true,
@@ -370,15 +370,17 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   if (r.get<bool>("mlp_bias", false)) r.fail("mlp_bias", "is true; MLP biases are not supported");
   read_sliding_window(r, *family, c);
   c.attention_sinks = family->attention_sinks;
-  // Seed-OSS's residual dropout is trained as configured. Other dropout (attention probabilities,
-  // Phi-3's residual and embedding dropout) is not implemented: a value other than 0 is refused;
-  // model.override sets it to 0 where training without it is meant.
+  // Seed-OSS's attention-probability and residual dropout are trained as configured. Other
+  // dropout (Phi-3's residual and embedding dropout, attention_dropout of families without it in
+  // so_train) is not implemented: a value other than 0 is refused; model.override sets it to 0
+  // where training without it is meant.
   for (const char* key : {"attention_dropout", "residual_dropout", "resid_pdrop", "embd_pdrop"}) {
-    const bool family_default = std::string(key) == "attention_dropout" || std::string(key) == "residual_dropout";
+    const std::string name = key;
+    const bool family_default = name == "attention_dropout" || name == "residual_dropout";
     const double p = r.get<double>(key, family_default ? family->default_dropout : 0.0);
-    if (std::string(key) == "residual_dropout" && family->residual_dropout) {
+    if (family_default && family->trains_dropout) {
       if (!(p >= 0.0 && p < 1.0)) r.fail(key, str_cat("is ", p, "; a drop probability is in [0, 1)"));
-      c.residual_dropout = static_cast<float>(p);
+      (name == "attention_dropout" ? c.attention_dropout : c.residual_dropout) = static_cast<float>(p);
       continue;
     }
     if (p != 0.0)
@@ -430,8 +432,10 @@ nlohmann::json ModelConfig::to_hf_json() const {
   if (family.qkv_bias_key) j[family.qkv_bias_key] = qkv_bias;
   if (family.o_bias_key) j[family.o_bias_key] = o_bias;
   // What so_train trained with, where the family's default differs.
-  if (family.default_dropout != 0.0) j["attention_dropout"] = 0.0;
-  if (family.residual_dropout) j["residual_dropout"] = shortest_decimal(residual_dropout);
+  if (family.trains_dropout) {
+    j["attention_dropout"] = shortest_decimal(attention_dropout);
+    j["residual_dropout"] = shortest_decimal(residual_dropout);
+  }
   if (family.moe == Family::Moe::GptOss) {
     j["num_local_experts"] = moe.experts;
     j["num_experts_per_tok"] = moe.top_k;

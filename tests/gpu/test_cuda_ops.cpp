@@ -298,25 +298,27 @@ OpCase rope_case(int64_t T, int64_t heads, int64_t D, float theta, int32_t max_p
 
 struct AttnShape {
   int64_t B, S, Hq, Hkv, D;
-  // The mask (AttentionMask): documents per row (0: whole rows), a sliding window, sinks.
+  // The mask (AttentionMask): documents per row (0: whole rows), a sliding window, sinks,
+  // attention dropout's probability (its mask bits are the CPU reference's exactly).
   int docs = 0;
   int64_t window = 0;
   bool sinks = false;
+  float dropout = 0.0f;
 };
 
 std::string attention_refusal(AttnShape a, DType dt) {
   const std::string k = forced_kernel_refuses(a.D, dt);
   if (!k.empty()) return k;
   const char* forced = std::getenv("SO_TEST_ATTENTION");
-  if (forced && std::string(forced) == "cudnn" && (a.docs > 0 || a.sinks))
-    return "backend.attention=cudnn refuses packed rows and sinks (the flash kernels take them)";
+  if (forced && std::string(forced) == "cudnn" && (a.docs > 0 || a.sinks || a.dropout > 0))
+    return "backend.attention=cudnn refuses packed rows, sinks and dropout (the flash kernels take them)";
   return forced_cudnn_refuses(a.S, a.D, dt);
 }
 
 std::string attn_name(const char* op, AttnShape a, DType dt) {
   return case_name(op, dn(dt), "B", a.B, "S", a.S, "Hq", a.Hq, "Hkv", a.Hkv, "D", a.D, a.docs ? "docs" : "",
                    a.docs ? std::to_string(a.docs) : "", a.window ? "window" : "",
-                   a.window ? std::to_string(a.window) : "", a.sinks ? "sinks" : "");
+                   a.window ? std::to_string(a.window) : "", a.sinks ? "sinks" : "", a.dropout > 0 ? "dropout" : "");
 }
 
 // doc_start of B rows with `docs` documents each, boundaries drawn at random (seeded), and the
@@ -339,6 +341,10 @@ AttentionMask attention_mask_inputs(OpRun& r, AttnShape a, DType dt) {
     m.doc_start = r.ints(doc_start);
   }
   if (a.sinks) m.sinks = r.in(normal(a.Hq, 25, 2.0f), dt);
+  m.dropout.p = a.dropout;
+  m.dropout.key = dropout_key(26, 3, 2);
+  m.dropout.first_sample = 2;
+  m.first_head = 3;  // a Ulysses rank's block of heads
   return m;
 }
 // q is drawn wider than k so that softmax rows are far from uniform.
@@ -573,7 +579,9 @@ std::vector<OpCase> small_cases() {
     for (AttnShape a : {AttnShape{1, 1, 4, 1, 64}, AttnShape{2, 70, 4, 4, 80}, AttnShape{1, 130, 8, 2, 128},
                         AttnShape{2, 200, 4, 2, 64, 4}, AttnShape{2, 200, 4, 2, 80, 0, 7},
                         AttnShape{1, 260, 4, 2, 128, 0, 100}, AttnShape{2, 150, 4, 1, 64, 0, 0, true},
-                        AttnShape{2, 300, 8, 2, 128, 5, 40, true}, AttnShape{1, 97, 4, 4, 80, 3, 33, true}}) {
+                        AttnShape{2, 300, 8, 2, 128, 5, 40, true}, AttnShape{1, 97, 4, 4, 80, 3, 33, true},
+                        AttnShape{2, 200, 4, 2, 64, 0, 0, false, 0.2f}, AttnShape{1, 130, 8, 2, 80, 0, 0, false, 0.3f},
+                        AttnShape{2, 300, 8, 2, 128, 5, 40, true, 0.1f}}) {
       c.push_back(attention_forward_case(a, dt));
       c.push_back(attention_backward_case(a, dt));
     }
@@ -620,7 +628,8 @@ std::vector<OpCase> large_cases() {
     c.push_back(rope_case(4099, 32, 64, 500000.0f, 131071, false, dt));
     c.push_back(rope_case(70001, 1, 128, 10000.0f, 131071, true, dt));
     c.push_back(rope_case(1025, 4, 128, 500000.0f, (1 << 22) + 12345, false, dt));  // million-token positions
-    for (AttnShape a : {AttnShape{2, 300, 8, 2, 64}, AttnShape{1, 1024, 8, 8, 128}, AttnShape{2, 333, 4, 1, 80}}) {
+    for (AttnShape a : {AttnShape{2, 300, 8, 2, 64}, AttnShape{1, 1024, 8, 8, 128}, AttnShape{2, 333, 4, 1, 80},
+                        AttnShape{1, 1024, 8, 2, 128, 0, 0, false, 0.1f}}) {
       c.push_back(attention_forward_case(a, dt));
       c.push_back(attention_backward_case(a, dt));
     }

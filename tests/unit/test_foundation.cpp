@@ -526,12 +526,17 @@ TEST(ModelConfigs, ShippedShapesParseWithExpectedSizes) {
     const ModelConfig c = ModelConfig::from_hf_file(std::string("configs/models/") + name + ".json");
     EXPECT_NEAR(c.num_parameters() / params, 1.0, 0.02) << name << ": " << c.num_parameters();
   }
-  // Seed-OSS as published trains with dropout, which so_train refuses; with it set to 0 (what
-  // model.override does) it is 36.15 B parameters.
+  // Seed-OSS as published trains with attention and residual dropout 0.1, which so_train honours;
+  // 36.15 B parameters. A probability of 1 is refused by name.
   const std::string seed = "configs/models/seed-oss-36b.json";
-  EXPECT_NE(test::error_message([&] { ModelConfig::from_hf_file(seed); }).find("'attention_dropout' is 0.1, not 0"),
-            std::string::npos);
+  const ModelConfig published = ModelConfig::from_hf_file(seed);
+  EXPECT_EQ(published.attention_dropout, 0.1f);
+  EXPECT_EQ(published.residual_dropout, 0.1f);
   nlohmann::json j = read_json_file(seed, "model config");
+  j["attention_dropout"] = 1.0;
+  EXPECT_NE(test::error_message([&] { ModelConfig::from_hf_json(j, seed); })
+                .find("'attention_dropout' is 1; a drop probability is in [0, 1)"),
+            std::string::npos);
   j["attention_dropout"] = j["residual_dropout"] = 0.0;
   EXPECT_NEAR(ModelConfig::from_hf_json(j, seed).num_parameters() / 36.15e9, 1.0, 0.02);
 }

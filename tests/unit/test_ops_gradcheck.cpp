@@ -146,7 +146,9 @@ TEST_F(GradCheck, RopeAnglesExactPastAMillionPositions) {
 }
 
 // Plain causal, and with every mask piece at once: two documents per row (one boundary inside a
-// 64-key block), a sliding window of 9 and per-head sinks (their gradient checked too).
+// 64-key block), a sliding window of 9 and per-head sinks (their gradient checked too); then all
+// of that with attention dropout (p = 0.3: its mask is a fixed function of the positions, so the
+// finite differences see the same dropped probabilities the backward does).
 TEST_F(GradCheck, GroupedQueryCausalAttention) {
   // S = 70 crosses the kernel's 64-key block boundary.
   const int64_t B = 2, S = 70, Hq = 4, Hkv = 2, D = 8;
@@ -154,8 +156,9 @@ TEST_F(GradCheck, GroupedQueryCausalAttention) {
   std::vector<int32_t> doc_start(B * S);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < S; ++i) doc_start[b * S + i] = i < 23 + 17 * b ? 0 : static_cast<int32_t>(23 + 17 * b);
-  for (const bool masked : {false, true}) {
-    SCOPED_TRACE(masked ? "documents, window 9, sinks" : "causal");
+  for (const int kind : {0, 1, 2}) {
+    const bool masked = kind > 0, dropout = kind == 2;
+    SCOPED_TRACE(dropout ? "documents, window 9, sinks, dropout 0.3" : masked ? "documents, window 9, sinks" : "causal");
     std::vector<std::vector<float>> in = {randn(B * S * Hq * D, 9), randn(B * S * Hkv * D, 10),
                                           randn(B * S * Hkv * D, 11)};
     if (masked) in.push_back(randn(Hq, 14));
@@ -168,6 +171,12 @@ TEST_F(GradCheck, GroupedQueryCausalAttention) {
         m.doc_start = Docs.as<int32_t>();
         m.window = 9;
         m.sinks = sinks->data();
+      }
+      if (dropout) {
+        m.dropout.p = 0.3f;
+        m.dropout.key = dropout_key(7, 1, 2);
+        m.dropout.first_sample = 5;
+        m.first_head = 4;  // a Ulysses rank's block of heads
       }
       return m;
     };

@@ -52,4 +52,13 @@ SO_HOST_DEVICE inline bool dropout_keep(uint64_t key, uint64_t token, uint64_t c
   return static_cast<uint32_t>(dropout_mix(row + channel * 0xd1b54a32d192ed03ull) >> 40) >= threshold;
 }
 
+// Attention-probability dropout's keep bit of P[query i, key j] of sample `sample` of the run
+// and head `head`: the GLOBAL head index, so Ulysses ranks, each holding a block of heads, draw
+// what one rank draws. Attention sees whole sequences of S tokens: the query is the token residual
+// dropout names (dropout_token), the channel is (head, key position).
+SO_HOST_DEVICE inline bool attention_dropout_keep(uint64_t key, int64_t sample, int64_t S, int64_t i, int64_t head,
+                                                  int64_t j, uint32_t threshold) {
+  return dropout_keep(key, static_cast<uint64_t>(sample * S + i), static_cast<uint64_t>(head * S + j), threshold);
+}
+
 }  // namespace so

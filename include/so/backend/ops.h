@@ -32,6 +32,12 @@ struct AttentionMask {
   // GPT-OSS attention sinks: [Hq] learned logits (dtype dt, backend memory), one extra column per
   // head in every row's softmax that takes probability mass and attends to nothing.
   const void* sinks = nullptr;
+  // Attention-probability dropout (training; p = 0: none): O_i = sum_j P_ij keep_ij / (1 - p) V_j
+  // with P the undropped softmax (lse is P's). keep_ij = attention_dropout_keep (dropout_mask.h)
+  // of sample dropout.first_sample + b, query i, key j, global head first_head + h (the other
+  // DropoutMask fields are unused: attention sees whole sequences).
+  DropoutMask dropout;
+  int64_t first_head = 0;
 };
 
 // Refuses doc_start [B*S] (host memory) that breaks AttentionMask's contract, naming row and token.

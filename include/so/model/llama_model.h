@@ -30,7 +30,7 @@ struct ModelOptions {
   int64_t loss_chunk_tokens = 0;     // tokens per output-projection + cross-entropy chunk; 0 = auto
   float z_loss = 0.0f;               // OLMo's z-loss: each token's loss adds z_loss * logsumexp(logits)^2
   SequenceParallel* sequence_parallel = nullptr;  // Ulysses group; null = the whole sequence is here
-  uint64_t dropout_seed = 0;         // residual dropout's masks (ModelConfig::residual_dropout): the run's seed
+  uint64_t dropout_seed = 0;         // dropout's masks (residual_dropout, attention_dropout): the run's seed
 };
 
 // One micro-batch on the host: B*S input ids, targets (-1 = ignore) and RoPE positions.
@@ -162,6 +162,7 @@ class LlamaModel {
   int64_t kv_copies_ = 1;  // Ulysses with more ranks than KV heads: copies of each KV head sent
   float rope_scale_ = 1.0f;  // cos and sin factor of the RoPE table (yarn's attention factor)
   bool dropping_ = false;    // this forward drops residual branches (training with residual_dropout > 0)
+  bool dropping_attention_ = false;  // and attention probabilities (training with attention_dropout > 0)
   int64_t first_sample_ = 0;
   std::vector<std::unique_ptr<MoeBlock>> moe_;
   std::vector<int> moe_of_layer_;  // index into moe_, -1 for a dense layer

@@ -26,6 +26,9 @@ struct ModelConfig {
   // Seed-OSS's residual_dropout: each layer's attention and MLP outputs dropped with this
   // probability before they join the residual stream (training only; counter-based masks).
   float residual_dropout = 0.0f;
+  // Seed-OSS's attention_dropout: attention probabilities dropped with this probability (training
+  // only; AttentionMask::dropout, counter-based masks).
+  float attention_dropout = 0.0f;
   bool tie_word_embeddings = false;
   bool qk_norm = false;  // Qwen3: RMSNorm over head_dim on q and k, before RoPE
   bool qkv_bias = false;  // q, k and v projections add a bias (Qwen2; attention_bias of Llama/Qwen3/Seed-OSS)

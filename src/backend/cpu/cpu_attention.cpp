@@ -3,6 +3,8 @@
 // matrix never exists. Backward recomputes probabilities from the saved log-sum-exp (FA2).
 // The mask (documents, window) narrows each row to the keys [first_key(i), i]; a sink adds one
 // logit to the row's softmax after the keys (lse includes it, so backward needs nothing more).
+// Dropout scales each P_ij by keep_ij / (1 - p) where it meets V (forward) or dO V^T (backward);
+// lse and the normaliser stay the undropped softmax's.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -45,7 +47,22 @@ void check_shape(const AttentionShape& sh, const AttentionMask& mask) {
            " KV heads");
   SO_CHECK(mask.window >= 0, "attention: negative sliding window ", mask.window);
   if (mask.doc_start != nullptr) check_attention_doc_start(mask.doc_start, sh.B, sh.S);
+  SO_CHECK(mask.dropout.p >= 0.0f && mask.dropout.p < 1.0f, "attention: dropout probability ", mask.dropout.p,
+           " is not in [0, 1)");
 }
+
+// Dropout's factor for P[query i of sequence b, key j] of local head h: 0 or 1 / (1 - p).
+struct DropFactor {
+  const AttentionMask& mask;
+  int64_t S;
+  uint32_t threshold = mask.dropout.threshold();
+  float scale = mask.dropout.scale();
+  bool on() const { return mask.dropout.p > 0.0f; }
+  float operator()(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    const DropoutMask& m = mask.dropout;
+    return attention_dropout_keep(m.key, m.first_sample + b, S, i, mask.first_head + h, j, threshold) ? scale : 0.0f;
+  }
+};
 
 // The first key query i of row b sees: its document's first token, and no further back than the
 // window allows.
@@ -63,6 +80,7 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, c
   check_shape(sh, mask);
   const T* sinks = static_cast<const T*>(mask.sinks);
   const int64_t S = sh.S, D = sh.D, group = sh.Hq / sh.Hkv;
+  const DropFactor drop{mask, S};
   std::vector<float> K, V, Q, O(static_cast<size_t>(S * D)), scores(kKeyBlock);
   for (int64_t b = 0; b < sh.B; ++b) {
     for (int64_t kvh = 0; kvh < sh.Hkv; ++kvh) {
@@ -89,8 +107,9 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, c
             for (int64_t c = 0; c < n; ++c) {
               const float p = std::exp(scores[c] - mnew);
               l += p;
+              const float pv = drop.on() ? p * drop(b, h, i, j0 + c) : p;
               const float* vj = &V[(j0 + c) * D];
-              for (int64_t d = 0; d < D; ++d) oi[d] += p * vj[d];
+              for (int64_t d = 0; d < D; ++d) oi[d] += pv * vj[d];
             }
             m = mnew;
           }
@@ -119,6 +138,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   SO_CHECK(sinks == nullptr || dsinks_acc != nullptr, "attention_backward: sinks without a dsinks_acc buffer");
   std::vector<float> dsinks(static_cast<size_t>(sh.Hq), 0.0f);
   const int64_t S = sh.S, D = sh.D, group = sh.Hq / sh.Hkv;
+  const DropFactor drop{mask, S};
   std::vector<float> K, V, Q, dO, O, dQ(static_cast<size_t>(S * D)), dK(static_cast<size_t>(S * D)),
       dV(static_cast<size_t>(S * D)), Di(static_cast<size_t>(S));
   for (int64_t b = 0; b < sh.B; ++b) {
@@ -143,13 +163,16 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           float* dqi = &dQ[i * D];
           for (int64_t j = first_key(mask, b, i, S); j <= i; ++j) {
             const float p = std::exp(dot(qi, &K[j * D], D) * sh.scale - L[i]);
-            const float dp = dot(doi, &V[j * D], D);
+            // Di = dO_i . O_i = sum_j P_ij f_ij dP_ij still, with f the dropout factor.
+            const float f = drop.on() ? drop(b, h, i, j) : 1.0f;
+            const float dp = dot(doi, &V[j * D], D) * f;
             const float ds = p * (dp - Di[i]) * sh.scale;
+            const float pv = p * f;
             float* dvj = &dV[j * D];
             float* dkj = &dK[j * D];
             const float* kj = &K[j * D];
             for (int64_t d = 0; d < D; ++d) {
-              dvj[d] += p * doi[d];
+              dvj[d] += pv * doi[d];
               dqi[d] += ds * kj[d];
               dkj[d] += ds * qi[d];
             }

@@ -6,7 +6,8 @@
 //   3. dQ: one block per (query tile, query head, batch) loops over the causal key tiles,
 //      recomputing P and dS again, and accumulates dQ += dS k on chip;
 //   4. with sinks, dsink[h] -= sum over rows of exp(sink - lse) * Drow (one block per head).
-// Tiles the mask (documents, window) hides entirely are skipped in steps 2 and 3.
+// Tiles the mask (documents, window) hides entirely are skipped in steps 2 and 3. Dropout (the
+// mask's keep bits, recomputed) scales dP and the P of dV; Drow = dout . out needs no change.
 // Step 3 repeats the score recompute of step 2 (FA2 instead adds dQ with atomics from step 2);
 // we pay it because atomics make the summation order, and so the gradients, run-dependent, and the
 // project requires bitwise identical runs. Every output element is summed by one thread in a
@@ -119,7 +120,7 @@ __device__ __forceinline__ void ref_load_tile(float* dst, int ld, const T* src, 
 __device__ __forceinline__ void ref_scores(float* sP, float* sdS, const float* sQ, const float* sdO, const float* sK,
                                            const float* sV, const float* sLse, const float* sDrow, int ld, int D,
                                            int q0, int k0, int S, float scale, const DeviceMask& mask,
-                                           int64_t b) {
+                                           int64_t b, int h) {
   for (int i = threadIdx.x; i < kRefTile * kRefTile; i += kRefThreads) {
     const int r = i / kRefTile, c = i % kRefTile;
     float p = 0.0f, ds = 0.0f;
@@ -134,7 +135,10 @@ __device__ __forceinline__ void ref_scores(float* sP, float* sdS, const float* s
         dp += dor[d] * vc[d];
       }
       p = expf(s * scale - sLse[r]);
-      ds = p * (dp - sDrow[r]) * scale;
+      // Dropout: dP and dV's P dropped and scaled; Drow = dO . O is still sum_j P dP.
+      const float f = mask.dropping ? mask.drop(b, h, q0 + r, k0 + c, S) : 1.0f;
+      ds = p * (dp * f - sDrow[r]) * scale;
+      p *= f;
     }
     if (sP != nullptr) sP[r * kRefLdp + c] = p;
     sdS[r * kRefLdp + c] = ds;
@@ -189,7 +193,7 @@ __global__ void __launch_bounds__(kRefThreads)
         sDrow[tid] = q0 + tid < S ? drow_h[q0 + tid] : 0.0f;
       }
       __syncthreads();
-      ref_scores(sP, sdS, sQ, sdO, sK, sV, sLse, sDrow, ld, D, q0, k0, S, scale, mask, b);
+      ref_scores(sP, sdS, sQ, sdO, sK, sV, sLse, sDrow, ld, D, q0, k0, S, scale, mask, b, h);
       __syncthreads();
       for (int i = tid; i < kRefTile * D; i += kRefThreads) {
         const int c = i / D, d = i % D;
@@ -250,7 +254,7 @@ __global__ void __launch_bounds__(kRefThreads)
     ref_load_tile(sK, ld, k, b, k0, kvh, S, Hkv, D);
     ref_load_tile(sV, ld, v, b, k0, kvh, S, Hkv, D);
     __syncthreads();
-    ref_scores(nullptr, sdS, sQ, sdO, sK, sV, sLse, sDrow, ld, D, q0, k0, S, scale, mask, b);
+    ref_scores(nullptr, sdS, sQ, sdO, sK, sV, sLse, sDrow, ld, D, q0, k0, S, scale, mask, b, h);
     __syncthreads();
     for (int i = tid; i < kRefTile * D; i += kRefThreads) {
       const int r = i / D, d = i % D;
@@ -430,7 +434,9 @@ __global__ void __launch_bounds__(kTcThreads)
           float p = 0.0f, ds = 0.0f;
           if (wk0 + r <= qi && qi < S && wk0 + r >= mask.first_key(b, qi, S)) {
             p = exp2f(st.x[e] * scale_log2 - sLse2[qc * 16 + c]);
-            ds = p * (dpt.x[e] - sDrow[qc * 16 + c]) * scale;
+            const float f = mask.dropping ? mask.drop(b, h, qi, wk0 + r, S) : 1.0f;
+            ds = p * (dpt.x[e] * f - sDrow[qc * 16 + c]) * scale;
+            p *= f;
           }
           sPt[r * L::kLdc + c] = __float2bfloat16_rn(p);
           sdSt[r * L::kLdc + c] = __float2bfloat16_rn(ds);
@@ -502,7 +508,8 @@ __global__ void __launch_bounds__(kTcThreads)
         float ds = 0.0f;
         if (ck0 + c <= qi && qi < S && ck0 + c >= mask.first_key(b, qi, S)) {
           const float p = exp2f(sf.x[e] * scale_log2 - sLse2[warp * 16 + r]);
-          ds = p * (dpf.x[e] - sDrow[warp * 16 + r]) * scale;
+          const float f = mask.dropping ? mask.drop(b, h, qi, ck0 + c, S) : 1.0f;
+          ds = p * (dpf.x[e] * f - sDrow[warp * 16 + r]) * scale;
         }
         sdS[r * L::kLdc + c] = __float2bfloat16_rn(ds);
       }

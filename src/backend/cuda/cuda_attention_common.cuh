@@ -23,7 +23,7 @@
 
 namespace so::cuda::attn {
 
-// AttentionMask's documents and window on the device: query i of row b sees keys
+// AttentionMask's documents, window and dropout on the device: query i of row b sees keys
 // [first_key(b, i), i]. first_key never decreases along a row (documents are contiguous), which is
 // what lets the kernels skip whole tiles: a query tile needs key tiles from first_key(its first
 // row) on, and a key tile needs query tiles until first_key passes its last key.
@@ -40,11 +40,33 @@ struct DeviceMask {
   __device__ __forceinline__ bool tile_visible(int64_t b, int q0, int q1, int k0, int k1, int S) const {
     return q1 >= k0 && first_key(b, max(q0, k0), S) <= k1;
   }
+
+  // Attention-probability dropout (AttentionMask::dropout): P[query i, key j] of local head h of
+  // sequence b is multiplied by this, 0 or 1 / (1 - p); the CPU reference draws the same bits.
+  bool dropping;
+  uint32_t drop_threshold;
+  float drop_scale;
+  uint64_t drop_key;
+  int64_t first_sample;
+  int first_head;
+  __device__ __forceinline__ float drop(int64_t b, int h, int i, int j, int S) const {
+    const bool keep = attention_dropout_keep(drop_key, first_sample + b, S, i, first_head + h, j, drop_threshold);
+    return keep ? drop_scale : 0.0f;
+  }
 };
 
 inline DeviceMask device_mask(const AttentionMask& m) {
   SO_CHECK(m.window >= 0 && m.window <= (int64_t{1} << 30), "attention: sliding window ", m.window, " out of range");
-  return DeviceMask{m.doc_start, static_cast<int>(m.window)};
+  SO_CHECK(m.dropout.p >= 0.0f && m.dropout.p < 1.0f, "attention: dropout probability ", m.dropout.p,
+           " is not in [0, 1)");
+  return DeviceMask{m.doc_start,
+                    static_cast<int>(m.window),
+                    m.dropout.p > 0.0f,
+                    m.dropout.threshold(),
+                    m.dropout.scale(),
+                    m.dropout.key,
+                    m.dropout.first_sample,
+                    static_cast<int>(m.first_head)};
 }
 
 // Folds a sink logit into a row's softmax: lse (natural log, keys only) becomes the log-sum-exp of

@@ -1,7 +1,8 @@
 // Causal GQA flash-attention forward (FlashAttention-2): one block per (query tile, query head,
 // batch); K/V tiles stream through shared memory under an online softmax; key tiles wholly above
 // the diagonal, or before the first key the mask lets the tile's first row see, are never visited.
-// Writes out and lse = logsumexp of the scaled scores (natural log), sink included.
+// Writes out and lse = logsumexp of the scaled scores (natural log), sink included. Dropout scales
+// P where it meets V; the normaliser and lse are the undropped softmax's.
 // Variants and dispatch: cuda_attention_common.cuh.
 #include <cmath>
 
@@ -93,7 +94,8 @@ __global__ void __launch_bounds__(kRefThreads)
       const float m_new = fmaxf(m_old, warp_max(s));
       // A row that has seen no key yet (mask) keeps m = -inf: the guards keep -inf - -inf from NaN.
       const float p = m_new == -INFINITY ? 0.0f : expf(s - m_new);
-      sS[r * (kRefTile + 1) + lane] = p;
+      // The normaliser sums the undropped P; only P V sees dropout.
+      sS[r * (kRefTile + 1) + lane] = mask.dropping && p != 0.0f ? p * mask.drop(b, h, q0 + r, k0 + lane, S) : p;
       const float sum = warp_sum(p);
       __syncwarp();  // all lanes have read sM[r] before lane 0 overwrites it
       if (lane == 0) {
@@ -242,8 +244,9 @@ __global__ void __launch_bounds__(kTcThreads)
       const int c = 2 * j + half;
       const float s = (k0 + c > qrow || k0 + c < first) ? -INFINITY : srow[c] * scale_log2;
       const float p = m_new == -INFINITY ? 0.0f : exp2f(s - m_new);
-      psum += p;
-      sP[sr * L::kLdp + c] = __float2bfloat16_rn(p);
+      psum += p;  // the normaliser sums the undropped P; only P V sees dropout
+      sP[sr * L::kLdp + c] =
+          __float2bfloat16_rn(mask.dropping && p != 0.0f ? p * mask.drop(b, h, qrow, k0 + c, S) : p);
     }
     psum += __shfl_xor_sync(0xffffffffu, psum, 1);
     l = l * corr + psum;

@@ -78,8 +78,8 @@ void CudaOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int6
 const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
                                                           const AttentionMask& mask, DType dt) {
   std::lock_guard<std::mutex> lock(attention_mu_);
-  const bool documents = mask.doc_start != nullptr, sinks = mask.sinks != nullptr;
-  const auto key = std::tuple{B, S, Hq, Hkv, D, documents, mask.window, sinks, dt};
+  const bool documents = mask.doc_start != nullptr, sinks = mask.sinks != nullptr, dropout = mask.dropout.p > 0.0f;
+  const auto key = std::tuple{B, S, Hq, Hkv, D, documents, mask.window, sinks, dropout, dt};
   if (auto it = attention_choices_.find(key); it != attention_choices_.end()) return it->second;
   const char* forced = std::getenv("SO_ATTENTION_KERNEL");  // a flash variant forced (tests, benchmarks)
   const std::string flash = "flash kernels (ours)";
@@ -94,6 +94,10 @@ const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, 
     why = "packed rows (documents within a row) are not a mask cuDNN's SDPA takes in this layout";
   } else if (sinks) {
     why = "attention sinks are not wired to cuDNN's SDPA";
+  } else if (dropout) {
+    // cuDNN's dropout draws Philox bits of its own, which the CPU reference, recompute and Ulysses
+    // shards could not reproduce (docs/architecture.md, attention).
+    why = "attention dropout uses our counter-based masks, not cuDNN's Philox dropout";
   } else {
     if (!sdpa_) sdpa_ = std::make_unique<CudnnSdpa>(deterministic_attention_);
     why = sdpa_->check_support(shape);

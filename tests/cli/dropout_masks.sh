@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# residual_dropout.sh SO_TRAIN [MPIEXEC]: Seed-OSS's residual dropout (the save_pretrained model
-# seed_oss_tied_fp32, residual_dropout 0.1 through model.override) draws the same masks however
-# the step is computed. Three steps each, losses compared:
+# dropout_masks.sh residual|attention SO_TRAIN [MPIEXEC]: Seed-OSS's residual or attention dropout
+# (the save_pretrained model seed_oss_tied_fp32, residual_dropout or attention_dropout 0.1 through
+# model.override) draws the same masks however the step is computed. Three steps each, losses
+# compared:
 #   without MPIEXEC: activation recompute equals the plain run bitwise, the tiled MLP to fp32
 #   round-off; p = 1e-9 (every value kept, scale 1) runs the dropout path and equals p = 0 (the
 #   path without dropout) to round-off; p = 0.1 changes the losses (the masks do something).
-#   with MPIEXEC: two Ulysses ranks (each half of every sequence) equal one rank to round-off.
+#   with MPIEXEC: two Ulysses ranks (each half of every sequence, then half the heads in
+#   attention) equal one rank to round-off.
 set -eu
 python=${SO_PYTHON:?SO_PYTHON is not set: run under ctest, or set it to the interpreter scripts/python_env.sh makes}
-so_train=$1; mpiexec=${2:-}; dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+kind=$1; so_train=$2; mpiexec=${3:-}; dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+case "$kind" in residual|attention) ;; *) echo "dropout_masks.sh: kind '$kind' is not residual or attention" >&2; exit 2;; esac
 run() {  # run NAME [launcher...] -- [so_train settings...]
   local name=$1; shift
   local launcher=()
@@ -18,13 +21,14 @@ run() {  # run NAME [launcher...] -- [so_train settings...]
     --set model.hf_dir=tests/reference/hf_models/seed_oss_tied_fp32 --set train_micro_batch_size_per_gpu=2 \
     --metrics "$dir/$name.jsonl" "$@" > "$dir/$name.out" 2>&1 || { cat "$dir/$name.out"; exit 1; }
 }
-p=--set=model.override.residual_dropout=0.1
+key=model.override.${kind}_dropout
+p=--set=$key=0.1
 if [ -z "$mpiexec" ]; then
   run plain -- $p
   run recompute -- $p --set train.activation_checkpointing=true
   run tiled -- $p --set train.mlp_tile_tokens=16
-  run none -- --set model.override.residual_dropout=0
-  run tiny -- --set model.override.residual_dropout=1e-9
+  run none -- --set $key=0
+  run tiny -- --set $key=1e-9
   checks="recompute=plain:0 tiled=plain:2e-6 tiny=none:2e-6 plain!none"
 else
   run plain -- $p
