@@ -182,10 +182,20 @@ void read_moe(JsonReader& r, const Family& family, ModelConfig& c) {
     if (!std::isfinite(m.glu_alpha)) r.fail("swiglu_alpha", "must be finite");
     r.accept("initial_context_length");  // the pre-training context; the RoPE keys carry it
     r.accept("quantization_config");
-    if (r.has("quantization_config"))
-      r.fail("quantization_config", str_cat("is ", brief_json(r.raw().at("quantization_config")),
-                                             "; MXFP4 checkpoints are read once dequantised: save the model from "
-                                             "transformers with Mxfp4Config(dequantize=True) first"));
+    if (r.has("quantization_config")) {
+      const nlohmann::json& q = r.raw().at("quantization_config");
+      if (!q.is_object() || !q.contains("quant_method") || q.at("quant_method") != "mxfp4")
+        r.fail("quantization_config", str_cat("is ", brief_json(q), "; so_train reads {\"quant_method\": \"mxfp4\"} "
+                                               "(GPT-OSS's published checkpoints) or unquantised weights"));
+      for (const auto& [key, value] : q.items())
+        if (key != "quant_method" && key != "modules_to_not_convert")
+          r.fail("quantization_config", str_cat("has the unknown key '", key, "'"));
+      // MXFP4 blocks hold 32 values along each expert matrix's input dimension.
+      if (c.hidden_size % 32 != 0 || m.intermediate % 32 != 0)
+        r.fail("quantization_config", str_cat("is mxfp4, but hidden_size (", c.hidden_size, ") and intermediate_size (",
+                                               m.intermediate, ") must be multiples of the MXFP4 block of 32"));
+      m.mxfp4 = true;
+    }
     return;
   }
   m.intermediate = r.get_in("moe_intermediate_size", 768, 1, int64_t{1} << 20);

@@ -121,6 +121,8 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
            ") is not divisible by sequence_parallel_size (", run.groups.sp_size, ")");
   run.batch = resolve_batch_sizes(cfg, run.groups.dp_size);
 
+  // The weights' names, shapes, dtypes and MXFP4 scales, before anything is allocated.
+  if (!cfg.init_hf_dir.empty()) check_hf_weights(cfg.init_hf_dir, ParamLayout::for_model(cfg.model));
   // The memory plan, before anything is allocated: "auto" settings resolved from it, and a run that
   // cannot fit refused with the table rather than failing at some allocation later.
   const MachineProfile machine = machine_profile_of(*run.backend);
@@ -166,7 +168,11 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
   engine.init_weights(cfg.seed, cfg.model.initializer_range);
   if (!cfg.init_hf_dir.empty()) {
     load_hf_weights(cfg.init_hf_dir, layout, [&](int id, std::vector<float> values) { engine.load_weight(id, values); });
-    if (comm.rank() == 0) log_info(str_cat("weights loaded from the Hugging Face model in ", cfg.init_hf_dir));
+    if (comm.rank() == 0)
+      log_info(str_cat("weights loaded from the Hugging Face model in ", cfg.init_hf_dir,
+                       cfg.model.moe.mxfp4 ? " (MXFP4 experts dequantised to fp32; checkpoints and exports hold them "
+                                             "unquantised: bf16 or fp32, no quantization_config)"
+                                           : ""));
   }
   if (!opts.resume.empty()) {
     run.state = load_checkpoint(engine, comm, cfg, opts.resume);

@@ -150,7 +150,7 @@ TEST_F(SafetensorsTest, RefusesEveryMalformedHeader) {
       {"nested 100,000 deep", R"({"a":)" + std::string(100000, '[') + std::string(100000, ']') + "}", 0,
        "the header is nested deeper than 64 levels"},
       {"unknown dtype", R"({"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8,
-       "tensor 'a' has dtype I64; so_train reads F32, BF16 and F16"},
+       "tensor 'a' has dtype I64; so_train reads F32, BF16, F16 and U8"},
       {"negative dimension", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8,
        "tensor 'a': every shape dimension must be a non-negative integer, is -2"},
       {"fractional dimension", R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", 8,
