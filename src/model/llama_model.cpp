@@ -258,6 +258,9 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
     for (int64_t l = 0; l < cfg.num_layers; ++l)
       if (cfg.is_moe_layer(l)) moe_of_layer_[l] = opts.activation_checkpointing ? 0 : next++;
   }
+  expert_tokens_.resize(static_cast<size_t>(cfg.num_layers));
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    if (moe_of_layer_[l] >= 0) expert_tokens_[static_cast<size_t>(l)].assign(static_cast<size_t>(cfg.moe.experts), 0);
   backend.synchronize(stream_);  // the host copies go away
   a.uploaded = backend.create_event();
   backend.record(*a.uploaded, stream_);
@@ -342,6 +345,10 @@ void* LlamaModel::sinks_grad(int l, ParamStore& p) const {
   return sinks < 0 ? nullptr : at(p.grad(sinks), sp_rank() * cfg_.num_heads / sp_size(), opts_.dtype);
 }
 
+void LlamaModel::zero_expert_tokens() {
+  for (std::vector<int64_t>& layer : expert_tokens_) std::fill(layer.begin(), layer.end(), 0);
+}
+
 void LlamaModel::zero_loss() { backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_); }
 
 float LlamaModel::read_loss() {
@@ -413,6 +420,11 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
     if (offload) backend_.wait(stream_, *a.stashed[(l + 1) % 2]);
     layer_forward(static_cast<int>(l), p, a.layer[opts_.activation_checkpointing ? 0 : l], residual(l),
                   residual(l + 1));
+    if (moe_of_layer_[l] >= 0) {
+      const std::vector<int64_t>& rows = moe_block(static_cast<int>(l)).tokens_per_expert();
+      std::vector<int64_t>& sum = expert_tokens_[static_cast<size_t>(l)];
+      for (size_t e = 0; e < rows.size(); ++e) sum[e] += rows[e];
+    }
     if (offload && l + 1 < L) move_checkpoint(l + 1, true, hooks);
   }
   hooks.before_unit(static_cast<int>(L) + 1);

@@ -45,7 +45,7 @@ std::string format_step_line(const StepMetrics& m, int64_t total_steps, bool com
 }
 
 std::vector<std::pair<std::string, double>> metric_scalars(const StepMetrics& m) {
-  return {{"loss", m.loss},
+  std::vector<std::pair<std::string, double>> scalars = {{"loss", m.loss},
           {"lr", m.lr},
           {"grad_norm", m.grad_norm},
           {"skipped", m.skipped ? 1.0 : 0.0},
@@ -61,6 +61,12 @@ std::vector<std::pair<std::string, double>> metric_scalars(const StepMetrics& m)
           {"peak_mem_mib", m.peak_mem_mib},
           {"elapsed_s", m.elapsed_s},
           {"eta_s", m.eta_s}};
+  if (m.moe) {
+    scalars.emplace_back("expert_tokens_min", m.expert_tokens_min);
+    scalars.emplace_back("expert_tokens_max", m.expert_tokens_max);
+    scalars.emplace_back("expert_imbalance", m.expert_imbalance);
+  }
+  return scalars;
 }
 
 void MetricsSink::write(const StepMetrics& m, int64_t total_steps, bool print) {

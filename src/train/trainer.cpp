@@ -4,8 +4,10 @@
 // csv_monitor.h, tensorboard_monitor.h), the NaN policy (nan_policy.h), checkpoints (run_saves.h, checkpoint.h).
 #include "so/train/trainer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <optional>
 
 #include "parallel/collective_watchdog.h"
@@ -240,7 +242,21 @@ struct StepOutcome {
   double lr = 0.0;
   StepResult result;
   int64_t samples_before = 0, samples_after = 0;
+  std::vector<std::vector<double>> expert_tokens;  // [layer][expert], summed over ranks (StepMetrics::moe)
 };
+
+// StepMetrics' expert figures from tokens per [layer][expert] (a dense layer's list empty).
+void expert_token_metrics(const std::vector<std::vector<double>>& tokens, StepMetrics& m) {
+  for (const std::vector<double>& layer : tokens) {
+    if (layer.empty()) continue;
+    const auto [lo, hi] = std::minmax_element(layer.begin(), layer.end());
+    const double mean = std::accumulate(layer.begin(), layer.end(), 0.0) / static_cast<double>(layer.size());
+    m.expert_tokens_min = m.moe ? std::min(m.expert_tokens_min, *lo) : *lo;
+    m.expert_tokens_max = m.moe ? std::max(m.expert_tokens_max, *hi) : *hi;
+    m.expert_imbalance = std::max(m.expert_imbalance, mean > 0 ? *hi / mean : 0.0);
+    m.moe = true;
+  }
+}
 
 // Forward and backward over every micro-batch, then the optimizer step. The previous step's log
 // line is written in between: its timing is complete once this step's forward has run.
@@ -253,6 +269,7 @@ StepOutcome take_step(Run& run, int64_t step, const TrainOptions& opts, StepLog&
   out.samples_before = run.state.data_position;
   engine.begin_step(out.lr, static_cast<int>(run.batch.accumulation), run.cfg.schedule.betas_at(engine.steps_taken()));
   run.model->zero_loss();
+  run.model->zero_expert_tokens();
   // Data-parallel ranks read disjoint samples: each global micro-batch is dp_size x micro_batch
   // consecutive samples, this rank taking its share; sequence-parallel ranks take their slice
   // of every sequence of that share.
@@ -267,6 +284,11 @@ StepOutcome take_step(Run& run, int64_t step, const TrainOptions& opts, StepLog&
   out.samples_after = sample;
   out.loss = run.model->read_loss();
   run.comm().all_reduce_sum(&out.loss, 1);
+  for (const std::vector<int64_t>& layer : run.model->expert_tokens()) {
+    out.expert_tokens.emplace_back(layer.begin(), layer.end());
+    // Every rank reduces the same layers (its model is the same): one sum per MoE layer.
+    if (!layer.empty()) run.comm().all_reduce_sum(out.expert_tokens.back().data(), static_cast<int>(layer.size()));
+  }
   log.write_held(engine.timeline());
   out.result = engine.end_step();
   if (step == opts.profile_last) run.backend->profile_range(false);
@@ -282,6 +304,7 @@ void record_step(Run& run, const StepOutcome& out, StepLog& log, CsvMonitor& csv
   m.lr = out.lr;
   m.grad_norm = out.result.grad_norm;
   m.skipped = out.result.skipped;
+  expert_token_metrics(out.expert_tokens, m);
   const MemoryStats mem = run.backend->memory_stats();
   m.mem_mib = mib(mem.in_use);
   m.peak_mem_mib = mib(mem.peak);
