@@ -169,9 +169,7 @@ void read_moe(JsonReader& r, const Family& family, ModelConfig& c) {
   if (m.experts > 0 && m.top_k > m.experts)
     r.fail("num_experts_per_tok", str_cat("(", m.top_k, ") exceeds ", count_key, " (", m.experts, ")"));
   m.aux_loss_coef = r.get<double>("router_aux_loss_coef", 0.001);
-  if (r.get<bool>("output_router_logits", false))
-    r.fail("output_router_logits", "is true; the load-balancing loss is not supported yet (set it to false: "
-                                   "tokens per expert are still reported)");
+  m.aux_loss = r.get<bool>("output_router_logits", false);
   if (gpt_oss) {
     m.intermediate = c.intermediate_size;
     m.normalize = true;  // a softmax over the k chosen logits sums to 1
@@ -448,7 +446,7 @@ nlohmann::json ModelConfig::to_hf_json() const {
     j["swiglu_alpha"] = moe.glu_alpha;
     j["swiglu_limit"] = moe.glu_limit;
     j["router_aux_loss_coef"] = moe.aux_loss_coef;
-    j["output_router_logits"] = false;
+    j["output_router_logits"] = moe.aux_loss;
   } else if (family.moe == Family::Moe::Qwen3) {
     j["num_experts"] = moe.experts;
     j["num_experts_per_tok"] = moe.top_k;
@@ -457,7 +455,7 @@ nlohmann::json ModelConfig::to_hf_json() const {
     j["decoder_sparse_step"] = moe.sparse_step;
     j["mlp_only_layers"] = moe.dense_layers;
     j["router_aux_loss_coef"] = moe.aux_loss_coef;
-    j["output_router_logits"] = false;
+    j["output_router_logits"] = moe.aux_loss;
   }
   if (family.window)
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);

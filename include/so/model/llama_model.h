@@ -171,6 +171,15 @@ class LlamaModel {
   std::vector<std::unique_ptr<MoeBlock>> moe_;
   std::vector<int> moe_of_layer_;  // index into moe_, -1 for a dense layer
   std::vector<std::vector<int64_t>> expert_tokens_;  // see expert_tokens()
+  // The load-balancing loss (ModelConfig::Moe::aux_loss) of each forward: transformers'
+  // load_balancing_loss_func over this micro-batch's MoE layers, its loss-scaled value summed
+  // into aux_loss_ (read_loss adds it) and its gradient per router probability, the same for every
+  // token and layer, in aux_dprob_ [E] for the layers' backward.
+  void aux_loss_forward(float loss_scale);
+  double aux_loss_ = 0.0;
+  std::vector<double> aux_tokens_, aux_probs_;  // per expert, over the micro-batch's MoE layers
+  std::vector<float> aux_logits_, aux_dprob_host_;
+  DeviceBuffer aux_dprob_;
   std::unique_ptr<MoeScratch> moe_scratch_;
 };
 
