@@ -25,9 +25,12 @@ struct DTypeName {
   SafetensorsDType dtype;
 };
 constexpr DTypeName kReadable[] = {
-    {"F32", SafetensorsDType::F32}, {"BF16", SafetensorsDType::BF16}, {"F16", SafetensorsDType::F16}};
+    {"F32", SafetensorsDType::F32}, {"BF16", SafetensorsDType::BF16}, {"F16", SafetensorsDType::F16},
+    {"U8", SafetensorsDType::U8}};
 
-size_t element_size(SafetensorsDType t) { return t == SafetensorsDType::F32 ? 4 : 2; }
+size_t element_size(SafetensorsDType t) {
+  return t == SafetensorsDType::F32 ? 4 : t == SafetensorsDType::U8 ? 1 : 2;
+}
 
 uint64_t read_le64(const uint8_t* p) {
   uint64_t v = 0;
@@ -64,7 +67,7 @@ SafetensorsTensor parse_tensor(const std::string& where, const std::string& name
   const auto known = std::find_if(std::begin(kReadable), std::end(kReadable),
                                   [&](const DTypeName& d) { return dt.get<std::string>() == d.name; });
   SO_CHECK(known != std::end(kReadable), where, " has dtype ", dt.get<std::string>(),
-           "; so_train reads F32, BF16 and F16");
+           "; so_train reads F32, BF16, F16 and U8");
   t.dtype = known->dtype;
 
   const nlohmann::json& shape = entry["shape"];
@@ -160,6 +163,8 @@ const SafetensorsTensor& SafetensorsFile::tensor(const std::string& name) const 
 
 std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
   const SafetensorsTensor& t = tensor(name);
+  SO_CHECK(t.dtype != SafetensorsDType::U8, "safetensors file '", path(), "': tensor '", name,
+           "' holds U8 bytes, not floating-point values");
   const uint8_t* src = file_.data() + data_start_ + t.begin;  // validated at open
   std::vector<float> out(static_cast<size_t>(t.numel));
   if (out.empty()) return out;  // (an empty file maps to no memory at all)
@@ -173,6 +178,15 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
     out[i] = t.dtype == SafetensorsDType::BF16 ? bf16_to_f32(bf16{h}) : f16_to_f32(h);
   }
   return out;
+}
+
+std::vector<uint8_t> SafetensorsFile::read_u8(const std::string& name) const {
+  const SafetensorsTensor& t = tensor(name);
+  SO_CHECK(t.dtype == SafetensorsDType::U8, "safetensors file '", path(), "': tensor '", name, "' is ",
+           safetensors_dtype_name(t.dtype), "; U8 expected");
+  if (t.numel == 0) return {};  // (an empty file maps to no memory at all)
+  const uint8_t* src = file_.data() + data_start_ + t.begin;  // validated at open
+  return std::vector<uint8_t>(src, src + t.numel);
 }
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors, DType dtype,

@@ -13,6 +13,7 @@
 #include "so/core/json_reader.h"
 #include "so/io/atomic_file.h"
 #include "so/io/safetensors.h"
+#include "so/model/mxfp4.h"
 
 namespace so {
 
@@ -99,6 +100,12 @@ TensorFiles open_tensors(const fs::path& dir) {
   return open_sharded(dir);
 }
 
+// An MXFP4 expert stack [E, G*32, R] (HfTensor::mxfp4): E experts of R rows of G blocks.
+struct Mxfp4Shape {
+  int64_t experts, rows, groups;
+};
+Mxfp4Shape mxfp4_shape(const HfTensor& t) { return {t.shape[0], t.shape[2], t.shape[1] / (2 * kMxfp4BlockBytes)}; }
+
 // Fails unless the tensors are exactly the layout's parameters with the layout's shapes, plus
 // the tolerated extras (a tied lm_head, rotary buffers). All problems are listed at once.
 void check_against_layout(const fs::path& dir, const TensorFiles& tf, const ParamLayout& layout) {
@@ -117,8 +124,22 @@ void check_against_layout(const fs::path& dir, const TensorFiles& tf, const Para
   };
   std::set<std::string> expected;
   for (const HfTensor& t : layout.hf_tensors) {
-    check_shape(t.name, t.shape);
-    expected.insert(t.name);
+    if (!t.mxfp4) {
+      check_shape(t.name, t.shape);
+      expected.insert(t.name);
+      continue;
+    }
+    // The [E, G*32, R] stack as transformers' convert_moe_packed_tensors reads it: bytes, per
+    // expert and output row, of G blocks of 32 values.
+    const Mxfp4Shape s = mxfp4_shape(t);
+    check_shape(t.name + "_blocks", {s.experts, s.rows, s.groups, kMxfp4BlockBytes});
+    check_shape(t.name + "_scales", {s.experts, s.rows, s.groups});
+    for (const std::string& part : {t.name + "_blocks", t.name + "_scales"}) {
+      expected.insert(part);
+      if (const SafetensorsTensor* st = tf.find(part); st && st->dtype != SafetensorsDType::U8)
+        problems.push_back(str_cat("tensor '", part, "' in '", tf.where.at(part)->path(), "' is ",
+                                   safetensors_dtype_name(st->dtype), "; MXFP4 (quantization_config) stores U8"));
+    }
   }
   if (tied && tf.find(kTiedHead)) {
     check_shape(kTiedHead, layout.params[layout.embedding].shape);
@@ -131,7 +152,17 @@ void check_against_layout(const fs::path& dir, const TensorFiles& tf, const Para
                                  safetensors_dtype_name(t.dtype), ") in '", file->path(),
                                  "': the model of config.json has no such parameter"));
     }
-  if (problems.empty()) return;
+  if (problems.empty()) {
+    // Scales are 1/16 of the blocks: all of them are checked now, before anything is allocated.
+    for (const HfTensor& t : layout.hf_tensors)
+      if (t.mxfp4) {
+        const Mxfp4Shape s = mxfp4_shape(t);
+        const std::string name = t.name + "_scales";
+        check_mxfp4_scales(tf.where.at(name)->read_u8(name), s.experts * s.rows, s.groups,
+                           str_cat("model directory '", dir.string(), "': tensor '", name, "'"));
+      }
+    return;
+  }
   constexpr size_t kListed = 20;  // a wholly different model would list every tensor
   std::string msg;
   for (size_t i = 0; i < problems.size() && i < kListed; ++i) msg += (i ? "; " : " ") + problems[i];
@@ -144,6 +175,10 @@ const char* hf_dtype_name(DType t) { return t == DType::F32 ? "float32" : "bfloa
 
 }  // namespace
 
+void check_hf_weights(const std::string& dir, const ParamLayout& layout) {
+  check_against_layout(dir, open_tensors(dir), layout);
+}
+
 void load_hf_weights(const std::string& dir, const ParamLayout& layout,
                      const std::function<void(int param_id, std::vector<float> values)>& load) {
   const TensorFiles tf = open_tensors(dir);
@@ -151,6 +186,21 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
   const bool tied = layout.lm_head == layout.embedding;
   for (const HfTensor& t : layout.hf_tensors) {
     const std::string& name = t.name;
+    if (t.mxfp4) {  // dequantised rows [E, R, G*32], transposed per expert into the [E, G*32, R] parameter
+      const Mxfp4Shape s = mxfp4_shape(t);
+      const std::string blocks = name + "_blocks", scales = name + "_scales";
+      const std::vector<float> rows =
+          dequantize_mxfp4(tf.where.at(blocks)->read_u8(blocks), tf.where.at(scales)->read_u8(scales),
+                           s.experts * s.rows, s.groups, str_cat("model directory '", dir, "': tensor '", blocks, "'"));
+      const int64_t cols = t.shape[1];
+      std::vector<float> values(rows.size());
+      for (int64_t e = 0; e < s.experts; ++e)
+        for (int64_t r = 0; r < s.rows; ++r)
+          for (int64_t c = 0; c < cols; ++c)
+            values[(e * cols + c) * s.rows + r] = rows[(e * s.rows + r) * cols + c];
+      load(t.parts[0], std::move(values));
+      continue;
+    }
     std::vector<float> values = tf.where.at(name)->read_f32(name);
     if (tied && t.parts[0] == layout.embedding && tf.find(kTiedHead)) {
       // Bit patterns, so a NaN equals itself.

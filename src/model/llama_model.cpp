@@ -258,6 +258,18 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
     for (int64_t l = 0; l < cfg.num_layers; ++l)
       if (cfg.is_moe_layer(l)) moe_of_layer_[l] = opts.activation_checkpointing ? 0 : next++;
   }
+  if (cfg.moe.aux_loss) {
+    SO_CHECK(sp_size() == 1, "model: output_router_logits with ", sp_size(), " sequence-parallel ranks (RunConfig refuses it)");
+    const size_t E = static_cast<size_t>(cfg.moe.experts);
+    aux_tokens_.assign(E, 0.0);
+    aux_probs_.assign(E, 0.0);
+    aux_dprob_host_.assign(E, 0.0f);
+    aux_logits_.resize(static_cast<size_t>(opts.micro_batch * opts.seq_len) * E);
+    aux_dprob_ = backend.alloc(E * sizeof(float), "load-balancing loss gradient");
+  }
+  expert_tokens_.resize(static_cast<size_t>(cfg.num_layers));
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    if (moe_of_layer_[l] >= 0) expert_tokens_[static_cast<size_t>(l)].assign(static_cast<size_t>(cfg.moe.experts), 0);
   backend.synchronize(stream_);  // the host copies go away
   a.uploaded = backend.create_event();
   backend.record(*a.uploaded, stream_);
@@ -352,13 +364,44 @@ void* LlamaModel::sinks_grad(int l, ParamStore& p) const {
   return sinks < 0 ? nullptr : at(p.grad(sinks), sp_rank() * cfg_.num_heads / sp_size(), opts_.dtype);
 }
 
-void LlamaModel::zero_loss() { backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_); }
+void LlamaModel::zero_expert_tokens() {
+  for (std::vector<int64_t>& layer : expert_tokens_) std::fill(layer.begin(), layer.end(), 0);
+}
+
+void LlamaModel::zero_loss() {
+  backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_);
+  aux_loss_ = 0.0;
+}
 
 float LlamaModel::read_loss() {
   float loss = 0.0f;
   backend_.copy_d2h(&loss, acts_->loss.data(), sizeof(float), stream_);
   backend_.synchronize(stream_);
-  return loss;
+  return loss + static_cast<float>(aux_loss_);
+}
+
+// transformers' load_balancing_loss_func without an attention mask: over the N = layers x T
+// (token, MoE layer) rows, E * sum_e (selections of e / N) * (router probability of e summed / N),
+// times router_aux_loss_coef. The loss is a mean over the step's tokens (loss_scale = 1 / their
+// count), so each micro-batch's aux loss enters weighted by its share of them (loss_scale * T): the
+// step's value is the mean of its micro-batches' (and data-parallel ranks') aux losses.
+void LlamaModel::aux_loss_forward(float loss_scale) {
+  const int64_t T = opts_.micro_batch * opts_.seq_len, E = cfg_.moe.experts;
+  int64_t layers = 0;
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) layers += moe_of_layer_[l] >= 0;
+  const double n = static_cast<double>(layers * T);
+  const double weight = static_cast<double>(loss_scale) * static_cast<double>(T) * cfg_.moe.aux_loss_coef;
+  double aux = 0.0;
+  for (int64_t e = 0; e < E; ++e) {
+    const size_t i = static_cast<size_t>(e);
+    aux += aux_tokens_[i] * aux_probs_[i];
+    // d(weight * aux) / d(probability of e at any token and layer): the selections are constants.
+    aux_dprob_host_[i] = static_cast<float>(weight * static_cast<double>(E) * aux_tokens_[i] / (n * n));
+  }
+  aux_loss_ += weight * static_cast<double>(E) * aux / (n * n);
+  backend_.copy_h2d_sync(aux_dprob_.data(), aux_dprob_host_.data(), aux_dprob_host_.size() * sizeof(float), stream_);
+  std::fill(aux_tokens_.begin(), aux_tokens_.end(), 0.0);
+  std::fill(aux_probs_.begin(), aux_probs_.end(), 0.0);
 }
 
 const void* LlamaModel::final_hidden() const { return acts_->hn.data(); }
@@ -424,8 +467,28 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
     if (offload) backend_.wait(stream_, *a.stashed[(l + 1) % 2]);
     layer_forward(static_cast<int>(l), p, a.layer[opts_.activation_checkpointing ? 0 : l], residual(l),
                   residual(l + 1));
+    if (moe_of_layer_[l] >= 0) {
+      const MoeBlock& block = moe_block(static_cast<int>(l));
+      const std::vector<int64_t>& rows = block.tokens_per_expert();
+      std::vector<int64_t>& sum = expert_tokens_[static_cast<size_t>(l)];
+      for (size_t e = 0; e < rows.size(); ++e) sum[e] += rows[e];
+      if (cfg_.moe.aux_loss) {  // this layer's selections and router probabilities, summed over tokens
+        const int64_t E = cfg_.moe.experts;
+        backend_.copy_d2h(aux_logits_.data(), block.router_logits(), aux_logits_.size() * sizeof(float), stream_);
+        backend_.synchronize(stream_);
+        for (int64_t e = 0; e < E; ++e) aux_tokens_[static_cast<size_t>(e)] += static_cast<double>(rows[e]);
+        for (int64_t t = 0; t < T; ++t) {  // softmax over all experts, in fp32 as transformers
+          const float* z = &aux_logits_[static_cast<size_t>(t * E)];
+          const float mx = *std::max_element(z, z + E);
+          float denom = 0.0f;
+          for (int64_t e = 0; e < E; ++e) denom += std::exp(z[e] - mx);
+          for (int64_t e = 0; e < E; ++e) aux_probs_[static_cast<size_t>(e)] += std::exp(z[e] - mx) / denom;
+        }
+      }
+    }
     if (offload && l + 1 < L) move_checkpoint(l + 1, true, hooks);
   }
+  if (cfg_.moe.aux_loss) aux_loss_forward(loss_scale);
   hooks.before_unit(static_cast<int>(L) + 1);
   head_forward_backward(p, loss_scale, backward);
   if (!backward) return;
@@ -661,7 +724,7 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
   // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2)), or x_mid + moe(h2).
   if (moe_of_layer_[l] >= 0)
     moe_block(l).backward(stream_, *moe_scratch_, a.dh.data(), moe_params(l, p, false), moe_params(l, p, true),
-                          a.dx.data(), s.h2.data(), false);
+                          a.dx.data(), s.h2.data(), false, cfg_.moe.aux_loss ? aux_dprob_.as<float>() : nullptr);
   else
     mlp_backward(l, p, s);
   ops_.rmsnorm_backward(stream_, a.dx.data(), p.grad(w.mlp_norm), a.dh.data(), s.x_mid.data(), p.weight(w.mlp_norm),

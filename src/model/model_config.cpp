@@ -169,9 +169,7 @@ void read_moe(JsonReader& r, const Family& family, ModelConfig& c) {
   if (m.experts > 0 && m.top_k > m.experts)
     r.fail("num_experts_per_tok", str_cat("(", m.top_k, ") exceeds ", count_key, " (", m.experts, ")"));
   m.aux_loss_coef = r.get<double>("router_aux_loss_coef", 0.001);
-  if (r.get<bool>("output_router_logits", false))
-    r.fail("output_router_logits", "is true; the load-balancing loss is not supported yet (set it to false: "
-                                   "tokens per expert are still reported)");
+  m.aux_loss = r.get<bool>("output_router_logits", false);
   if (gpt_oss) {
     m.intermediate = c.intermediate_size;
     m.normalize = true;  // a softmax over the k chosen logits sums to 1
@@ -182,10 +180,20 @@ void read_moe(JsonReader& r, const Family& family, ModelConfig& c) {
     if (!std::isfinite(m.glu_alpha)) r.fail("swiglu_alpha", "must be finite");
     r.accept("initial_context_length");  // the pre-training context; the RoPE keys carry it
     r.accept("quantization_config");
-    if (r.has("quantization_config"))
-      r.fail("quantization_config", str_cat("is ", brief_json(r.raw().at("quantization_config")),
-                                             "; MXFP4 checkpoints are read once dequantised: save the model from "
-                                             "transformers with Mxfp4Config(dequantize=True) first"));
+    if (r.has("quantization_config")) {
+      const nlohmann::json& q = r.raw().at("quantization_config");
+      if (!q.is_object() || !q.contains("quant_method") || q.at("quant_method") != "mxfp4")
+        r.fail("quantization_config", str_cat("is ", brief_json(q), "; so_train reads {\"quant_method\": \"mxfp4\"} "
+                                               "(GPT-OSS's published checkpoints) or unquantised weights"));
+      for (const auto& [key, value] : q.items())
+        if (key != "quant_method" && key != "modules_to_not_convert")
+          r.fail("quantization_config", str_cat("has the unknown key '", key, "'"));
+      // MXFP4 blocks hold 32 values along each expert matrix's input dimension.
+      if (c.hidden_size % 32 != 0 || m.intermediate % 32 != 0)
+        r.fail("quantization_config", str_cat("is mxfp4, but hidden_size (", c.hidden_size, ") and intermediate_size (",
+                                               m.intermediate, ") must be multiples of the MXFP4 block of 32"));
+      m.mxfp4 = true;
+    }
     return;
   }
   m.intermediate = r.get_in("moe_intermediate_size", 768, 1, int64_t{1} << 20);
@@ -442,7 +450,7 @@ nlohmann::json ModelConfig::to_hf_json() const {
     j["swiglu_alpha"] = moe.glu_alpha;
     j["swiglu_limit"] = moe.glu_limit;
     j["router_aux_loss_coef"] = moe.aux_loss_coef;
-    j["output_router_logits"] = false;
+    j["output_router_logits"] = moe.aux_loss;
   } else if (family.moe == Family::Moe::Qwen3) {
     j["num_experts"] = moe.experts;
     j["num_experts_per_tok"] = moe.top_k;
@@ -451,7 +459,7 @@ nlohmann::json ModelConfig::to_hf_json() const {
     j["decoder_sparse_step"] = moe.sparse_step;
     j["mlp_only_layers"] = moe.dense_layers;
     j["router_aux_loss_coef"] = moe.aux_loss_coef;
-    j["output_router_logits"] = false;
+    j["output_router_logits"] = moe.aux_loss;
   }
   if (family.window)
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);

@@ -1,6 +1,7 @@
 #include "so/model/param_layout.h"
 
 #include <map>
+#include <set>
 
 #include "so/core/error.h"
 
@@ -26,6 +27,7 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
   };
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   std::map<int, std::pair<std::string, int>> fused;  // first part -> the checkpoint's stacked tensor, parts
+  std::set<int> mxfp4;                               // stored as MXFP4 blocks and scales
   L.embedding = add("model.embed_tokens.weight", {c.vocab_size, H}, 0);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -56,6 +58,7 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
       ids.experts_gate_up_bias = add(p + "mlp.experts.gate_up_proj_bias", {E, 2 * Ie}, u, Zero);
       ids.experts_down = add(p + "mlp.experts.down_proj", {E, Ie, H}, u);
       ids.experts_down_bias = add(p + "mlp.experts.down_proj_bias", {E, H}, u, Zero);
+      if (c.moe.mxfp4) mxfp4.insert({ids.experts_gate_up, ids.experts_down});
     } else if (c.is_moe_layer(l)) {  // transformers' per-expert checkpoint names
       const int64_t Ie = c.moe.intermediate;
       ids.router = add(p + "mlp.gate.weight", {c.moe.experts, H}, u);
@@ -94,6 +97,7 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
         t.shape[0] += L.params[id + j].shape[0];
       }
     }
+    t.mxfp4 = mxfp4.count(id) > 0;
     id += static_cast<int>(t.parts.size());
     L.hf_tensors.push_back(std::move(t));
   }

@@ -69,6 +69,10 @@ std::vector<std::pair<std::string, double>> metric_scalars(const StepMetrics& m)
     s.insert(s.end(), {{"eval_loss", m.eval_loss},
                        {"eval_perplexity", m.eval_perplexity},
                        {"eval_tokens", static_cast<double>(m.eval_tokens)}});
+  if (m.moe)
+    s.insert(s.end(), {{"expert_tokens_min", m.expert_tokens_min},
+                       {"expert_tokens_max", m.expert_tokens_max},
+                       {"expert_imbalance", m.expert_imbalance}});
   return s;
 }
 

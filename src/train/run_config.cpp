@@ -524,6 +524,10 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
     r.fail("model", "is missing (DeepSpeed configs have none): give so_train --model HF_DIR|config.json, or "
                     "model.config (an HF config.json), model.hf_dir or model.inline in the config");
   parse_model(r.child("model"), c);
+  if (c.model.moe.aux_loss && c.sequence_parallel_size > 1)
+    r.fail("sequence_parallel_size", str_cat("is ", c.sequence_parallel_size, " and the model's output_router_logits is "
+                                             "true: the load-balancing loss needs the whole micro-batch's router "
+                                             "statistics and each rank holds part of every sequence; use 1"));
   if (!r.has("data"))
     r.fail("data", "is missing (DeepSpeed configs have none): give so_train --data FILE --seq-len N, or a data "
                    "section in the config");

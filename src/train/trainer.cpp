@@ -4,8 +4,10 @@
 // csv_monitor.h, tensorboard_monitor.h), the NaN policy (nan_policy.h), checkpoints (run_saves.h, checkpoint.h).
 #include "so/train/trainer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <optional>
 
 #include "parallel/collective_watchdog.h"
@@ -115,6 +117,8 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
            ") is not divisible by sequence_parallel_size (", run.groups.sp_size, ")");
   run.batch = resolve_batch_sizes(cfg, run.groups.dp_size);
 
+  // The weights' names, shapes, dtypes and MXFP4 scales, before anything is allocated.
+  if (!cfg.init_hf_dir.empty()) check_hf_weights(cfg.init_hf_dir, ParamLayout::for_model(cfg.model));
   // The memory plan, before anything is allocated: "auto" settings resolved from it, and a run that
   // cannot fit refused with the table rather than failing at some allocation later.
   run.data = open_training_data(cfg, run.batch.micro);
@@ -164,7 +168,11 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
   engine.init_weights(cfg.seed, cfg.model.initializer_range);
   if (!cfg.init_hf_dir.empty()) {
     load_hf_weights(cfg.init_hf_dir, layout, [&](int id, std::vector<float> values) { engine.load_weight(id, values); });
-    if (comm.rank() == 0) log_info(str_cat("weights loaded from the Hugging Face model in ", cfg.init_hf_dir));
+    if (comm.rank() == 0)
+      log_info(str_cat("weights loaded from the Hugging Face model in ", cfg.init_hf_dir,
+                       cfg.model.moe.mxfp4 ? " (MXFP4 experts dequantised to fp32; checkpoints and exports hold them "
+                                             "unquantised: bf16 or fp32, no quantization_config)"
+                                           : ""));
   }
   if (!opts.resume.empty()) {
     run.state = load_checkpoint(engine, comm, cfg, opts.resume);
@@ -234,7 +242,21 @@ struct StepOutcome {
   double lr = 0.0;
   StepResult result;
   int64_t samples_before = 0, samples_after = 0;
+  std::vector<std::vector<double>> expert_tokens;  // [layer][expert], summed over ranks (StepMetrics::moe)
 };
+
+// StepMetrics' expert figures from tokens per [layer][expert] (a dense layer's list empty).
+void expert_token_metrics(const std::vector<std::vector<double>>& tokens, StepMetrics& m) {
+  for (const std::vector<double>& layer : tokens) {
+    if (layer.empty()) continue;
+    const auto [lo, hi] = std::minmax_element(layer.begin(), layer.end());
+    const double mean = std::accumulate(layer.begin(), layer.end(), 0.0) / static_cast<double>(layer.size());
+    m.expert_tokens_min = m.moe ? std::min(m.expert_tokens_min, *lo) : *lo;
+    m.expert_tokens_max = m.moe ? std::max(m.expert_tokens_max, *hi) : *hi;
+    m.expert_imbalance = std::max(m.expert_imbalance, mean > 0 ? *hi / mean : 0.0);
+    m.moe = true;
+  }
+}
 
 // Forward and backward over every micro-batch, then the optimizer step. The previous step's log
 // line is written in between: its timing is complete once this step's forward has run.
@@ -247,6 +269,7 @@ StepOutcome take_step(Run& run, int64_t step, const TrainOptions& opts, StepLog&
   out.samples_before = run.state.data_position;
   engine.begin_step(out.lr, static_cast<int>(run.batch.accumulation), run.cfg.schedule.betas_at(engine.steps_taken()));
   run.model->zero_loss();
+  run.model->zero_expert_tokens();
   // Every rank's loss is scaled by the step's supervised tokens (train.loss_normalization) and
   // gradients are summed over ranks, so the step sees the mean over the global batch.
   int64_t& sample = run.state.data_position;  // index of the next global sample
@@ -267,6 +290,11 @@ StepOutcome take_step(Run& run, int64_t step, const TrainOptions& opts, StepLog&
   out.samples_after = sample;
   out.loss = run.model->read_loss();
   run.comm().all_reduce_sum(&out.loss, 1);
+  for (const std::vector<int64_t>& layer : run.model->expert_tokens()) {
+    out.expert_tokens.emplace_back(layer.begin(), layer.end());
+    // Every rank reduces the same layers (its model is the same): one sum per MoE layer.
+    if (!layer.empty()) run.comm().all_reduce_sum(out.expert_tokens.back().data(), static_cast<int>(layer.size()));
+  }
   log.write_held(engine.timeline());
   out.result = engine.end_step();
   if (step == opts.profile_last) run.backend->profile_range(false);
@@ -295,6 +323,7 @@ void record_step(Run& run, const StepOutcome& out, StepLog& log, CsvMonitor& csv
   m.skipped = out.result.skipped;
   m.supervised_tokens = out.supervised_tokens;
   evaluate_if_due(run, out.step, m);
+  expert_token_metrics(out.expert_tokens, m);
   const MemoryStats mem = run.backend->memory_stats();
   m.mem_mib = mib(mem.in_use);
   m.peak_mem_mib = mib(mem.peak);

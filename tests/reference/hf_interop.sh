@@ -23,7 +23,7 @@ first_loss() {
 
 exports=()
 for model in llama_untied_fp32 qwen3_tied_bf16 qwen2_untied_bf16 mistral_untied_fp32 phi3_untied_bf16 \
-             seed_oss_tied_fp32 qwen3_moe_untied_bf16; do
+             seed_oss_tied_fp32 qwen3_moe_untied_bf16 gpt_oss_untied_bf16; do
   "$so_train" --config "$config" --set model.hf_dir="$here/hf_models/$model" --steps 2 \
     --save-dir "$out/$model-ckpt" --save-every 2 > /dev/null
   for variant in "fp32 0" "bf16 100000"; do

@@ -295,6 +295,34 @@ FIXTURES = [
             output_router_logits=False, hidden_act="silu",
         ),
     ),
+    # The load-balancing loss (output_router_logits): qwen3_moe_mixed's and gpt_oss_window_sinks'
+    # models with it on, its coefficient raised so that its gradient is far above rounding.
+    dict(
+        name="qwen3_moe_aux",
+        model_type="qwen3_moe",
+        seed=8643,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=48,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
+            num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+            mlp_only_layers=[1], output_router_logits=True, router_aux_loss_coef=0.5, hidden_act="silu",
+        ),
+    ),
+    dict(
+        name="gpt_oss_aux",
+        model_type="gpt_oss",
+        seed=7532,
+        config=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=150000.0,
+            rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+                              original_max_position_embeddings=4096),
+            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
+            num_local_experts=4, num_experts_per_tok=2, sliding_window=8, attention_bias=True,
+            output_router_logits=True, router_aux_loss_coef=0.5, hidden_act="silu",
+        ),
+    ),
 ]
 
 
@@ -367,9 +395,12 @@ def reinit_(model):
 
 
 def lm_loss(model, ids):
-    logits = model(input_ids=ids[:, :-1]).logits
+    out = model(input_ids=ids[:, :-1])
+    logits = out.logits
     V = logits.shape[-1]
     loss = F.cross_entropy(logits.reshape(-1, V).float(), ids[:, 1:].reshape(-1))
+    if getattr(model.config, "output_router_logits", False):  # as the model adds it with labels
+        loss = loss + model.config.router_aux_loss_coef * out.aux_loss
     return loss, logits
 
 

@@ -242,7 +242,10 @@ std::vector<Case> cases_on(const std::string& backend) {
                              {"llama_sinks", DType::F32, false, 0},          {"llama_sinks", DType::F32, true, 0},
                              // Mixture of experts (Qwen3-MoE), dense and MoE layers.
                              {"qwen3_moe_mixed", DType::F32, false, 0},   {"qwen3_moe_mixed", DType::F32, true, 0},
-                             {"gpt_oss_window_sinks", DType::F32, false, 0}, {"gpt_oss_window_sinks", DType::F32, true, 0}};
+                             {"gpt_oss_window_sinks", DType::F32, false, 0}, {"gpt_oss_window_sinks", DType::F32, true, 0},
+                             // The load-balancing loss (output_router_logits), with and without recompute.
+                             {"qwen3_moe_aux", DType::F32, false, 0},     {"qwen3_moe_aux", DType::F32, true, 0},
+                             {"gpt_oss_aux", DType::F32, false, 0},       {"gpt_oss_aux", DType::F32, true, 0}};
   for (Case& c : cases) c.backend = backend;
   return cases;
 }

@@ -65,7 +65,8 @@ TEST_P(HfFixtureTest, LoadsAndMatchesTransformersLoss) {
 INSTANTIATE_TEST_SUITE_P(SavePretrained, HfFixtureTest,
                          testing::Values("llama_tied_bf16", "llama_untied_fp32", "llama_untied_fp16_sharded",
                                          "qwen3_tied_bf16", "qwen2_untied_bf16", "mistral_untied_fp32",
-                                         "phi3_untied_bf16", "seed_oss_tied_fp32"));
+                                         "phi3_untied_bf16", "seed_oss_tied_fp32", "qwen3_moe_untied_bf16",
+                                         "gpt_oss_untied_bf16", "gpt_oss_mxfp4"));
 
 class HfDirTest : public testing::Test {
  protected:

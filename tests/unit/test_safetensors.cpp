@@ -112,6 +112,22 @@ TEST_F(SafetensorsTest, ReadsF16AndRefusesUnknownNames) {
   EXPECT_NE(msg.find("'" + p + "' has no tensor 'missing'"), std::string::npos) << msg;
 }
 
+// U8 (MXFP4 blocks and scales) is read as bytes; neither reader takes the other's dtype.
+TEST_F(SafetensorsTest, ReadsU8AsBytesOnly) {
+  const uint8_t b[] = {0, 17, 255};
+  const std::string p = craft(R"({"b":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},)"
+                              R"("h":{"dtype":"F16","shape":[1],"data_offsets":[3,5]}})", 0);
+  const uint16_t h = 0x3c00;
+  std::ofstream(p, std::ios::binary | std::ios::app).write(reinterpret_cast<const char*>(b), sizeof(b))
+      .write(reinterpret_cast<const char*>(&h), sizeof(h));
+  const SafetensorsFile f(p);
+  EXPECT_EQ(f.read_u8("b"), (std::vector<uint8_t>{0, 17, 255}));
+  std::string msg = test::error_message([&] { f.read_f32("b"); });
+  EXPECT_NE(msg.find("tensor 'b' holds U8 bytes, not floating-point values"), std::string::npos) << msg;
+  msg = test::error_message([&] { f.read_u8("h"); });
+  EXPECT_NE(msg.find("tensor 'h' is F16; U8 expected"), std::string::npos) << msg;
+}
+
 TEST(Fp16, ConversionTable) {
   const struct {
     uint16_t h;
@@ -150,7 +166,7 @@ TEST_F(SafetensorsTest, RefusesEveryMalformedHeader) {
       {"nested 100,000 deep", R"({"a":)" + std::string(100000, '[') + std::string(100000, ']') + "}", 0,
        "the header is nested deeper than 64 levels"},
       {"unknown dtype", R"({"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8,
-       "tensor 'a' has dtype I64; so_train reads F32, BF16 and F16"},
+       "tensor 'a' has dtype I64; so_train reads F32, BF16, F16 and U8"},
       {"negative dimension", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8,
        "tensor 'a': every shape dimension must be a non-negative integer, is -2"},
       {"fractional dimension", R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", 8,

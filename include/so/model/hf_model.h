@@ -17,8 +17,12 @@ namespace so {
 // Reads the weights in `dir` (whose config.json gave `layout`) and hands each parameter's fp32
 // values to `load`, in layout order, one at a time: the trainer passes them to
 // Engine::load_weight. A tied model's lm_head.weight, when present, must equal the embedding.
+// MXFP4 expert stacks (HfTensor::mxfp4) are dequantised here, into fp32.
 void load_hf_weights(const std::string& dir, const ParamLayout& layout,
                      const std::function<void(int param_id, std::vector<float> values)>& load);
+// What load_hf_weights checks before it reads any weight (names, shapes, dtypes, MXFP4 scales):
+// the trainer calls it before it allocates the engine.
+void check_hf_weights(const std::string& dir, const ParamLayout& layout);
 
 struct HfModel {
   ModelConfig config;

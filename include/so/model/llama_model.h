@@ -105,6 +105,11 @@ class LlamaModel {
   void zero_loss();
   // Synchronises and returns the accumulated loss.
   float read_loss();
+  // Tokens each layer sent to each expert ([layer][expert], top-k choices: a token counts once
+  // per chosen expert) over the forwards since zero_expert_tokens (recomputes not counted); a
+  // dense layer's list is empty.
+  const std::vector<std::vector<int64_t>>& expert_tokens() const { return expert_tokens_; }
+  void zero_expert_tokens();
   // The final hidden states [B*S, H] after the last forward (for tests that compare logits).
   const void* final_hidden() const;
 
@@ -166,6 +171,16 @@ class LlamaModel {
   int64_t first_sample_ = 0;
   std::vector<std::unique_ptr<MoeBlock>> moe_;
   std::vector<int> moe_of_layer_;  // index into moe_, -1 for a dense layer
+  std::vector<std::vector<int64_t>> expert_tokens_;  // see expert_tokens()
+  // The load-balancing loss (ModelConfig::Moe::aux_loss) of each forward: transformers'
+  // load_balancing_loss_func over this micro-batch's MoE layers, its loss-scaled value summed
+  // into aux_loss_ (read_loss adds it) and its gradient per router probability, the same for every
+  // token and layer, in aux_dprob_ [E] for the layers' backward.
+  void aux_loss_forward(float loss_scale);
+  double aux_loss_ = 0.0;
+  std::vector<double> aux_tokens_, aux_probs_;  // per expert, over the micro-batch's MoE layers
+  std::vector<float> aux_logits_, aux_dprob_host_;
+  DeviceBuffer aux_dprob_;
   std::unique_ptr<MoeScratch> moe_scratch_;
 };
 

@@ -59,7 +59,11 @@ struct ModelConfig {
     int64_t sparse_step = 1;                          // decoder_sparse_step
     std::vector<int64_t> dense_layers;                // mlp_only_layers
     double aux_loss_coef = 0.001;                     // router_aux_loss_coef (used when output_router_logits)
+    bool aux_loss = false;                            // output_router_logits: the load-balancing loss is added
     double glu_alpha = 1.702, glu_limit = 7.0;        // GptOss: swiglu_alpha, swiglu_limit
+    // GptOss: quantization_config {"quant_method": "mxfp4"}: the checkpoint stores the expert
+    // matrices as *_blocks / *_scales, dequantised at load; so_train trains and exports them in bf16/fp32.
+    bool mxfp4 = false;
   } moe;
   // Layer l runs the MoE block, as transformers' Qwen3MoeDecoderLayer decides.
   bool is_moe_layer(int64_t l) const;

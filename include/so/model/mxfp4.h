@@ -15,6 +15,10 @@ namespace so {
 std::vector<float> dequantize_mxfp4(const std::vector<uint8_t>& blocks, const std::vector<uint8_t>& scales,
                                     int64_t rows, int64_t groups, const std::string& what);
 
+// Fails, naming `what`, the row and block, on a scale of 255 (E8M0's NaN) or one that overflows
+// fp32; scales: [rows, groups].
+void check_mxfp4_scales(const std::vector<uint8_t>& scales, int64_t rows, int64_t groups, const std::string& what);
+
 // Bytes of packed E2M1 per MXFP4 block (32 values).
 constexpr int64_t kMxfp4BlockBytes = 16;
 

@@ -40,6 +40,9 @@ struct HfTensor {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<int> parts;  // parameter ids, in row order
+  // In the checkpoint as MXFP4 `<name>_blocks` / `<name>_scales` ([E, R, G, 16] / [E, R, G] U8 for
+  // the [E, G*32, R] expert stack; ModelConfig::Moe::mxfp4); exports write the plain tensor.
+  bool mxfp4 = false;
 };
 
 struct ParamLayout {

@@ -32,6 +32,11 @@ struct StepMetrics {
   double peak_mem_mib = 0.0;
   double elapsed_s = 0.0;  // wall time since this run's first step began
   double eta_s = 0.0;      // the steps left at the mean time of this run's steps so far
+  // Mixture of experts (written only for a model with MoE layers): the step's tokens per expert
+  // over all ranks and micro-batches, the fewest and most any expert of any layer received, and the
+  // worst layer's imbalance (its busiest expert's tokens over its mean: 1 is perfectly balanced).
+  bool moe = false;
+  double expert_tokens_min = 0.0, expert_tokens_max = 0.0, expert_imbalance = 0.0;
 };
 
 class MetricsSink {
