@@ -225,6 +225,32 @@ def main():
     r = run(["--model-dir", plain, "--input", chat, "--out", os.path.join(work, "x.h5")], expect_ok=False)
     check(r.returncode == 1 and "no chat template" in r.stderr, f"auto-detected chat, no template: {r.stderr}")
 
+    # The same records as Parquet, an Arrow IPC file and a directory of Arrow IPC stream files
+    # (the layout datasets.save_to_disk writes: data-NNNNN-of-NNNNN.arrow) give the JSONL's file.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    table = pa.Table.from_pylist(ALPACA)
+    parquet = os.path.join(work, "alpaca.parquet")
+    pq.write_table(table, parquet)
+    arrow = os.path.join(work, "alpaca.arrow")
+    with pa.OSFile(arrow, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    saved = os.path.join(work, "alpaca_saved")
+    os.makedirs(saved, exist_ok=True)
+    for i, part in enumerate([table.slice(0, 2), table.slice(2)]):  # two shards, read in order
+        with pa.OSFile(os.path.join(saved, f"data-{i:05d}-of-00002.arrow"), "wb") as sink, \
+                pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(part)
+    with h5py.File(os.path.join(work, "alpaca.h5")) as f:
+        from_jsonl = {k: f[f"train/{k}"][:] for k in ("tokens", "loss_mask")}
+    for source in (parquet, arrow, saved):
+        out = os.path.join(work, "alpaca_from_" + os.path.basename(source) + ".h5")
+        run(["--model-dir", model, "--input", source, "--out", out, "--max-length", "256", "--pad"])
+        with h5py.File(out) as f:
+            same = all((f[f"train/{k}"][:] == v).all() and f[f"train/{k}"].shape == v.shape
+                       for k, v in from_jsonl.items())
+        check(same, f"{os.path.basename(source)}: tokens and loss masks equal the JSONL's")
+
     # Plain text: tokens equal tokenizer(text) + EOS, all supervised.
     text = write_jsonl(os.path.join(work, "text.jsonl"), [{"text": "It is a truth universally acknowledged."}])
     run(["--model-dir", model, "--input", text, "--out", os.path.join(work, "text.h5"), "--max-length", "64"])
