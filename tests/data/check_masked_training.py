@@ -8,7 +8,7 @@ epoch sampler documents (docs/finetuning.md), with labels = -100 where the mask 
 normalised as train.loss_normalization says. Checked: step 1's loss equals HF's (before any
 update) to 1e-6, and every step's loss to 1e-4.
 
-  check_masked_training.py WORK SO_TRAIN [--normalization step|micro_batch] [--mpiexec MPIEXEC --np 2]
+  check_masked_training.py WORK SO_TRAIN [--normalization step|micro_batch] [--mpiexec MPIEXEC --np 2 [--sp 2]]
 """
 import argparse
 import json
@@ -154,23 +154,26 @@ def main():
     p.add_argument("--normalization", default="step")
     p.add_argument("--mpiexec")
     p.add_argument("--np", type=int, default=1)
+    p.add_argument("--sp", type=int, default=1, help="Ulysses ranks among the np (data-parallel size np / sp)")
     p.add_argument("--packed", action="store_true", help="packed rows, against the documents run separately")
     a = p.parse_args()
     os.makedirs(a.work, exist_ok=True)
     model, data = make_data(a.work, a.packed)
-    accumulation = GLOBAL_BATCH // (MICRO * a.np)
+    dp = a.np // a.sp
+    accumulation = GLOBAL_BATCH // (MICRO * dp)
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": accumulation,
               "gradient_clipping": CLIP, "bf16": {"enabled": False},
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.95], "eps": 1e-8,
                                                         "weight_decay": 0.0}},
               "zero_optimization": {"stage": 0}, "model": {"hf_dir": model},
               "data": {"type": "prepared", "path": data, "seed": SEED},
-              "train": {"steps": STEPS, "loss_normalization": a.normalization}, "seed": 1}
+              "train": {"steps": STEPS, "loss_normalization": a.normalization}, "seed": 1,
+              "sequence_parallel_size": a.sp}
     kind = "packed" if a.packed else "padded"
-    cfg = os.path.join(a.work, f"config_{kind}_{a.normalization}_np{a.np}.json")
+    cfg = os.path.join(a.work, f"config_{kind}_{a.normalization}_np{a.np}_sp{a.sp}.json")
     with open(cfg, "w") as f:
         json.dump(config, f)
-    metrics = os.path.join(a.work, f"metrics_{kind}_{a.normalization}_np{a.np}.jsonl")
+    metrics = os.path.join(a.work, f"metrics_{kind}_{a.normalization}_np{a.np}_sp{a.sp}.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
     cmd = [a.so_train, "--config", cfg, "--metrics", metrics, "--quiet"]
@@ -178,7 +181,7 @@ def main():
         cmd = [a.mpiexec, "--oversubscribe", "-np", str(a.np)] + cmd
     subprocess.run(cmd, check=True)
     ours = [json.loads(line)["loss"] for line in open(metrics)]
-    ref = torch_losses(model, data, a.normalization, accumulation, a.np, separate=a.packed)
+    ref = torch_losses(model, data, a.normalization, accumulation, dp, separate=a.packed)
     print("step  so_train      torch         |diff|")
     worst = 0.0
     for i, (o, r) in enumerate(zip(ours, ref)):

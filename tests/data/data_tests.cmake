@@ -58,3 +58,16 @@ add_test(NAME mpi.packed_training_vs_torch_np2
                  ${CMAKE_CURRENT_BINARY_DIR}/data_packed_np2 $<TARGET_FILE:so_train> --packed --mpiexec ${MPIEXEC_BIN} --np 2)
 set_tests_properties(mpi.packed_training_vs_torch_np2 PROPERTIES LABELS mpi ENVIRONMENT "${SO_MPI_TEST_ENV}"
                      PASS_REGULAR_EXPRESSION "masked training matches torch" TIMEOUT 300)
+# The same under Ulysses: two ranks each holding half of every row (whole-row document starts).
+foreach(kind masked packed)
+  set(extra "")
+  if(kind STREQUAL "packed")
+    set(extra --packed)
+  endif()
+  add_test(NAME mpi.${kind}_training_vs_torch_sp2
+           COMMAND ${SO_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/check_masked_training.py
+                   ${CMAKE_CURRENT_BINARY_DIR}/data_${kind}_sp2 $<TARGET_FILE:so_train> ${extra}
+                   --mpiexec ${MPIEXEC_BIN} --np 2 --sp 2)
+  set_tests_properties(mpi.${kind}_training_vs_torch_sp2 PROPERTIES LABELS mpi ENVIRONMENT "${SO_MPI_TEST_ENV}"
+                       PASS_REGULAR_EXPRESSION "masked training matches torch" TIMEOUT 300)
+endforeach()
