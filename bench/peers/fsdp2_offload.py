@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 from peer_common import Run, enable_checkpointing, parse_args, report, timed_training
 
@@ -25,7 +25,7 @@ def main():
     if cuda:
         torch.cuda.set_device(run.device)
     mesh = init_device_mesh(run.device.type, (1,))
-    model = LlamaForCausalLM(run.llama_config("sdpa"))  # fp32, on the CPU until sharded
+    model = AutoModelForCausalLM.from_config(run.hf_config("sdpa"))  # fp32, on the CPU until sharded
     if run.checkpointing:
         enable_checkpointing(model)
     model.train()

@@ -6,7 +6,7 @@ import json
 import time
 
 import torch
-from transformers import LlamaConfig
+from transformers import AutoConfig
 
 
 def parse_args(description):
@@ -22,6 +22,8 @@ def parse_args(description):
     p.add_argument("--checkpointing", choices=["config", "on", "off"], default="config",
                    help="activation checkpointing (default: as train.activation_checkpointing says)")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak for MFU (0: no MFU)")
+    p.add_argument("--precision", choices=["bf16-autocast", "fp32"], default="bf16-autocast",
+                   help="fp32 weights with bf16 autocast (so_train's bf16), or fp32 throughout (its fp32)")
     return p.parse_args()
 
 
@@ -50,9 +52,11 @@ class Run:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", 0)  # torch.cuda.set_device refuses an index-less "cuda"
 
-    def llama_config(self, attn_implementation):
+    def hf_config(self, attn_implementation):
+        """The transformers config of the so_train model (its model_type: llama, qwen3_moe, ...)."""
         keep = {k: v for k, v in self.model.items() if k != "model_type"}
-        return LlamaConfig(**keep, attn_implementation=attn_implementation, use_cache=False)
+        return AutoConfig.for_model(self.model.get("model_type", "llama"), **keep,
+                                    attn_implementation=attn_implementation, use_cache=False)
 
     def flops_per_token(self):
         """so_train's count (src/model/param_layout.cpp train_flops_per_token), so TFLOP/s compare."""
@@ -60,7 +64,11 @@ class Run:
         H, L, V = m["hidden_size"], m["num_hidden_layers"], m["vocab_size"]
         D = m.get("head_dim", H // m["num_attention_heads"])
         q, kv = m["num_attention_heads"] * D, m["num_key_value_heads"] * D
-        matmul = L * (H * q + 2 * H * kv + q * H + 3 * H * m["intermediate_size"]) + V * H
+        mlp = 3 * H * m["intermediate_size"]
+        if m.get("model_type") == "qwen3_moe":  # every layer MoE here: the router and top-k experts
+            E = m.get("num_experts", m.get("num_local_experts"))
+            mlp = H * E + 3 * H * m["moe_intermediate_size"] * m["num_experts_per_tok"]
+        matmul = L * (H * q + 2 * H * kv + q * H + mlp) + V * H
         attn = L * 4.0 * D * m["num_attention_heads"] * (self.seq_len + 1) / 2.0
         return 3.0 * (2.0 * matmul + attn)
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Peer baseline: transformers' LlamaForCausalLM of the so_train config's shape on one GPU, fp32
-weights with bf16 autocast (so_train's mixed precision: fp32 master weights, bf16 compute), SDPA
+"""Peer baseline: transformers' model of the so_train config's family and shape (LlamaForCausalLM,
+Qwen3MoeForCausalLM, ...) on one GPU (or the CPU), fp32 weights with bf16 autocast (so_train's
+mixed precision: fp32 master weights, bf16 compute) or fp32 throughout, SDPA
 attention (flash kernels on the GPU) or flash_attention_2 when installed, fused AdamW, the same
 batch, sequence length and clipping. Prints one JSON line with tokens/s."""
 import torch
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 from peer_common import Run, enable_checkpointing, parse_args, report, timed_training
 
@@ -19,15 +20,17 @@ def main():
         attn = "sdpa"
     if run.device.type != "cuda":
         attn = "sdpa"
-    model = LlamaForCausalLM(run.llama_config(attn)).to(run.device)
+    model = AutoModelForCausalLM.from_config(run.hf_config(attn)).to(run.device)
     if run.checkpointing:
         enable_checkpointing(model)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=run.betas, eps=run.eps,
                                   weight_decay=run.weight_decay, fused=True)
-    seconds, loss = timed_training(run, model, optimizer, args.steps, args.warmup, autocast=True)
+    seconds, loss = timed_training(run, model, optimizer, args.steps, args.warmup,
+                                   autocast=args.precision == "bf16-autocast")
     report("torch", run, args, seconds, loss, sum(p.numel() for p in model.parameters()),
-           {"attention": attn, "precision": "fp32 weights + bf16 autocast", "optimizer": "AdamW fused"})
+           {"attention": attn, "precision": "fp32 weights + bf16 autocast" if args.precision == "bf16-autocast" else "fp32",
+            "optimizer": "AdamW fused"})
 
 
 if __name__ == "__main__":
