@@ -106,6 +106,40 @@ struct Mxfp4Shape {
 };
 Mxfp4Shape mxfp4_shape(const HfTensor& t) { return {t.shape[0], t.shape[2], t.shape[1] / (2 * kMxfp4BlockBytes)}; }
 
+// Qwen3-MoE's experts as transformers 5 holds them in memory (and as some tools save them): per
+// layer one gate_up_proj [E, 2I, H] (each expert's gate rows, then its up rows) and one down_proj
+// [E, H, I], in place of the per-expert tensors its save_pretrained writes. Where a layer's fused
+// tensors are in the directory, each per-expert parameter is read as its slice of them.
+struct FusedSlice {
+  std::string tensor;
+  int64_t offset = 0;
+};
+struct FusedExperts {
+  std::map<std::string, FusedSlice> slices;                // per-expert parameter name -> where it lies
+  std::map<std::string, std::vector<int64_t>> tensors;     // fused tensor name -> its expected shape
+};
+FusedExperts fused_experts(const TensorFiles& tf, const ParamLayout& layout) {
+  FusedExperts f;
+  for (const LayerParamIds& ids : layout.layers) {
+    if (ids.expert_gate.empty()) continue;
+    const std::string& first = layout.params[ids.expert_gate[0]].name;  // ...mlp.experts.0.gate_proj.weight
+    const std::string prefix = first.substr(0, first.find("experts.") + 8);
+    const std::string gate_up = prefix + "gate_up_proj", down = prefix + "down_proj";
+    if (!tf.find(gate_up) && !tf.find(down)) continue;
+    const int64_t E = static_cast<int64_t>(ids.expert_gate.size());
+    const std::vector<int64_t>& gs = layout.params[ids.expert_gate[0]].shape;  // [I, H]
+    const int64_t I = gs[0], H = gs[1];
+    f.tensors[gate_up] = {E, 2 * I, H};
+    f.tensors[down] = {E, H, I};
+    for (int64_t e = 0; e < E; ++e) {
+      f.slices[layout.params[ids.expert_gate[e]].name] = {gate_up, e * 2 * I * H};
+      f.slices[layout.params[ids.expert_up[e]].name] = {gate_up, e * 2 * I * H + I * H};
+      f.slices[layout.params[ids.expert_down[e]].name] = {down, e * H * I};
+    }
+  }
+  return f;
+}
+
 // Fails unless the tensors are exactly the layout's parameters with the layout's shapes, plus
 // the tolerated extras (a tied lm_head, rotary buffers). All problems are listed at once.
 void check_against_layout(const fs::path& dir, const TensorFiles& tf, const ParamLayout& layout) {
@@ -123,7 +157,13 @@ void check_against_layout(const fs::path& dir, const TensorFiles& tf, const Para
     }
   };
   std::set<std::string> expected;
+  const FusedExperts fused = fused_experts(tf, layout);
+  for (const auto& [name, shape] : fused.tensors) {
+    check_shape(name, shape);
+    expected.insert(name);
+  }
   for (const HfTensor& t : layout.hf_tensors) {
+    if (fused.slices.count(t.name)) continue;  // read from its layer's fused tensor
     if (!t.mxfp4) {
       check_shape(t.name, t.shape);
       expected.insert(t.name);
@@ -184,8 +224,21 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
   const TensorFiles tf = open_tensors(dir);
   check_against_layout(dir, tf, layout);
   const bool tied = layout.lm_head == layout.embedding;
+  const FusedExperts fused = fused_experts(tf, layout);
+  std::map<std::string, std::vector<float>> fused_read;  // one layer's fused tensors at a time
   for (const HfTensor& t : layout.hf_tensors) {
     const std::string& name = t.name;
+    if (const auto slice = fused.slices.find(name); slice != fused.slices.end()) {
+      const std::string& tensor = slice->second.tensor;
+      if (!fused_read.count(tensor)) {
+        if (fused_read.size() >= 2) fused_read.clear();  // the previous layer's pair
+        fused_read[tensor] = tf.where.at(tensor)->read_f32(tensor);
+      }
+      const std::vector<float>& all = fused_read.at(tensor);
+      const int64_t n = layout.params[t.parts[0]].numel;
+      load(t.parts[0], std::vector<float>(all.begin() + slice->second.offset, all.begin() + slice->second.offset + n));
+      continue;
+    }
     if (t.mxfp4) {  // dequantised rows [E, R, G*32], transposed per expert into the [E, G*32, R] parameter
       const Mxfp4Shape s = mxfp4_shape(t);
       const std::string blocks = name + "_blocks", scales = name + "_scales";
