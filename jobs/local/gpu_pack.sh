@@ -35,6 +35,15 @@ candidates=(-type f ! -name '*.o' ! -name '*.a' ! -path '*/CMakeFiles/*' ! -path
 small=(\( -perm -u+x -size -60M -o -size -2M \))
 (cd "$build" && find . "${candidates[@]}" ! "${small[@]}" -printf 'gpu_pack.sh: skipped for size: %p (%s bytes)\n')
 (cd "$build" && find . "${candidates[@]}" "${small[@]}" -print0 | tar --null -T - -c) | tar -x -C "$tree/build"
+#    Only the test executables the gpu-labelled tests run travel (the GPU stages run only those and
+#    so_train/so_bench/so_ckpt); the fuzzers and the cross build stay here. Each test binary holds
+#    the whole backend, and the carry is small.
+gpu_tests=$(ctest --test-dir "$build" -N -L gpu --show-only=json-v1 2>/dev/null | grep -o "\"$build/[^\"]*\"" | tr -d '"' | sort -u)
+rm -rf "$tree/build/fuzz" "$tree/build/aarch64"
+(cd "$tree/build" && find tests -type f -perm -u+x -exec sh -c 'head -c4 "$1" | grep -q ELF' _ {} \; -print) |
+  while read -r f; do
+    echo "$gpu_tests" | grep -qx "$build/$f" || rm -f "$tree/build/$f"
+  done
 # 2. Shared libraries, but those the GPU machine has (CUDA, NVIDIA's, the C and C++ runtimes).
 machine_has='linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread|librt\.so|libcuda\.so|libcudart|libcublas|libnccl|libcudnn|libnvidia|libstdc\+\+|libgcc_s'
 ompi=/usr/lib/x86_64-linux-gnu/openmpi

@@ -165,7 +165,21 @@ def main():
     check_evaluation(work, so, model, [], 0)
 
     # Refusals.
-    refused(so, ["--config", config(work, "vocab", model, data, steps=1), "--set", "model.override.vocab_size=300"],
+    # A model of 300 tokens (its own config, freshly initialised: a checkpoint of that size) fed
+    # data of the model directory's 384-token tokenizer.
+    with open(os.path.join(model, "config.json")) as f:
+        small = json.load(f)
+    small["vocab_size"] = 300
+    small_config = os.path.join(work, "model_vocab300.json")
+    with open(small_config, "w") as f:
+        json.dump(small, f)
+    vocab_cfg = config(work, "vocab", model, data, steps=1)
+    with open(vocab_cfg) as f:
+        c = json.load(f)
+    c["model"] = {"config": small_config}
+    with open(vocab_cfg, "w") as f:
+        json.dump(c, f)
+    refused(so, ["--config", vocab_cfg],
             r"made with a tokenizer of 384 tokens .*more than the model's vocab_size 300", "tokenizer larger than the model")
     other = os.path.join(work, "other_model")
     shutil.rmtree(other, ignore_errors=True)

@@ -438,6 +438,13 @@ def np32(t):
     return t.detach().cpu().to(torch.float32).numpy()
 
 
+def keeps_final_weight(name):
+    """The weights after 10 steps are kept for the embedding, the head and layer 0 (every kind of
+    parameter a family has); the other layers are held to torch by the losses and gradient norms
+    of every step. It keeps the fixtures, which travel to the GPU machine, within its carry."""
+    return not name.startswith("model.layers.") or name.startswith("model.layers.0.")
+
+
 def split_fused(cfg, tensors):
     """Phi-3's stacked projections under so_train's parameter names (rows [q; k; v], [gate; up]);
     transformers 5's fused MoE experts under the per-expert names its checkpoints use
@@ -571,6 +578,8 @@ def make_fixture_with(spec, out_dir):
         t.create_dataset("grad_norms", data=np.array(norms, dtype=np.float32))
         fw = t.create_group("final_weights")
         for n, a in final_weights.items():
+            if not keeps_final_weight(n):
+                continue
             fw.create_dataset(n, data=a)
     return path
 
@@ -589,7 +598,8 @@ def verify(path):
         print(f"  loss = {f['loss'][0]:.7f}")
         print(f"  train/losses = {np.array2string(f['train/losses'][:], precision=5)}")
         print(f"  train/grad_norms = {np.array2string(f['train/grad_norms'][:], precision=5)}")
-        assert set(f["weights"]) == set(f["grads"]) == set(f["train/final_weights"])
+        assert set(f["weights"]) == set(f["grads"])
+        assert set(f["train/final_weights"]) == {n for n in f["weights"] if keeps_final_weight(n)}
 
 
 def main():
