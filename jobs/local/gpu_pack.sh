@@ -38,11 +38,14 @@ small=(\( -perm -u+x -size -60M -o -size -2M \))
 #    Only the test executables the gpu-labelled tests run travel (the GPU stages run only those and
 #    so_train/so_bench/so_ckpt); the fuzzers and the cross build stay here. Each test binary holds
 #    the whole backend, and the carry is small.
-gpu_tests=$(ctest --test-dir "$build" -N -L gpu --show-only=json-v1 2>/dev/null | grep -o "\"$build/[^\"]*\"" | tr -d '"' | sort -u)
+#    CTest names them by the build directory's physical path.
+built_at=$(cd "$build" && pwd -P)
+gpu_tests=$(ctest --test-dir "$build" -N -L gpu --show-only=json-v1 2>/dev/null | grep -o "\"$built_at/[^\"]*\"" | tr -d '"' | sort -u || true)
+[ -n "$gpu_tests" ] || { echo "gpu_pack.sh: ctest lists no gpu-labelled test in $build" >&2; exit 2; }
 rm -rf "$tree/build/fuzz" "$tree/build/aarch64"
 (cd "$tree/build" && find tests -type f -perm -u+x -exec sh -c 'head -c4 "$1" | grep -q ELF' _ {} \; -print) |
   while read -r f; do
-    echo "$gpu_tests" | grep -qx "$build/$f" || rm -f "$tree/build/$f"
+    echo "$gpu_tests" | grep -qx "$built_at/$f" || rm -f "$tree/build/$f"
   done
 # 2. Shared libraries, but those the GPU machine has (CUDA, NVIDIA's, the C and C++ runtimes).
 machine_has='linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread|librt\.so|libcuda\.so|libcudart|libcublas|libnccl|libcudnn|libnvidia|libstdc\+\+|libgcc_s'
