@@ -444,22 +444,21 @@ nlohmann::json ModelConfig::to_hf_json() const {
     j["attention_dropout"] = shortest_decimal(attention_dropout);
     j["residual_dropout"] = shortest_decimal(residual_dropout);
   }
-  if (family.moe == Family::Moe::GptOss) {
-    j["num_local_experts"] = moe.experts;
+  if (family.moe != Family::Moe::None) {
     j["num_experts_per_tok"] = moe.top_k;
-    j["swiglu_alpha"] = moe.glu_alpha;
-    j["swiglu_limit"] = moe.glu_limit;
     j["router_aux_loss_coef"] = moe.aux_loss_coef;
     j["output_router_logits"] = moe.aux_loss;
+  }
+  if (family.moe == Family::Moe::GptOss) {
+    j["num_local_experts"] = moe.experts;
+    j["swiglu_alpha"] = moe.glu_alpha;
+    j["swiglu_limit"] = moe.glu_limit;
   } else if (family.moe == Family::Moe::Qwen3) {
     j["num_experts"] = moe.experts;
-    j["num_experts_per_tok"] = moe.top_k;
     j["moe_intermediate_size"] = moe.intermediate;
     j["norm_topk_prob"] = moe.normalize;
     j["decoder_sparse_step"] = moe.sparse_step;
     j["mlp_only_layers"] = moe.dense_layers;
-    j["router_aux_loss_coef"] = moe.aux_loss_coef;
-    j["output_router_logits"] = moe.aux_loss;
   }
   if (family.window)
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu_kernels.h"
+#include "src/backend/grouped_gemm.h"
 #include "so/core/error.h"
 
 namespace so::cpu {
@@ -155,29 +156,12 @@ void moe_combine_backward(T* dy, float* dweights, const T* dout, const T* y, con
 }
 
 void grouped_gemm(const GroupedGemm& g) {
-  const size_t ab = dtype_size(g.ab), c = dtype_size(g.c);
-  const auto* A = static_cast<const char*>(g.A);
-  int64_t start = 0;
-  for (int64_t grp = 0; grp < g.groups; ++grp) {
-    const int64_t n = g.rows[grp];
-    SO_CHECK(n >= 0, "grouped_gemm: group ", grp, " has ", n, " rows");
-    if (!g.vary_k) {
-      const void* B = g.per_group ? g.per_group[grp] : static_cast<const char*>(g.B) + grp * g.N * g.K * ab;
-      if (n > 0)
-        gemm(false, g.trans_b, n, g.N, g.K, g.alpha, A + start * g.K * ab, B, g.ab, g.beta,
-             static_cast<char*>(g.C) + start * g.N * c, g.c);
-    } else {
-      char* C = static_cast<char*>(g.per_group ? g.per_group[grp] : static_cast<char*>(g.C) + grp * g.M * g.N * c);
-      if (n > 0) {
-        gemm(true, false, g.M, g.N, n, g.alpha, A + start * g.M * ab, static_cast<const char*>(g.B) + start * g.N * ab,
-             g.ab, g.beta, C, g.c);
-      } else if (g.beta != 1.0f) {  // an expert without tokens: its gradient is beta * C
-        SO_CHECK(g.beta == 0.0f, "grouped_gemm: an empty group with beta ", g.beta, " (only 0 or 1 is supported)");
-        std::memset(C, 0, g.M * g.N * c);
-      }
-    }
-    start += n;
-  }
+  walk_grouped_gemm(
+      g,
+      [&](bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, const void* B, void* C) {
+        gemm(ta, tb, M, N, K, g.alpha, A, B, g.ab, g.beta, C, g.c);
+      },
+      [](void* C, size_t bytes) { std::memset(C, 0, bytes); });
 }
 
 template <typename T>

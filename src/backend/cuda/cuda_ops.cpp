@@ -10,6 +10,7 @@
 #include "cuda_check.h"
 #include "cudnn_sdpa.h"
 #include "cuda_gemm.h"
+#include "src/backend/grouped_gemm.h"
 #include "cuda_kernels.h"
 #include "cuda_stream.h"
 #include "src/optim/adam_constants.h"
@@ -236,29 +237,12 @@ void CudaOps::moe_combine_backward(Stream& s, void* dy, float* dweights, const v
 // One cuBLASLt call per non-empty group (its plan cached by shape like every GEMM's). cuBLAS's
 // grouped batched GEMM would make it one launch; it is the thing to measure on a GPU.
 void CudaOps::grouped_gemm(Stream& s, const GroupedGemm& g) {
-  const size_t ab = dtype_size(g.ab), c = dtype_size(g.c);
-  const auto* A = static_cast<const char*>(g.A);
-  int64_t start = 0;
-  for (int64_t grp = 0; grp < g.groups; ++grp) {
-    const int64_t n = g.rows[grp];
-    SO_CHECK(n >= 0, "grouped_gemm: group ", grp, " has ", n, " rows");
-    if (!g.vary_k) {
-      const void* B = g.per_group ? g.per_group[grp] : static_cast<const char*>(g.B) + grp * g.N * g.K * ab;
-      if (n > 0)
-        gemm_.gemm(raw(s), false, g.trans_b, n, g.N, g.K, g.alpha, A + start * g.K * ab, B, g.ab, g.beta,
-                   static_cast<char*>(g.C) + start * g.N * c, g.c);
-    } else {
-      char* C = static_cast<char*>(g.per_group ? g.per_group[grp] : static_cast<char*>(g.C) + grp * g.M * g.N * c);
-      if (n > 0) {
-        gemm_.gemm(raw(s), true, false, g.M, g.N, n, g.alpha, A + start * g.M * ab,
-                   static_cast<const char*>(g.B) + start * g.N * ab, g.ab, g.beta, C, g.c);
-      } else if (g.beta != 1.0f) {  // an expert without tokens: its gradient is beta * C
-        SO_CHECK(g.beta == 0.0f, "grouped_gemm: an empty group with beta ", g.beta, " (only 0 or 1 is supported)");
-        SO_CUDA_CHECK(cudaMemsetAsync(C, 0, g.M * g.N * c, raw(s)));
-      }
-    }
-    start += n;
-  }
+  walk_grouped_gemm(
+      g,
+      [&](bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, const void* B, void* C) {
+        gemm_.gemm(raw(s), ta, tb, M, N, K, g.alpha, A, B, g.ab, g.beta, C, g.c);
+      },
+      [&](void* C, size_t bytes) { SO_CUDA_CHECK(cudaMemsetAsync(C, 0, bytes, raw(s))); });
 }
 
 void CudaOps::clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,

@@ -1,0 +1,17 @@
+#pragma once
+// The one walk over a GroupedGemm's groups (so/backend/ops.h), shared by every backend: where each
+// group's operands lie, which groups are empty, and what an empty one leaves (beta * C: C zeroed
+// when beta is 0, untouched when 1). The backend supplies its GEMM and its zero-fill.
+#include <functional>
+
+#include "so/backend/ops.h"
+
+namespace so {
+
+// gemm(trans_a, trans_b, M, N, K, A, B, C) with g's alpha, beta and dtypes; zero(C, bytes).
+void walk_grouped_gemm(const GroupedGemm& g,
+                       const std::function<void(bool, bool, int64_t, int64_t, int64_t, const void*, const void*,
+                                                void*)>& gemm,
+                       const std::function<void(void*, size_t)>& zero);
+
+}  // namespace so
