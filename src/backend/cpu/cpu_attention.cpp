@@ -1,6 +1,8 @@
-// Causal grouped-query attention, flash style: scores are produced one query row at a time over
-// blocks of keys with an online softmax, so memory is O(S * D) per head and the S x S score
-// matrix never exists. Backward recomputes probabilities from the saved log-sum-exp (FA2).
+// Causal grouped-query attention in query blocks: a block of kQueryBlock query rows takes its
+// scores against every key it may see as one BLAS GEMM into an fp32 tile, an exact softmax per
+// row, and one more GEMM with V, so memory is O(kQueryBlock * S) per head and the S x S score
+// matrix never exists. Backward recomputes the tile's probabilities from the saved log-sum-exp
+// (FA2) and forms dQ, dK and dV as GEMMs of the tile.
 // The mask (documents, window) narrows each row to the keys [first_key(i), i]; a sink adds one
 // logit to the row's softmax after the keys (lse includes it, so backward needs nothing more).
 // Dropout scales each P_ij by keep_ij / (1 - p) where it meets V (forward) or dO V^T (backward);
@@ -16,7 +18,7 @@ namespace so::cpu {
 
 namespace {
 
-constexpr int64_t kKeyBlock = 64;
+constexpr int64_t kQueryBlock = 64;
 
 // Gathers head h of a [B*S, H*D] activation for sequence b into a dense fp32 [S, D] array.
 template <typename T>
@@ -72,6 +74,28 @@ int64_t first_key(const AttentionMask& mask, int64_t b, int64_t i, int64_t S) {
   return lo;
 }
 
+// A block of query rows [q0, q0 + n) of one head against the keys it may see, [lo, hi): scores
+// and probabilities are held as a dense fp32 [n, hi - lo] tile (memory O(kQueryBlock * S) per
+// head) so that its products are BLAS GEMMs; entries outside a row's keys are masked.
+struct QueryBlock {
+  int64_t q0, n, lo, hi;
+  int64_t width() const { return hi - lo; }
+};
+
+QueryBlock query_block(const AttentionMask& mask, int64_t b, int64_t q0, int64_t S) {
+  QueryBlock blk{q0, std::min(kQueryBlock, S - q0), 0, 0};
+  blk.hi = q0 + blk.n;
+  blk.lo = blk.hi;  // first_key is not monotone across documents: the least over the rows
+  for (int64_t i = q0; i < blk.hi; ++i) blk.lo = std::min(blk.lo, first_key(mask, b, i, S));
+  return blk;
+}
+
+// fp32 GEMM of the tiles (row-major, contiguous): C = alpha * op(A) @ op(B) + beta * C.
+void tile_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, const float* B,
+               float beta, float* C) {
+  gemm(ta, tb, M, N, K, alpha, A, B, DType::F32, beta, C, DType::F32);
+}
+
 }  // namespace
 
 template <typename T>
@@ -81,48 +105,38 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, c
   const T* sinks = static_cast<const T*>(mask.sinks);
   const int64_t S = sh.S, D = sh.D, group = sh.Hq / sh.Hkv;
   const DropFactor drop{mask, S};
-  std::vector<float> K, V, Q, O(static_cast<size_t>(S * D)), scores(kKeyBlock);
+  std::vector<float> K, V, Q, O(static_cast<size_t>(S * D)), P(static_cast<size_t>(kQueryBlock * S));
   for (int64_t b = 0; b < sh.B; ++b) {
     for (int64_t kvh = 0; kvh < sh.Hkv; ++kvh) {
       load_head(K, k, b, kvh, S, sh.Hkv, D);
       load_head(V, v, b, kvh, S, sh.Hkv, D);
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         load_head(Q, q, b, h, S, sh.Hq, D);
-        for (int64_t i = 0; i < S; ++i) {
-          const float* qi = &Q[i * D];
-          float* oi = &O[i * D];
-          for (int64_t d = 0; d < D; ++d) oi[d] = 0.0f;
-          float m = -INFINITY, l = 0.0f;
-          for (int64_t j0 = first_key(mask, b, i, S); j0 <= i; j0 += kKeyBlock) {
-            const int64_t n = std::min(kKeyBlock, i + 1 - j0);
-            float mb = -INFINITY;
-            for (int64_t c = 0; c < n; ++c) {
-              scores[c] = dot(qi, &K[(j0 + c) * D], D) * sh.scale;
-              mb = std::max(mb, scores[c]);
+        for (int64_t q0 = 0; q0 < S; q0 += kQueryBlock) {
+          const QueryBlock blk = query_block(mask, b, q0, S);
+          const int64_t W = blk.width();
+          tile_gemm(false, true, blk.n, W, D, sh.scale, &Q[q0 * D], &K[blk.lo * D], 0.0f, P.data());
+          for (int64_t r = 0; r < blk.n; ++r) {
+            const int64_t i = q0 + r, first = first_key(mask, b, i, S) - blk.lo, last = i - blk.lo;
+            float* p = &P[r * W];
+            float m = -INFINITY;
+            for (int64_t c = first; c <= last; ++c) m = std::max(m, p[c]);
+            float l = 0.0f;
+            for (int64_t c = first; c <= last; ++c) l += (p[c] = std::exp(p[c] - m));
+            float row_lse = m + std::log(l), inv_l = 1.0f / l;
+            if (sinks != nullptr) {  // the sink's share of the row leaves the keys' output scaled down
+              const float sink = to_f32(sinks[h]);
+              const float hi = std::max(row_lse, sink);
+              const float with_sink = hi + std::log(std::exp(row_lse - hi) + std::exp(sink - hi));
+              inv_l *= std::exp(row_lse - with_sink);
+              row_lse = with_sink;
             }
-            const float mnew = std::max(m, mb);
-            const float corr = std::exp(m - mnew);
-            l *= corr;
-            for (int64_t d = 0; d < D; ++d) oi[d] *= corr;
-            for (int64_t c = 0; c < n; ++c) {
-              const float p = std::exp(scores[c] - mnew);
-              l += p;
-              const float pv = drop.on() ? p * drop(b, h, i, j0 + c) : p;
-              const float* vj = &V[(j0 + c) * D];
-              for (int64_t d = 0; d < D; ++d) oi[d] += pv * vj[d];
-            }
-            m = mnew;
+            for (int64_t c = 0; c < first; ++c) p[c] = 0.0f;
+            for (int64_t c = first; c <= last; ++c) p[c] *= drop.on() ? inv_l * drop(b, h, i, blk.lo + c) : inv_l;
+            for (int64_t c = last + 1; c < W; ++c) p[c] = 0.0f;
+            lse[(b * sh.Hq + h) * S + i] = row_lse;
           }
-          float row_lse = m + std::log(l), inv_l = 1.0f / l;
-          if (sinks != nullptr) {  // the sink's share of the row leaves the keys' output scaled down
-            const float sink = to_f32(sinks[h]);
-            const float hi = std::max(row_lse, sink);
-            const float with_sink = hi + std::log(std::exp(row_lse - hi) + std::exp(sink - hi));
-            inv_l *= std::exp(row_lse - with_sink);
-            row_lse = with_sink;
-          }
-          for (int64_t d = 0; d < D; ++d) oi[d] *= inv_l;
-          lse[(b * sh.Hq + h) * S + i] = row_lse;
+          tile_gemm(false, false, blk.n, D, W, 1.0f, P.data(), &V[blk.lo * D], 0.0f, &O[q0 * D]);
         }
         store_head(out, O, b, h, S, sh.Hq, D);
       }
@@ -140,7 +154,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   const int64_t S = sh.S, D = sh.D, group = sh.Hq / sh.Hkv;
   const DropFactor drop{mask, S};
   std::vector<float> K, V, Q, dO, O, dQ(static_cast<size_t>(S * D)), dK(static_cast<size_t>(S * D)),
-      dV(static_cast<size_t>(S * D)), Di(static_cast<size_t>(S));
+      dV(static_cast<size_t>(S * D)), Di(static_cast<size_t>(S)), P(static_cast<size_t>(kQueryBlock * S)),
+      dP(static_cast<size_t>(kQueryBlock * S));
   for (int64_t b = 0; b < sh.B; ++b) {
     for (int64_t kvh = 0; kvh < sh.Hkv; ++kvh) {
       load_head(K, k, b, kvh, S, sh.Hkv, D);
@@ -151,32 +166,34 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         load_head(Q, q, b, h, S, sh.Hq, D);
         load_head(dO, dout, b, h, S, sh.Hq, D);
         load_head(O, out, b, h, S, sh.Hq, D);
-        std::fill(dQ.begin(), dQ.end(), 0.0f);
         const float* L = lse + (b * sh.Hq + h) * S;
         for (int64_t i = 0; i < S; ++i) Di[i] = dot(&dO[i * D], &O[i * D], D);
         // d lse/d sink = p_sink; the sink's value is zero, so d loss/d sink = -sum_i p_sink,i * Di.
         if (sinks != nullptr)
           for (int64_t i = 0; i < S; ++i) dsinks[h] -= std::exp(to_f32(sinks[h]) - L[i]) * Di[i];
-        for (int64_t i = 0; i < S; ++i) {
-          const float* qi = &Q[i * D];
-          const float* doi = &dO[i * D];
-          float* dqi = &dQ[i * D];
-          for (int64_t j = first_key(mask, b, i, S); j <= i; ++j) {
-            const float p = std::exp(dot(qi, &K[j * D], D) * sh.scale - L[i]);
-            // Di = dO_i . O_i = sum_j P_ij f_ij dP_ij still, with f the dropout factor.
-            const float f = drop.on() ? drop(b, h, i, j) : 1.0f;
-            const float dp = dot(doi, &V[j * D], D) * f;
-            const float ds = p * (dp - Di[i]) * sh.scale;
-            const float pv = p * f;
-            float* dvj = &dV[j * D];
-            float* dkj = &dK[j * D];
-            const float* kj = &K[j * D];
-            for (int64_t d = 0; d < D; ++d) {
-              dvj[d] += pv * doi[d];
-              dqi[d] += ds * kj[d];
-              dkj[d] += ds * qi[d];
+        for (int64_t q0 = 0; q0 < S; q0 += kQueryBlock) {
+          const QueryBlock blk = query_block(mask, b, q0, S);
+          const int64_t W = blk.width();
+          // P from the saved log-sum-exp; dP = dO V^T.
+          tile_gemm(false, true, blk.n, W, D, sh.scale, &Q[q0 * D], &K[blk.lo * D], 0.0f, P.data());
+          tile_gemm(false, true, blk.n, W, D, 1.0f, &dO[q0 * D], &V[blk.lo * D], 0.0f, dP.data());
+          for (int64_t r = 0; r < blk.n; ++r) {
+            const int64_t i = q0 + r, first = first_key(mask, b, i, S) - blk.lo, last = i - blk.lo;
+            float* p = &P[r * W];
+            float* ds = &dP[r * W];  // dP becomes dS in place; P becomes P * f (dV's factor)
+            for (int64_t c = 0; c < first; ++c) p[c] = ds[c] = 0.0f;
+            for (int64_t c = first; c <= last; ++c) {
+              const float pij = std::exp(p[c] - L[i]);
+              // Di = dO_i . O_i = sum_j P_ij f_ij dP_ij still, with f the dropout factor.
+              const float f = drop.on() ? drop(b, h, i, blk.lo + c) : 1.0f;
+              ds[c] = pij * (ds[c] * f - Di[i]) * sh.scale;
+              p[c] = pij * f;
             }
+            for (int64_t c = last + 1; c < W; ++c) p[c] = ds[c] = 0.0f;
           }
+          tile_gemm(false, false, blk.n, D, W, 1.0f, dP.data(), &K[blk.lo * D], 0.0f, &dQ[q0 * D]);
+          tile_gemm(true, false, W, D, blk.n, 1.0f, dP.data(), &Q[q0 * D], 1.0f, &dK[blk.lo * D]);
+          tile_gemm(true, false, W, D, blk.n, 1.0f, P.data(), &dO[q0 * D], 1.0f, &dV[blk.lo * D]);
         }
         store_head(dq, dQ, b, h, S, sh.Hq, D);
       }
