@@ -11,6 +11,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu_exp.h"
 #include "cpu_kernels.h"
 #include "so/core/error.h"
 
@@ -121,8 +122,9 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, c
             float* p = &P[r * W];
             float m = -INFINITY;
             for (int64_t c = first; c <= last; ++c) m = std::max(m, p[c]);
+            exp_shifted(p + first, p + first, m, last + 1 - first);
             float l = 0.0f;
-            for (int64_t c = first; c <= last; ++c) l += (p[c] = std::exp(p[c] - m));
+            for (int64_t c = first; c <= last; ++c) l += p[c];
             float row_lse = m + std::log(l), inv_l = 1.0f / l;
             if (sinks != nullptr) {  // the sink's share of the row leaves the keys' output scaled down
               const float sink = to_f32(sinks[h]);
@@ -182,8 +184,9 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             float* p = &P[r * W];
             float* ds = &dP[r * W];  // dP becomes dS in place; P becomes P * f (dV's factor)
             for (int64_t c = 0; c < first; ++c) p[c] = ds[c] = 0.0f;
+            exp_shifted(p + first, p + first, L[i], last + 1 - first);
             for (int64_t c = first; c <= last; ++c) {
-              const float pij = std::exp(p[c] - L[i]);
+              const float pij = p[c];
               // Di = dO_i . O_i = sum_j P_ij f_ij dP_ij still, with f the dropout factor.
               const float f = drop.on() ? drop(b, h, i, blk.lo + c) : 1.0f;
               ds[c] = pij * (ds[c] * f - Di[i]) * sh.scale;

@@ -1,8 +1,10 @@
 // Row-wise and elementwise kernels of the decoder layer (everything but GEMM and attention).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "cpu_exp.h"
 #include "cpu_kernels.h"
 #include "so/core/error.h"
 
@@ -141,9 +143,12 @@ void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up
   }
 }
 
+// One exp per logit (fp32, vectorised), kept for the gradient: p_i = e_i / sum; the sum and the
+// log-sum-exp in fp64.
 template <typename T>
 void cross_entropy(float* loss_acc, T* dlogits, const float* logits, const int32_t* targets, int64_t rows, int64_t V,
                    float scale, float z_loss) {
+  std::vector<float> e(static_cast<size_t>(V));
   double loss = 0.0;
   for (int64_t r = 0; r < rows; ++r) {
     const float* z = logits + r * V;
@@ -157,18 +162,17 @@ void cross_entropy(float* loss_acc, T* dlogits, const float* logits, const int32
     SO_CHECK(y < V, "cross_entropy: target id ", y, " at row ", r, " is outside the vocabulary [0, ", V, ")");
     float mx = -INFINITY;
     for (int64_t i = 0; i < V; ++i) mx = std::max(mx, z[i]);
+    exp_shifted(e.data(), z, mx, V);
     double sum = 0.0;
-    for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(z[i] - mx));
+    for (int64_t i = 0; i < V; ++i) sum += e[i];
     const double lse = mx + std::log(sum);
     loss += lse - z[y];
     if (z_loss != 0.0f) loss += z_loss * lse * lse;  // (skipped at 0: an infinite lse must stay infinite, not NaN)
-    // d(z_loss lse^2)/dz_i = 2 z_loss lse softmax_i: softmax scaled by this, less the one-hot.
-    const double softmax_scale = 1.0 + 2.0 * z_loss * lse;
     if (dz) {
-      for (int64_t i = 0; i < V; ++i) {
-        const double p = std::exp(static_cast<double>(z[i]) - lse);
-        dz[i] = from_f32<T>(static_cast<float>(scale * (p * softmax_scale - (i == y ? 1.0 : 0.0))));
-      }
+      // d(z_loss lse^2)/dz_i = 2 z_loss lse softmax_i: softmax scaled by this, less the one-hot.
+      const float p_scale = static_cast<float>(scale * (1.0 + 2.0 * z_loss * lse) / sum);
+      for (int64_t i = 0; i < V; ++i) dz[i] = from_f32<T>(e[i] * p_scale);
+      dz[y] = from_f32<T>(static_cast<float>(scale * (e[y] / sum * (1.0 + 2.0 * z_loss * lse) - 1.0)));
     }
   }
   *loss_acc += static_cast<float>(scale * loss);
