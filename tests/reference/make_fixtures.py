@@ -325,8 +325,9 @@ FIXTURES = [
     ),
     # Qwen3-MoE for bf16: a router with real preferences (router_std 0.2: logits of std 0.8-1.3),
     # so that no token's 2nd and 3rd experts are within bf16 rounding of a tie (smallest gap 0.01
-    # here; 0.002 in qwen3_moe_mixed, whose bf16 run sends a token to another expert and is off by
-    # 0.34 on that expert's gradients). Stronger routing moves the router's gradient further from
+    # here, at least 1.7x what rounding the router's input and weight to bf16 moves it; 0.002 in
+    # qwen3_moe_mixed, whose bf16 run sends a token to another expert and is off by 0.34 on that
+    # expert's gradients). Stronger routing moves the router's gradient further from
     # fp32 in bf16 (0.5: 3.3e-2). Tiny, and without final weights (its fp32 run is held to torch
     # by every step's loss and gradient norm), so that it adds little to what travels to the GPU machine.
     dict(
