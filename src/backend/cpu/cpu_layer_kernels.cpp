@@ -143,8 +143,40 @@ void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up
   }
 }
 
-// One exp per logit (fp32, vectorised), kept for the gradient: p_i = e_i / sum; the sum and the
-// log-sum-exp in fp64.
+namespace {
+
+// The maximum and the sum of a row in kLanes independent fp32 lanes, so that the loops vectorise
+// (one running value is a chain of dependent operations); the sum's lanes hold V / kLanes terms
+// each and are added in fp64.
+constexpr int64_t kLanes = 16;
+
+float row_max(const float* z, int64_t n) {
+  float lane[kLanes];
+  std::fill(lane, lane + kLanes, -INFINITY);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) lane[j] = lane[j] < z[i + j] ? z[i + j] : lane[j];
+  float mx = -INFINITY;
+  for (; i < n; ++i) mx = std::max(mx, z[i]);
+  for (int64_t j = 0; j < kLanes; ++j) mx = std::max(mx, lane[j]);
+  return mx;
+}
+
+double row_sum(const float* e, int64_t n) {
+  float lane[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) lane[j] += e[i + j];
+  double sum = 0.0;
+  for (; i < n; ++i) sum += e[i];
+  for (int64_t j = 0; j < kLanes; ++j) sum += lane[j];
+  return sum;
+}
+
+}  // namespace
+
+// One exp per logit (fp32, vectorised), kept for the gradient: p_i = e_i / sum; the log-sum-exp
+// in fp64.
 template <typename T>
 void cross_entropy(float* loss_acc, T* dlogits, const float* logits, const int32_t* targets, int64_t rows, int64_t V,
                    float scale, float z_loss) {
@@ -160,11 +192,9 @@ void cross_entropy(float* loss_acc, T* dlogits, const float* logits, const int32
       continue;
     }
     SO_CHECK(y < V, "cross_entropy: target id ", y, " at row ", r, " is outside the vocabulary [0, ", V, ")");
-    float mx = -INFINITY;
-    for (int64_t i = 0; i < V; ++i) mx = std::max(mx, z[i]);
+    const float mx = row_max(z, V);
     exp_shifted(e.data(), z, mx, V);
-    double sum = 0.0;
-    for (int64_t i = 0; i < V; ++i) sum += e[i];
+    const double sum = row_sum(e.data(), V);
     const double lse = mx + std::log(sum);
     loss += lse - z[y];
     if (z_loss != 0.0f) loss += z_loss * lse * lse;  // (skipped at 0: an infinite lse must stay infinite, not NaN)
