@@ -86,5 +86,20 @@ TEST(AttentionMask, DocStartThatIsNotContiguousDocumentsIsRefused) {
   }
 }
 
+// A padding start outside [1, S] is refused naming the row.
+TEST(AttentionMask, KeyEndOutsideTheRowIsRefused) {
+  const std::vector<int32_t> ok = {1, 6};
+  EXPECT_NO_THROW(check_attention_key_end(ok.data(), 2, 6));
+  for (const auto& [v, want] : {std::pair{std::vector<int32_t>{6, 0}, "key_end of row 1 is 0"},
+                                std::pair{std::vector<int32_t>{7, 6}, "key_end of row 0 is 7"}}) {
+    try {
+      check_attention_key_end(v.data(), 2, 6);
+      ADD_FAILURE() << "accepted: " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace so

@@ -1,8 +1,9 @@
 // Causal grouped-query attention, flash style: scores are produced one query row at a time over
 // blocks of keys with an online softmax, so memory is O(S * D) per head and the S x S score
 // matrix never exists. Backward recomputes probabilities from the saved log-sum-exp (FA2).
-// The mask (documents, window) narrows each row to the keys [first_key(i), i]; a sink adds one
-// logit to the row's softmax after the keys (lse includes it, so backward needs nothing more).
+// The mask (documents, window, padding) narrows each row to the keys [first_key(i), last_key(i)];
+// a row with none outputs zero. A sink adds one logit to the row's softmax after the keys (lse
+// includes it, so backward needs nothing more).
 // Dropout scales each P_ij by keep_ij / (1 - p) where it meets V (forward) or dO V^T (backward);
 // lse and the normaliser stay the undropped softmax's.
 #include <algorithm>
@@ -47,6 +48,7 @@ void check_shape(const AttentionShape& sh, const AttentionMask& mask) {
            " KV heads");
   SO_CHECK(mask.window >= 0, "attention: negative sliding window ", mask.window);
   if (mask.doc_start != nullptr) check_attention_doc_start(mask.doc_start, sh.B, sh.S);
+  if (mask.key_end != nullptr) check_attention_key_end(mask.key_end, sh.B, sh.S);
   SO_CHECK(mask.dropout.p >= 0.0f && mask.dropout.p < 1.0f, "attention: dropout probability ", mask.dropout.p,
            " is not in [0, 1)");
 }
@@ -72,6 +74,11 @@ int64_t first_key(const AttentionMask& mask, int64_t b, int64_t i, int64_t S) {
   return lo;
 }
 
+// The last key query i of row b sees: itself, or the row's last token before its padding.
+int64_t last_key(const AttentionMask& mask, int64_t b, int64_t i) {
+  return mask.key_end != nullptr ? std::min<int64_t>(i, mask.key_end[b] - 1) : i;
+}
+
 }  // namespace
 
 template <typename T>
@@ -93,8 +100,9 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, c
           float* oi = &O[i * D];
           for (int64_t d = 0; d < D; ++d) oi[d] = 0.0f;
           float m = -INFINITY, l = 0.0f;
-          for (int64_t j0 = first_key(mask, b, i, S); j0 <= i; j0 += kKeyBlock) {
-            const int64_t n = std::min(kKeyBlock, i + 1 - j0);
+          const int64_t last = last_key(mask, b, i);
+          for (int64_t j0 = first_key(mask, b, i, S); j0 <= last; j0 += kKeyBlock) {
+            const int64_t n = std::min(kKeyBlock, last + 1 - j0);
             float mb = -INFINITY;
             for (int64_t c = 0; c < n; ++c) {
               scores[c] = dot(qi, &K[(j0 + c) * D], D) * sh.scale;
@@ -113,7 +121,8 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, c
             }
             m = mnew;
           }
-          float row_lse = m + std::log(l), inv_l = 1.0f / l;
+          // A row that sees no key (l = 0): zero output, lse -inf (then the sink's alone).
+          float row_lse = m + std::log(l), inv_l = l > 0.0f ? 1.0f / l : 0.0f;
           if (sinks != nullptr) {  // the sink's share of the row leaves the keys' output scaled down
             const float sink = to_f32(sinks[h]);
             const float hi = std::max(row_lse, sink);
@@ -161,7 +170,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           const float* qi = &Q[i * D];
           const float* doi = &dO[i * D];
           float* dqi = &dQ[i * D];
-          for (int64_t j = first_key(mask, b, i, S); j <= i; ++j) {
+          for (int64_t j = first_key(mask, b, i, S), last = last_key(mask, b, i); j <= last; ++j) {
             const float p = std::exp(dot(qi, &K[j * D], D) * sh.scale - L[i]);
             // Di = dO_i . O_i = sum_j P_ij f_ij dP_ij still, with f the dropout factor.
             const float f = drop.on() ? drop(b, h, i, j) : 1.0f;
