@@ -20,7 +20,7 @@ import sys
 import h5py
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 # Stanford Alpaca's prompt (tatsu-lab/stanford_alpaca train.py), the one the public example uses.
 ALPACA_PROMPT = {
@@ -282,6 +282,7 @@ def write_split(group, rows, max_length, pad_id, supervise_padding):
     tokens = np.full((n, max_length), pad_id, dtype=np.int32)
     mask = np.zeros((n, max_length), dtype=np.uint8)
     doc_counts = np.zeros(n, dtype=np.int32)
+    padding_start = np.zeros(n, dtype=np.int32)
     doc_lengths = []
     for r, docs in enumerate(rows):
         at = 0
@@ -291,6 +292,7 @@ def write_split(group, rows, max_length, pad_id, supervise_padding):
             at += len(ids)
             doc_lengths.append(len(ids))
         doc_counts[r] = len(docs)
+        padding_start[r] = at  # attention hides the keys from here on (transformers' attention_mask 0)
         if supervise_padding:  # the public example: labels = input ids, padding included, one document
             mask[r, :] = 1
             doc_lengths[-1] += max_length - at
@@ -298,6 +300,7 @@ def write_split(group, rows, max_length, pad_id, supervise_padding):
     group.create_dataset("loss_mask", data=mask)
     group.create_dataset("row_documents", data=doc_counts)
     group.create_dataset("document_lengths", data=np.asarray(doc_lengths, dtype=np.int32))
+    group.create_dataset("padding_start", data=padding_start)
     real = sum(len(ids) for docs in rows for ids, _ in docs)
     # A label is a token predicted from the one before it in its document: a document's first
     # token is never one.

@@ -1,4 +1,4 @@
-// AttentionMask's contract on documents (ops.h), checked on the host where doc_start is made.
+// AttentionMask's contract on documents and padding (ops.h), checked on the host where doc_start is made.
 #include <string>
 
 #include "so/backend/ops.h"
@@ -17,6 +17,12 @@ void check_attention_doc_start(const int32_t* doc_start, int64_t B, int64_t S) {
                                 " (a new one)"));
     }
   }
+}
+
+void check_attention_key_end(const int32_t* key_end, int64_t B, int64_t S) {
+  for (int64_t b = 0; b < B; ++b)
+    SO_CHECK(key_end[b] >= 1 && key_end[b] <= S, "attention: key_end of row ", b, " is ", key_end[b],
+             "; a row's padding starts after its first token and at most at its length ", S);
 }
 
 }  // namespace so

@@ -103,6 +103,7 @@ TokenBatch slice_sequences(const TokenBatch& batch, int64_t seq_len, int parts, 
     out.positions.insert(out.positions.end(), batch.positions.begin() + from, batch.positions.begin() + from + local);
   }
   out.doc_start = batch.doc_start;  // attention runs over whole rows (after the all-to-all)
+  out.padding_start = batch.padding_start;
   return out;
 }
 

@@ -12,7 +12,9 @@ namespace so {
 
 namespace {
 
-constexpr int64_t kFormatVersion = 1;
+// 2: /{split}/padding_start (version 1 files cannot say where an example-compatible row's padding
+// begins, which attention must hide).
+constexpr int64_t kFormatVersion = 2;
 
 std::string attr_or_empty(const H5File& f, const std::string& name) {
   return f.has_attr("/", name) ? f.read_string_attr("/", name) : std::string();
@@ -38,14 +40,15 @@ PreparedSplit::PreparedSplit(const std::string& path, const std::string& split)
            "'so_train prepared data')");
   const int64_t version = file_.read_int_attr("/", "format_version");
   SO_CHECK(version == kFormatVersion, path, " has prepared-data format version ", version, "; this build reads ",
-           kFormatVersion);
+           kFormatVersion, ": prepare it again with this version's scripts/prepare_data.py");
   SO_CHECK(file_.exists(split), path, " has no '", split, "' split");
   const std::string tokens = split + "/tokens", mask = split + "/loss_mask";
   const std::vector<int64_t> shape = file_.shape(tokens);
   SO_CHECK(shape.size() == 2 && shape[0] >= 1 && shape[1] >= 2, path, ": dataset '", tokens,
            "' must be [rows >= 1, row length >= 2]");
   SO_CHECK(file_.shape(mask) == shape, path, ": dataset '", mask, "' must have the shape of '", tokens, "'");
-  for (const std::string& d : {tokens, mask, split + "/row_documents", split + "/document_lengths"}) {
+  for (const std::string& d :
+       {tokens, mask, split + "/row_documents", split + "/document_lengths", split + "/padding_start"}) {
     SO_CHECK(file_.is_integer(d), path, ": dataset '", d, "' holds ", file_.type_description(d), ", not integers");
     file_.check_written(d);
   }
@@ -57,6 +60,9 @@ PreparedSplit::PreparedSplit(const std::string& path, const std::string& split)
   tokenizer_.model_dir = attr_or_empty(file_, "model_dir");
 
   const std::vector<int32_t> counts = file_.read_i32(split + "/row_documents", {rows_});
+  SO_CHECK(file_.shape(split + "/padding_start") == std::vector<int64_t>{rows_}, path, ": dataset '", split,
+           "/padding_start' must be [", rows_, "], one per row");
+  padding_start_ = file_.read_i32(split + "/padding_start", {rows_});
   const std::vector<int64_t> n_docs = file_.shape(split + "/document_lengths");
   SO_CHECK(n_docs.size() == 1, path, ": dataset '", split, "/document_lengths' must be 1-D");
   document_lengths_ = file_.read_i32(split + "/document_lengths", n_docs);
@@ -73,6 +79,12 @@ PreparedSplit::PreparedSplit(const std::string& path, const std::string& split)
     }
     SO_CHECK(used <= row_length_, path, ": row ", r, " of '", split, "' holds documents of ", used,
              " tokens in a row of ", row_length_);
+    // The padding follows the documents, or ends the last one (the example-compatible rows, whose
+    // padding is part of their one supervised document).
+    const int64_t before_last = used - document_lengths_[first_document_[r + 1] - 1];
+    SO_CHECK(padding_start_[r] > before_last && padding_start_[r] <= used, path, ": row ", r, " of '", split,
+             "' has padding_start ", padding_start_[r], "; its documents end at ", used,
+             " and the padding may begin only within the last one, after ", before_last);
   }
   SO_CHECK(first_document_[rows_] == n_docs[0], path, ": '", split, "/row_documents' counts ", first_document_[rows_],
            " documents, '", split, "/document_lengths' has ", n_docs[0]);
@@ -117,6 +129,8 @@ void PreparedSplit::read_row(int64_t row, TokenBatch& b, int64_t at) const {
     }
     start = end;
   }
+  if (static_cast<int64_t>(b.padding_start.size()) <= at / L) b.padding_start.resize(at / L + 1);
+  b.padding_start[at / L] = padding_start_[row];
 }
 
 void check_tokenizer_matches(const TokenizerIdentity& data, const std::string& data_path, int64_t model_vocab,

@@ -54,6 +54,8 @@ struct LlamaModel::Activations {
   // token of a row); valid when `documents` (this batch has packed rows).
   DeviceBuffer doc_start;
   bool documents = false;
+  DeviceBuffer key_end;  // int32 [B]: the batch's padding_start; valid when `padded`
+  bool padded = false;
   DeviceBuffer rope_inv_freq;               // fp64 [head_dim / 2], the model's RoPE table
   DeviceBuffer ones;                        // [T] of 1 in dtype: bias GEMMs (families with biases)
   // Residual stream: x[l] is layer l's input, x[L] the last output. Offloaded checkpoints: two
@@ -122,6 +124,7 @@ void LlamaModel::layout_buffers(Activations& a, const ModelConfig& cfg, const Mo
   visit(a.targets, bytes(T, i32), "targets", Term::Inputs);
   visit(a.positions, bytes(T, i32), "positions", Term::Inputs);
   visit(a.doc_start, bytes(T * P, i32), "document starts (whole rows)", Term::Inputs);
+  visit(a.key_end, bytes(opts.micro_batch, i32), "padding starts", Term::Inputs);
   visit(a.rope_inv_freq, bytes(cfg.head_dim / 2, sizeof(double)), "rope frequencies", Term::Inputs);
   if (cfg.qkv_bias || cfg.o_bias) visit(a.ones, bytes(T, e), "ones (bias GEMMs)", Term::Inputs);
   a.x.resize(opts.offload_checkpoints ? 3 : static_cast<size_t>(cfg.num_layers + 1));
@@ -308,6 +311,7 @@ std::vector<AttentionMask> LlamaModel::attention_mask_kinds(const ModelConfig& c
     for (const int32_t* docs : {static_cast<const int32_t*>(nullptr), &kPackedRows}) {
       AttentionMask m;
       m.doc_start = docs;
+      m.key_end = docs;  // prepared rows carry both; other token streams neither
       m.window = w;
       if (cfg.attention_sinks) m.sinks = &kPackedRows;  // a placeholder too
       m.dropout.p = cfg.attention_dropout;  // training's mask (evaluation's: attention_workspace_bytes)
@@ -347,6 +351,7 @@ std::string LlamaModel::attention_implementation() const {
 AttentionMask LlamaModel::attention_mask(int l, ParamStore& p) const {
   AttentionMask m;
   if (acts_->documents) m.doc_start = acts_->doc_start.as<int32_t>();
+  if (acts_->padded) m.key_end = acts_->key_end.as<int32_t>();
   m.window = cfg_.layer_window(l);
   const int sinks = layout_.layers[l].sinks;
   if (sinks >= 0) m.sinks = at(p.weight(sinks), sp_rank() * cfg_.num_heads / sp_size(), opts_.dtype);
@@ -448,6 +453,14 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
              " whole rows of ", S, " tokens", P > 1 ? ", every sequence-parallel rank gets the whole rows" : "", ")");
     check_attention_doc_start(batch.doc_start.data(), opts_.micro_batch, S);
     backend_.copy_h2d(a.doc_start.data(), a.staged.doc_start.data(), batch.doc_start.size() * sizeof(int32_t),
+                      stream_);
+  }
+  a.padded = !batch.padding_start.empty();
+  if (a.padded) {
+    SO_CHECK(static_cast<int64_t>(batch.padding_start.size()) == opts_.micro_batch, "model: batch has ",
+             batch.padding_start.size(), " padding starts; expected one per sequence (", opts_.micro_batch, ")");
+    check_attention_key_end(batch.padding_start.data(), opts_.micro_batch, opts_.seq_len * sp_size());
+    backend_.copy_h2d(a.key_end.data(), a.staged.padding_start.data(), batch.padding_start.size() * sizeof(int32_t),
                       stream_);
   }
   backend_.record(*a.uploaded, stream_);

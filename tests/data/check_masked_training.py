@@ -6,9 +6,13 @@ rows, prompts masked) are made here. so_train trains 10 steps from the directory
 torch loop trains LlamaForCausalLM from the same weights on the same rows, in the order so_train's
 epoch sampler documents (docs/finetuning.md), with labels = -100 where the mask says, the loss
 normalised as train.loss_normalization says. Checked: step 1's loss equals HF's (before any
-update) to 1e-6, and every step's loss to 1e-4.
+update) to 1e-6, and every step's loss to 1e-4. --packed: packed rows against their documents run
+one by one. --example-compatible: the public example's rows (everything supervised, padding
+included) against transformers given the padding as attention_mask = 0, which hides the padding
+keys from every query; the same loop without that mask must differ (so the check sees the mask).
 
-  check_masked_training.py WORK SO_TRAIN [--normalization step|micro_batch] [--mpiexec MPIEXEC --np 2 [--sp 2]]
+  check_masked_training.py WORK SO_TRAIN [--normalization step|micro_batch] [--packed | --example-compatible]
+                           [--mpiexec MPIEXEC --np 2 [--sp 2]]
 """
 import argparse
 import json
@@ -47,7 +51,7 @@ def epoch_order(rows, seed, epoch):
     return perm
 
 
-def make_data(work, pack=False):
+def make_data(work, kind="padded"):
     model = os.path.join(work, "model")
     if not os.path.exists(os.path.join(model, "model.safetensors")):
         subprocess.run([sys.executable, os.path.join(HERE, "make_chat_model.py"), model], check=True)
@@ -60,9 +64,11 @@ def make_data(work, pack=False):
             a = rng.randrange(0, len(words) - 60)
             f.write(json.dumps({"instruction": "Continue: " + " ".join(words[a:a + 6]), "input": "",
                                 "output": " ".join(words[a + 6:a + 6 + rng.randrange(2, 25)])}) + "\n")
-    out = os.path.join(work, "packed.h5" if pack else "train.h5")
+    out = os.path.join(work, f"{kind}.h5")
+    layout = {"packed": ["--pack", "--max-length", "400"], "padded": ["--pad", "--max-length", "160"],
+              "example": ["--example-compatible", "--max-length", "160"]}[kind]
     subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "prepare_data.py"), "--model-dir", model, "--input",
-                    src, "--out", out, "--max-length", "400" if pack else "160", "--pack" if pack else "--pad"], check=True)
+                    src, "--out", out] + layout, check=True)
     return model, out
 
 
@@ -94,9 +100,10 @@ def documents_of(tokens, labels, counts, lengths):
     return rows
 
 
-def torch_losses(model_dir, data, normalization, accumulation, dp, separate=False):
+def torch_losses(model_dir, data, normalization, accumulation, dp, separate=False, padding_mask=False):
     """separate: each row's documents run as sequences of their own (positions from 0, attending
-    only within themselves), which is what a packed row must equal."""
+    only within themselves), which is what a packed row must equal. padding_mask: transformers gets
+    attention_mask = 0 from each row's padding_start on."""
     from transformers import LlamaForCausalLM
     torch.manual_seed(0)
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -105,6 +112,8 @@ def torch_losses(model_dir, data, normalization, accumulation, dp, separate=Fals
         tokens, mask = f["train/tokens"][...], f["train/loss_mask"][...]
         counts, lengths = f["train/row_documents"][...], f["train/document_lengths"][...]
         labels = labels_of(tokens, mask, counts, lengths)
+        padding_start = f["train/padding_start"][...]
+    attention = torch.tensor(np.arange(tokens.shape[1])[None, :] < padding_start[:, None], dtype=torch.long)
     docs = documents_of(tokens, labels, counts, lengths)
     rows = tokens.shape[0]
     params = [p for p in model.parameters()]
@@ -114,6 +123,7 @@ def torch_losses(model_dir, data, normalization, accumulation, dp, separate=Fals
         idx = [epoch_order(rows, SEED, s // rows)[s % rows] for s in range(sample, sample + GLOBAL_BATCH)]
         sample += GLOBAL_BATCH
         x, y = torch.tensor(tokens[idx], dtype=torch.long), torch.tensor(labels[idx])
+        am = attention[idx] if padding_mask else None
         opt.zero_grad()
         total = 0.0
         n_step = int((y[:, 1:] != -100).sum())
@@ -133,10 +143,12 @@ def torch_losses(model_dir, data, normalization, accumulation, dp, separate=Fals
                     denominator = n_step if normalization == "step" else max(n_micro, 1) * accumulation * dp
                     loss = total_sum / denominator
                 elif normalization == "step":
-                    out = model(input_ids=x[sl], labels=y[sl], num_items_in_batch=n_step)
+                    out = model(input_ids=x[sl], attention_mask=None if am is None else am[sl], labels=y[sl],
+                                num_items_in_batch=n_step)
                     loss = out.loss
                 else:
-                    loss = model(input_ids=x[sl], labels=y[sl]).loss / (accumulation * dp)
+                    loss = model(input_ids=x[sl], attention_mask=None if am is None else am[sl],
+                                 labels=y[sl]).loss / (accumulation * dp)
                     if n_micro == 0:
                         loss = loss * 0
                 loss.backward()
@@ -156,9 +168,12 @@ def main():
     p.add_argument("--np", type=int, default=1)
     p.add_argument("--sp", type=int, default=1, help="Ulysses ranks among the np (data-parallel size np / sp)")
     p.add_argument("--packed", action="store_true", help="packed rows, against the documents run separately")
+    p.add_argument("--example-compatible", action="store_true",
+                   help="the public example's padded, all-supervised rows, against transformers' attention_mask")
     a = p.parse_args()
     os.makedirs(a.work, exist_ok=True)
-    model, data = make_data(a.work, a.packed)
+    kind = "packed" if a.packed else "example" if a.example_compatible else "padded"
+    model, data = make_data(a.work, kind)
     dp = a.np // a.sp
     accumulation = GLOBAL_BATCH // (MICRO * dp)
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": accumulation,
@@ -169,7 +184,6 @@ def main():
               "data": {"type": "prepared", "path": data, "seed": SEED},
               "train": {"steps": STEPS, "loss_normalization": a.normalization}, "seed": 1,
               "sequence_parallel_size": a.sp}
-    kind = "packed" if a.packed else "padded"
     cfg = os.path.join(a.work, f"config_{kind}_{a.normalization}_np{a.np}_sp{a.sp}.json")
     with open(cfg, "w") as f:
         json.dump(config, f)
@@ -181,13 +195,19 @@ def main():
         cmd = [a.mpiexec, "--oversubscribe", "-np", str(a.np)] + cmd
     subprocess.run(cmd, check=True)
     ours = [json.loads(line)["loss"] for line in open(metrics)]
-    ref = torch_losses(model, data, a.normalization, accumulation, dp, separate=a.packed)
+    ref = torch_losses(model, data, a.normalization, accumulation, dp, separate=a.packed,
+                       padding_mask=a.example_compatible)
     print("step  so_train      torch         |diff|")
     worst = 0.0
     for i, (o, r) in enumerate(zip(ours, ref)):
         print(f"{i + 1:4d}  {o:.8f}  {r:.8f}  {abs(o - r):.2e}")
         worst = max(worst, abs(o - r))
     ok = len(ours) == STEPS and abs(ours[0] - ref[0]) <= 1e-6 and worst <= 1e-4
+    if a.example_compatible:  # without transformers' padding mask the padding's losses differ
+        unmasked = torch_losses(model, data, a.normalization, accumulation, dp)[0]
+        print(f"transformers without the padding mask: step 1 loss {unmasked:.8f}, |diff| {abs(unmasked - ref[0]):.2e} "
+              f"(must exceed 1e-4: the padding mask matters here)")
+        ok = ok and abs(unmasked - ref[0]) > 1e-4
     print(f"step 1 |diff| {abs(ours[0] - ref[0]):.2e} (<= 1e-6), worst {worst:.2e} (<= 1e-4): "
           f"{'masked training matches torch' if ok else 'MISMATCH'}")
     sys.exit(0 if ok else 1)

@@ -204,6 +204,20 @@ def main():
         f.create_dataset("train/tokens", shape=shape, dtype="i4")
     refused(so, ["--config", config(work, "unwritten", model, unwritten, steps=1)],
             r"dataset 'train/tokens' .* declared but never written", "prepared tokens never written")
+    old = os.path.join(work, "version1.h5")
+    shutil.copy(data, old)
+    with h5py.File(old, "a") as f:  # a file of the format before padding_start
+        f.attrs["format_version"] = 1
+        del f["train/padding_start"]
+    refused(so, ["--config", config(work, "version1", model, old, steps=1)],
+            r"format version 1; this build reads 2: prepare it again", "a version-1 prepared file")
+    for value in (0, 10**6):  # the padding must begin inside or after the row's last document
+        bad = os.path.join(work, f"padding_{value}.h5")
+        shutil.copy(data, bad)
+        with h5py.File(bad, "a") as f:
+            f["train/padding_start"][0] = value
+        refused(so, ["--config", config(work, f"padding_{value}", model, bad, steps=1)],
+                rf"row 0 of 'train' has padding_start {value}; its documents end at", f"padding_start {value}")
     flat = os.path.join(work, "flat_unwritten.h5")
     with h5py.File(flat, "w") as f:
         f.create_dataset("tokens", shape=(4096,), dtype="i4")

@@ -58,11 +58,20 @@ add_test(NAME mpi.packed_training_vs_torch_np2
                  ${CMAKE_CURRENT_BINARY_DIR}/data_packed_np2 $<TARGET_FILE:so_train> --packed --mpiexec ${MPIEXEC_BIN} --np 2)
 set_tests_properties(mpi.packed_training_vs_torch_np2 PROPERTIES LABELS mpi ENVIRONMENT "${SO_MPI_TEST_ENV}"
                      PASS_REGULAR_EXPRESSION "masked training matches torch" TIMEOUT 300)
+# The public example's rows (--example-compatible: padded, everything supervised) against
+# transformers with the padding as attention_mask = 0, on one rank and under Ulysses.
+add_test(NAME data.example_training_vs_torch
+         COMMAND ${SO_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/check_masked_training.py
+                 ${CMAKE_CURRENT_BINARY_DIR}/data_example $<TARGET_FILE:so_train> --example-compatible)
+set_tests_properties(data.example_training_vs_torch PROPERTIES LABELS unit
+                     PASS_REGULAR_EXPRESSION "masked training matches torch" TIMEOUT 300)
 # The same under Ulysses: two ranks each holding half of every row (whole-row document starts).
-foreach(kind masked packed)
+foreach(kind masked packed example)
   set(extra "")
   if(kind STREQUAL "packed")
     set(extra --packed)
+  elseif(kind STREQUAL "example")
+    set(extra --example-compatible)
   endif()
   add_test(NAME mpi.${kind}_training_vs_torch_sp2
            COMMAND ${SO_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/check_masked_training.py

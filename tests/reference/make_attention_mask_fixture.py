@@ -2,13 +2,14 @@
 """Generate tests/reference/fixtures/attention_mask_torch.h5: masked attention and its gradients.
 
 The oracle is transformers' own code in float64: the mask from masking_utils (causal_mask_function,
-sliding_window_overlay, packed_sequence_mask_function combined by and_masks, made additive by
-eager_mask) and the attention from the models' eager_attention_forward -- GPT-OSS's (sinks: one
+sliding_window_overlay, packed_sequence_mask_function, padding_mask_function combined by and_masks,
+made additive by eager_mask) and the attention from the models' eager_attention_forward -- GPT-OSS's (sinks: one
 extra logit column per head, dropped after the softmax) where a case has sinks, Llama's otherwise.
 Gradients of sum(out * dout) by autograd with respect to q, k, v and the sinks.
 
 Layout: one group per case; attrs window (0: none), scale; q f32 [B*S, Hq*D], k, v [B*S, Hkv*D],
 dout like q, doc_start i32 [B, S] (index within its row of each token's document's first token),
+key_end i32 [B] (padded cases: where each row's padding begins, attention_mask 0 from there),
 sinks f32 [Hq] (cases with sinks), out, dq, dk, dv, dsinks (with sinks), lse f32 [B, Hq, S] (the
 log-sum-exp of each row's scaled, masked scores and the sink).
 
@@ -34,6 +35,11 @@ CASES = [
     ("documents_window_sinks", 2, 90, 6, 2, 16, 4, 13, True),
     ("window_longer_than_documents", 1, 66, 2, 2, 8, 5, 40, True),
 ]
+# Right padding: padding queries attend to the row's tokens. With sinks, a window and documents
+# some rows see no key: GPT-OSS's eager attention gives the sink all the mass there (zero output).
+# Without sinks every row here sees a key (eager would spread a keyless row uniformly).
+PADDED_CASES = {"padding": [17, 40], "padding_documents_window_sinks": [29, 11]}
+CASES += [("padding", 2, 40, 4, 2, 8, 1, 0, False), ("padding_documents_window_sinks", 2, 40, 4, 2, 8, 2, 6, True)]
 
 
 def doc_starts(rng, B, S, docs):
@@ -49,7 +55,7 @@ def doc_starts(rng, B, S, docs):
     return starts, ids
 
 
-def case(rng, B, S, Hq, Hkv, D, docs, window, with_sinks):
+def case(rng, B, S, Hq, Hkv, D, docs, window, with_sinks, key_end=None):
     starts, ids = doc_starts(rng, B, S, docs)
     q = rng.standard_normal((B, S, Hq, D)).astype(np.float32) * 1.5
     k = rng.standard_normal((B, S, Hkv, D)).astype(np.float32)
@@ -61,6 +67,8 @@ def case(rng, B, S, Hq, Hkv, D, docs, window, with_sinks):
     fns = [mu.causal_mask_function, mu.packed_sequence_mask_function(torch.from_numpy(ids))]
     if window:
         fns.append(mu.sliding_window_overlay(window))
+    if key_end is not None:
+        fns.append(mu.padding_mask_function(torch.arange(S)[None, :] < torch.tensor(key_end)[:, None]))
     mask = mu.eager_mask(batch_size=B, q_length=S, kv_length=S, mask_function=mu.and_masks(*fns),
                          dtype=torch.float64)
     # [B, H, S, D] as the attention functions take them, float64 leaves for autograd.
@@ -87,6 +95,8 @@ def case(rng, B, S, Hq, Hkv, D, docs, window, with_sinks):
     d = dict(q=q.reshape(B * S, -1), k=k.reshape(B * S, -1), v=v.reshape(B * S, -1), dout=dout.reshape(B * S, -1),
              doc_start=starts, out=rows(out), dq=grad_rows(qt), dk=grad_rows(kt), dv=grad_rows(vt),
              lse=lse.float().numpy())
+    if key_end is not None:
+        d["key_end"] = np.asarray(key_end, dtype=np.int32)
     if with_sinks:
         d["sinks"] = sinks
         d["dsinks"] = st.grad.float().numpy()
@@ -102,7 +112,7 @@ def main():
         f.attrs["torch_version"] = str(torch.__version__)
         f.attrs["transformers_version"] = str(transformers.__version__)
         for name, B, S, Hq, Hkv, D, docs, window, with_sinks in CASES:
-            d, scale = case(rng, B, S, Hq, Hkv, D, docs, window, with_sinks)
+            d, scale = case(rng, B, S, Hq, Hkv, D, docs, window, with_sinks, PADDED_CASES.get(name))
             g = f.create_group(name)
             g.attrs["window"] = np.int64(window)
             g.attrs["scale"] = np.float64(scale)

@@ -1,6 +1,7 @@
 // The attention op's masks against transformers (fixtures/attention_mask_torch.h5, made by
 // make_attention_mask_fixture.py in float64 with masking_utils' mask functions and the eager
-// attention of Llama / GPT-OSS): packed documents, a sliding window, sinks and all together.
+// attention of Llama / GPT-OSS): packed documents, a sliding window, sinks, right padding (rows
+// that see no key included, where GPT-OSS's sink takes all the mass) and all together.
 // Output, lse and every gradient (q, k, v, sinks) within 1e-5 relative (fp32). The CUDA kernels
 // are held to this op by test_cuda_ops (the *_docs_*, *_window_*, *_sinks cases).
 #include <gtest/gtest.h>
@@ -22,7 +23,7 @@ TEST(AttentionMaskVsTorch, OutputAndGradientsOfEveryCase) {
   auto be = create_backend(test::cpu_backend_options());
   Stream& s = be->stream(StreamKind::Compute);
   const std::vector<std::string> cases = f.members("/");
-  ASSERT_EQ(cases.size(), 5u);
+  ASSERT_EQ(cases.size(), 7u);
   for (const std::string& name : cases) {
     const std::string g = "/" + name;
     const std::vector<int64_t> ds = f.shape(g + "/doc_start");
@@ -43,6 +44,14 @@ TEST(AttentionMaskVsTorch, OutputAndGradientsOfEveryCase) {
     mask.doc_start = docs.as<int32_t>();
     mask.window = f.read_int_attr(g, "window");
     if (sinks) mask.sinks = sk.data();
+    std::vector<int32_t> key_end;
+    DeviceBuffer key_end_buf;
+    if (f.exists(g + "/key_end")) {
+      key_end = f.read_i32(g + "/key_end", {B});
+      key_end_buf = be->alloc(B * 4, "key_end");
+      be->copy_h2d(key_end_buf.data(), key_end.data(), B * 4, s);
+      mask.key_end = key_end_buf.as<int32_t>();
+    }
     const int64_t nq = B * S * Hq * D, nkv = B * S * Hkv * D;
     auto out = be->alloc(nq * 4, "out"), lse = be->alloc(B * Hq * S * 4, "lse");
     auto dq = be->alloc(nq * 4, "dq"), dk = be->alloc(nkv * 4, "dk"), dv = be->alloc(nkv * 4, "dv");
@@ -79,6 +88,21 @@ TEST(AttentionMask, DocStartThatIsNotContiguousDocumentsIsRefused) {
                                 std::pair{points_ahead, "row 0 at token 2 is 3; documents are contiguous"}}) {
     try {
       check_attention_doc_start(v.data(), 1, static_cast<int64_t>(v.size()));
+      ADD_FAILURE() << "accepted: " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A padding start outside [1, S] is refused naming the row.
+TEST(AttentionMask, KeyEndOutsideTheRowIsRefused) {
+  const std::vector<int32_t> ok = {1, 6};
+  EXPECT_NO_THROW(check_attention_key_end(ok.data(), 2, 6));
+  for (const auto& [v, want] : {std::pair{std::vector<int32_t>{6, 0}, "key_end of row 1 is 0"},
+                                std::pair{std::vector<int32_t>{7, 6}, "key_end of row 0 is 7"}}) {
+    try {
+      check_attention_key_end(v.data(), 2, 6);
       ADD_FAILURE() << "accepted: " << want;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();

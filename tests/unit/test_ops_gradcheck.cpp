@@ -148,7 +148,9 @@ TEST_F(GradCheck, RopeAnglesExactPastAMillionPositions) {
 // Plain causal, and with every mask piece at once: two documents per row (one boundary inside a
 // 64-key block), a sliding window of 9 and per-head sinks (their gradient checked too); then all
 // of that with attention dropout (p = 0.3: its mask is a fixed function of the positions, so the
-// finite differences see the same dropped probabilities the backward does).
+// finite differences see the same dropped probabilities the backward does); then right padding
+// (key_end 50 and 20: row 1's second document lies wholly in the padding, and row 0's padding
+// queries beyond the window see no key), with sinks and without (rows that see nothing output 0).
 TEST_F(GradCheck, GroupedQueryCausalAttention) {
   // S = 70 crosses the kernel's 64-key block boundary.
   const int64_t B = 2, S = 70, Hq = 4, Hkv = 2, D = 8;
@@ -156,9 +158,14 @@ TEST_F(GradCheck, GroupedQueryCausalAttention) {
   std::vector<int32_t> doc_start(B * S);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < S; ++i) doc_start[b * S + i] = i < 23 + 17 * b ? 0 : static_cast<int32_t>(23 + 17 * b);
-  for (const int kind : {0, 1, 2}) {
-    const bool masked = kind > 0, dropout = kind == 2;
-    SCOPED_TRACE(dropout ? "documents, window 9, sinks, dropout 0.3" : masked ? "documents, window 9, sinks" : "causal");
+  const std::vector<int32_t> key_end = {50, 20};
+  auto KeyEnd = be->alloc(B * 4, "key_end");
+  be->copy_h2d(KeyEnd.data(), key_end.data(), B * 4, s);
+  const char* kKinds[] = {"causal", "documents, window 9, sinks", "documents, window 9, sinks, dropout 0.3",
+                          "documents, window 9, sinks, padding", "window 9, padding"};
+  for (const int kind : {0, 1, 2, 3, 4}) {
+    const bool masked = kind > 0 && kind < 4, dropout = kind == 2, padded = kind >= 3;
+    SCOPED_TRACE(kKinds[kind]);
     std::vector<std::vector<float>> in = {randn(B * S * Hq * D, 9), randn(B * S * Hkv * D, 10),
                                           randn(B * S * Hkv * D, 11)};
     if (masked) in.push_back(randn(Hq, 14));
@@ -169,9 +176,10 @@ TEST_F(GradCheck, GroupedQueryCausalAttention) {
       AttentionMask m;
       if (masked) {
         m.doc_start = Docs.as<int32_t>();
-        m.window = 9;
         m.sinks = sinks->data();
       }
+      if (kind > 0) m.window = 9;
+      if (padded) m.key_end = KeyEnd.as<int32_t>();
       if (dropout) {
         m.dropout.p = 0.3f;
         m.dropout.key = dropout_key(7, 1, 2);

@@ -100,8 +100,12 @@ TEST_F(ResidualDropout, TilesAndUlyssesShardsDrawTheWholeBatchsBits) {
           const float y_whole = 1.0f + static_cast<float>(b * 32 + 16 * k + s) + c / 64.0f;
           const float here = got[(b * 16 + s) * kCols + c], there = ref[(b * 32 + 16 * k + s) * kCols + c];
           ASSERT_EQ(here == 1.0f, there == 1.0f) << "rank " << k << " sequence " << b << " position " << s;
-          if (here != 1.0f) ASSERT_EQ(here, std::fma(y_here, whole.scale(), 1.0f));
-          if (there != 1.0f) ASSERT_EQ(there, std::fma(y_whole, whole.scale(), 1.0f));
+          if (here != 1.0f) {
+            ASSERT_EQ(here, std::fma(y_here, whole.scale(), 1.0f));
+          }
+          if (there != 1.0f) {
+            ASSERT_EQ(there, std::fma(y_whole, whole.scale(), 1.0f));
+          }
         }
   }
   // Another sample, layer or seed draws another mask.

@@ -25,6 +25,12 @@ struct AttentionMask {
   // contiguous: doc_start[0] = 0 and doc_start[i] is doc_start[i-1] or i (the model checks this
   // on the host; the kernels rely on it to skip tiles).
   const int32_t* doc_start = nullptr;
+  // Right padding: [B] int32 (backend memory), per row the index of its first padding token; keys
+  // from there on are hidden from every query of the row (transformers' attention_mask = 0), so a
+  // padding query i sees keys [first key, key_end - 1]. A query that sees no key at all (its
+  // document starts in the padding, or the window lies wholly in it) outputs zero, with lse the
+  // sink's logit or -inf. 1 <= key_end[b] <= S.
+  const int32_t* key_end = nullptr;
   // Sliding window (> 0): key j is visible to query i only when i - j < window, transformers'
   // `kv_idx > q_idx - sliding_window` (masking_utils.sliding_window_overlay): window keys per row,
   // the query's own included. 0 = no window.
@@ -42,6 +48,8 @@ struct AttentionMask {
 
 // Refuses doc_start [B*S] (host memory) that breaks AttentionMask's contract, naming row and token.
 void check_attention_doc_start(const int32_t* doc_start, int64_t B, int64_t S);
+// Refuses key_end [B] (host memory) outside [1, S], naming the row.
+void check_attention_key_end(const int32_t* key_end, int64_t B, int64_t S);
 
 // The three AdamW calls of speculation-then-validation (optim::AdamKernels): a step, its undo,
 // and its undo followed by a step with another grad_scale, in one pass.

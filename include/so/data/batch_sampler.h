@@ -58,8 +58,8 @@ class BlendedSampler final : public SampleStream {
 };
 
 // Ulysses: part `part` of `parts` contiguous slices of every sequence (inputs, targets and the
-// global positions RoPE needs); doc_start stays whole rows, as attention sees them after the
-// all-to-all. seq_len must be divisible by parts.
+// global positions RoPE needs); doc_start and padding_start stay whole rows, as attention sees
+// them after the all-to-all. seq_len must be divisible by parts.
 TokenBatch slice_sequences(const TokenBatch& batch, int64_t seq_len, int parts, int part);
 
 }  // namespace so

@@ -30,7 +30,8 @@ class PreparedSplit {
 
   // Row `row` as one sequence of the batch at offset `at` (a multiple of row_length): inputs =
   // the tokens; target t = token t+1 where it is supervised and in the same document, else -1;
-  // positions restart at 0 and doc_start names each document's first token.
+  // positions restart at 0 and doc_start names each document's first token; padding_start of
+  // sequence at / row_length is where the row's padding begins.
   void read_row(int64_t row, TokenBatch& batch, int64_t at) const;
   // Labels in the row (targets >= 0 as read_row makes them).
   int64_t supervised(int64_t row) const { return supervised_[row]; }
@@ -42,6 +43,7 @@ class PreparedSplit {
   TokenizerIdentity tokenizer_;
   std::vector<int64_t> first_document_;  // per row, index of its first document (rows + 1)
   std::vector<int32_t> document_lengths_;
+  std::vector<int32_t> padding_start_;  // per row
   std::vector<int64_t> supervised_;
 };
 

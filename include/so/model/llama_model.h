@@ -41,6 +41,9 @@ struct ModelOptions {
 // runs over every token of a row.
 struct TokenBatch {
   std::vector<int32_t> inputs, targets, positions, doc_start;
+  // Per sequence, the index of its first padding token (its length when it has none); attention
+  // hides the keys from there on (AttentionMask::key_end). Empty: no padding.
+  std::vector<int32_t> padding_start;
   int64_t first_sample = 0;  // the run's index of its first sequence: names its tokens in dropout masks
 };
 

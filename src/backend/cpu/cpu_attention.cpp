@@ -3,8 +3,9 @@
 // row, and one more GEMM with V, so memory is O(kQueryBlock * S) per head and the S x S score
 // matrix never exists. Backward recomputes the tile's probabilities from the saved log-sum-exp
 // (FA2) and forms dQ, dK and dV as GEMMs of the tile.
-// The mask (documents, window) narrows each row to the keys [first_key(i), i]; a sink adds one
-// logit to the row's softmax after the keys (lse includes it, so backward needs nothing more).
+// The mask (documents, window, padding) narrows each row to the keys [first_key(i), last_key(i)];
+// a row with none outputs zero. A sink adds one logit to the row's softmax after the keys (lse
+// includes it, so backward needs nothing more).
 // Dropout scales each P_ij by keep_ij / (1 - p) where it meets V (forward) or dO V^T (backward);
 // lse and the normaliser stay the undropped softmax's.
 #include <algorithm>
@@ -50,6 +51,7 @@ void check_shape(const AttentionShape& sh, const AttentionMask& mask) {
            " KV heads");
   SO_CHECK(mask.window >= 0, "attention: negative sliding window ", mask.window);
   if (mask.doc_start != nullptr) check_attention_doc_start(mask.doc_start, sh.B, sh.S);
+  if (mask.key_end != nullptr) check_attention_key_end(mask.key_end, sh.B, sh.S);
   SO_CHECK(mask.dropout.p >= 0.0f && mask.dropout.p < 1.0f, "attention: dropout probability ", mask.dropout.p,
            " is not in [0, 1)");
 }
@@ -73,6 +75,11 @@ int64_t first_key(const AttentionMask& mask, int64_t b, int64_t i, int64_t S) {
   int64_t lo = mask.doc_start != nullptr ? mask.doc_start[b * S + i] : 0;
   if (mask.window > 0) lo = std::max(lo, i - mask.window + 1);
   return lo;
+}
+
+// The last key query i of row b sees: itself, or the row's last token before its padding.
+int64_t last_key(const AttentionMask& mask, int64_t b, int64_t i) {
+  return mask.key_end != nullptr ? std::min<int64_t>(i, mask.key_end[b] - 1) : i;
 }
 
 // A block of query rows [q0, q0 + n) of one head against the keys it may see, [lo, hi): scores
@@ -118,14 +125,15 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, c
           const int64_t W = blk.width();
           tile_gemm(false, true, blk.n, W, D, sh.scale, &Q[q0 * D], &K[blk.lo * D], 0.0f, P.data());
           for (int64_t r = 0; r < blk.n; ++r) {
-            const int64_t i = q0 + r, first = first_key(mask, b, i, S) - blk.lo, last = i - blk.lo;
+            const int64_t i = q0 + r, first = first_key(mask, b, i, S) - blk.lo, last = last_key(mask, b, i) - blk.lo;
             float* p = &P[r * W];
             float m = -INFINITY;
             for (int64_t c = first; c <= last; ++c) m = std::max(m, p[c]);
             exp_shifted(p + first, p + first, m, last + 1 - first);
             float l = 0.0f;
             for (int64_t c = first; c <= last; ++c) l += p[c];
-            float row_lse = m + std::log(l), inv_l = 1.0f / l;
+            // A row that sees no key (l = 0): zero output, lse -inf (then the sink's alone).
+            float row_lse = m + std::log(l), inv_l = l > 0.0f ? 1.0f / l : 0.0f;
             if (sinks != nullptr) {  // the sink's share of the row leaves the keys' output scaled down
               const float sink = to_f32(sinks[h]);
               const float hi = std::max(row_lse, sink);
@@ -133,9 +141,9 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, c
               inv_l *= std::exp(row_lse - with_sink);
               row_lse = with_sink;
             }
-            for (int64_t c = 0; c < first; ++c) p[c] = 0.0f;
             for (int64_t c = first; c <= last; ++c) p[c] *= drop.on() ? inv_l * drop(b, h, i, blk.lo + c) : inv_l;
-            for (int64_t c = last + 1; c < W; ++c) p[c] = 0.0f;
+            for (int64_t c = 0; c < first; ++c) p[c] = 0.0f;
+            for (int64_t c = std::max(last + 1, first); c < W; ++c) p[c] = 0.0f;
             lse[(b * sh.Hq + h) * S + i] = row_lse;
           }
           tile_gemm(false, false, blk.n, D, W, 1.0f, P.data(), &V[blk.lo * D], 0.0f, &O[q0 * D]);
@@ -180,7 +188,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           tile_gemm(false, true, blk.n, W, D, sh.scale, &Q[q0 * D], &K[blk.lo * D], 0.0f, P.data());
           tile_gemm(false, true, blk.n, W, D, 1.0f, &dO[q0 * D], &V[blk.lo * D], 0.0f, dP.data());
           for (int64_t r = 0; r < blk.n; ++r) {
-            const int64_t i = q0 + r, first = first_key(mask, b, i, S) - blk.lo, last = i - blk.lo;
+            const int64_t i = q0 + r, first = first_key(mask, b, i, S) - blk.lo, last = last_key(mask, b, i) - blk.lo;
             float* p = &P[r * W];
             float* ds = &dP[r * W];  // dP becomes dS in place; P becomes P * f (dV's factor)
             for (int64_t c = 0; c < first; ++c) p[c] = ds[c] = 0.0f;
@@ -192,7 +200,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
               ds[c] = pij * (ds[c] * f - Di[i]) * sh.scale;
               p[c] = pij * f;
             }
-            for (int64_t c = last + 1; c < W; ++c) p[c] = ds[c] = 0.0f;
+            for (int64_t c = std::max(last + 1, first); c < W; ++c) p[c] = ds[c] = 0.0f;
           }
           tile_gemm(false, false, blk.n, D, W, 1.0f, dP.data(), &K[blk.lo * D], 0.0f, &dQ[q0 * D]);
           tile_gemm(true, false, W, D, blk.n, 1.0f, dP.data(), &Q[q0 * D], 1.0f, &dK[blk.lo * D]);

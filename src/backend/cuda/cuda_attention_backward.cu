@@ -115,7 +115,7 @@ __device__ __forceinline__ void ref_load_tile(float* dst, int ld, const T* src, 
 }
 
 // P and dS for query rows q0.. and keys k0.. of the tiles in shared memory (index [r][c] = query r,
-// key c); zero where masked (key > query, or before the query's first key) or the query is padding
+// key c); zero where masked (outside the query's [first_key, last_key]) or the query is padding
 // (>= S). sP may be null (the dQ pass needs dS only).
 __device__ __forceinline__ void ref_scores(float* sP, float* sdS, const float* sQ, const float* sdO, const float* sK,
                                            const float* sV, const float* sLse, const float* sDrow, int ld, int D,
@@ -124,7 +124,7 @@ __device__ __forceinline__ void ref_scores(float* sP, float* sdS, const float* s
   for (int i = threadIdx.x; i < kRefTile * kRefTile; i += kRefThreads) {
     const int r = i / kRefTile, c = i % kRefTile;
     float p = 0.0f, ds = 0.0f;
-    if (k0 + c <= q0 + r && q0 + r < S && k0 + c >= mask.first_key(b, q0 + r, S)) {
+    if (q0 + r < S && mask.visible(b, q0 + r, k0 + c, S)) {
       const float* qr = sQ + r * ld;
       const float* dor = sdO + r * ld;
       const float* kc = sK + c * ld;
@@ -248,7 +248,8 @@ __global__ void __launch_bounds__(kRefThreads)
     const int r = i / D, d = i % D;
     sdQ[r * ld + d] = 0.0f;
   }
-  for (int kt = mask.first_key(b, q0, S) / kRefTile; kt <= qt; ++kt) {
+  const int last_kt = mask.last_key(b, q0 + kRefTile - 1) / kRefTile;
+  for (int kt = mask.first_key(b, q0, S) / kRefTile; kt <= last_kt; ++kt) {
     const int k0 = kt * kRefTile;
     __syncthreads();  // previous tile's readers of sK/sV/sdS are done (first pass: loads visible)
     ref_load_tile(sK, ld, k, b, k0, kvh, S, Hkv, D);
@@ -432,7 +433,7 @@ __global__ void __launch_bounds__(kTcThreads)
           const int r = ix.row[e], c = ix.col[e];  // key wk0 + r, query cq0 + c
           const int qi = cq0 + c;
           float p = 0.0f, ds = 0.0f;
-          if (wk0 + r <= qi && qi < S && wk0 + r >= mask.first_key(b, qi, S)) {
+          if (qi < S && mask.visible(b, qi, wk0 + r, S)) {
             p = exp2f(st.x[e] * scale_log2 - sLse2[qc * 16 + c]);
             const float f = mask.dropping ? mask.drop(b, h, qi, wk0 + r, S) : 1.0f;
             ds = p * (dpt.x[e] * f - sDrow[qc * 16 + c]) * scale;
@@ -489,7 +490,8 @@ __global__ void __launch_bounds__(kTcThreads)
   __syncthreads();
   const FragIndex ix = load_frag_index(sIdx);
 
-  for (int kt = mask.first_key(b, q0, S) / kTcTile; kt <= qt; ++kt) {
+  const int last_kt = mask.last_key(b, q0 + kTcTile - 1) / kTcTile;
+  for (int kt = mask.first_key(b, q0, S) / kTcTile; kt <= last_kt; ++kt) {
     const int k0 = kt * kTcTile;
     __syncthreads();  // previous readers of sK/sV are done
     load_tile_bf16<D, L::kLdh>(sK, k, b, k0, kvh, S, Hkv);
@@ -506,7 +508,7 @@ __global__ void __launch_bounds__(kTcThreads)
         const int r = ix.row[e], c = ix.col[e];  // query wq0 + r, key ck0 + c
         const int qi = wq0 + r;
         float ds = 0.0f;
-        if (ck0 + c <= qi && qi < S && ck0 + c >= mask.first_key(b, qi, S)) {
+        if (qi < S && mask.visible(b, qi, ck0 + c, S)) {
           const float p = exp2f(sf.x[e] * scale_log2 - sLse2[warp * 16 + r]);
           const float f = mask.dropping ? mask.drop(b, h, qi, ck0 + c, S) : 1.0f;
           ds = p * (dpf.x[e] * f - sDrow[warp * 16 + r]) * scale;

@@ -23,12 +23,15 @@
 
 namespace so::cuda::attn {
 
-// AttentionMask's documents, window and dropout on the device: query i of row b sees keys
-// [first_key(b, i), i]. first_key never decreases along a row (documents are contiguous), which is
-// what lets the kernels skip whole tiles: a query tile needs key tiles from first_key(its first
-// row) on, and a key tile needs query tiles until first_key passes its last key.
+// AttentionMask's documents, window, padding and dropout on the device: query i of row b sees
+// keys [first_key(b, i), last_key(b, i)], none when first > last (the row outputs zero). Both
+// never decrease along a row (documents are contiguous), which is what lets the kernels skip whole
+// tiles: a query tile needs key tiles from first_key(its first row) to last_key(its last row), and
+// a key tile needs query tiles until first_key passes its last key; key tiles at or past the
+// padding are visible to none.
 struct DeviceMask {
   const int32_t* doc_start;  // [B*S], or null
+  const int32_t* key_end;    // [B], or null
   int window;                // 0: none
 
   __device__ __forceinline__ int first_key(int64_t b, int i, int S) const {
@@ -36,9 +39,16 @@ struct DeviceMask {
     if (window > 0) lo = max(lo, i - window + 1);
     return lo;
   }
+  __device__ __forceinline__ int last_key(int64_t b, int i) const {
+    return key_end != nullptr ? min(i, __ldg(key_end + b) - 1) : i;
+  }
   // Whether any query in [q0, q1] sees any key in [k0, k1] (q0 < S).
   __device__ __forceinline__ bool tile_visible(int64_t b, int q0, int q1, int k0, int k1, int S) const {
-    return q1 >= k0 && first_key(b, max(q0, k0), S) <= k1;
+    return q1 >= k0 && first_key(b, max(q0, k0), S) <= k1 && last_key(b, q1) >= k0;
+  }
+  // Whether query i sees key j.
+  __device__ __forceinline__ bool visible(int64_t b, int i, int j, int S) const {
+    return j <= last_key(b, i) && j >= first_key(b, i, S);
   }
 
   // Attention-probability dropout (AttentionMask::dropout): P[query i, key j] of local head h of
@@ -60,6 +70,7 @@ inline DeviceMask device_mask(const AttentionMask& m) {
   SO_CHECK(m.dropout.p >= 0.0f && m.dropout.p < 1.0f, "attention: dropout probability ", m.dropout.p,
            " is not in [0, 1)");
   return DeviceMask{m.doc_start,
+                    m.key_end,
                     static_cast<int>(m.window),
                     m.dropout.p > 0.0f,
                     m.dropout.threshold(),
@@ -68,6 +79,9 @@ inline DeviceMask device_mask(const AttentionMask& m) {
                     m.dropout.first_sample,
                     static_cast<int>(m.first_head)};
 }
+
+// 1 / the row's softmax normaliser: 0 for a row that saw no key, whose output is zero.
+__device__ __forceinline__ float inverse_normaliser(float l) { return l > 0.0f ? 1.0f / l : 0.0f; }
 
 // Folds a sink logit into a row's softmax: lse (natural log, keys only) becomes the log-sum-exp of
 // keys and sink, and the keys' output shrinks by exp(old - new). Returns that factor.

@@ -1,6 +1,7 @@
 // Causal GQA flash-attention forward (FlashAttention-2): one block per (query tile, query head,
 // batch); K/V tiles stream through shared memory under an online softmax; key tiles wholly above
-// the diagonal, or before the first key the mask lets the tile's first row see, are never visited.
+// the diagonal or in the row's padding, or before the first key the mask lets the tile's first row
+// see, are never visited.
 // Writes out and lse = logsumexp of the scaled scores (natural log), sink included. Dropout scales
 // P where it meets V; the normaliser and lse are the undropped softmax's.
 // Variants and dispatch: cuda_attention_common.cuh.
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(kRefThreads)
     sL[tid] = 0.0f;
   }
 
-  const int nkt = (q0 + rows - 1) / kRefTile + 1;  // tiles holding a key <= the last query row
+  const int nkt = mask.last_key(b, q0 + rows - 1) / kRefTile + 1;  // tiles holding a key the last row sees
   for (int kt = mask.first_key(b, q0, S) / kRefTile; kt < nkt; ++kt) {
     const int k0 = kt * kRefTile;
     __syncthreads();  // the previous tile's sK/sV/sS readers are done (first pass: init visible)
@@ -77,7 +78,7 @@ __global__ void __launch_bounds__(kRefThreads)
     for (int i = tid; i < kRefTile * kRefTile; i += kRefThreads) {
       const int r = i / kRefTile, c = i % kRefTile;
       float s = -INFINITY;
-      if (k0 + c <= q0 + r && k0 + c >= mask.first_key(b, q0 + r, S)) {
+      if (mask.visible(b, q0 + r, k0 + c, S)) {
         const float* qr = sQ + r * ld;
         const float* kc = sK + c * ld;
         float acc = 0.0f;
@@ -115,9 +116,9 @@ __global__ void __launch_bounds__(kRefThreads)
     }
   }
   __syncthreads();
-  if (tid < rows) {  // every real row saw at least its own key: sL > 0
+  if (tid < rows) {
     float row_lse = sM[tid] + logf(sL[tid]);
-    float factor = 1.0f / sL[tid];
+    float factor = inverse_normaliser(sL[tid]);
     if (sinks != nullptr) factor *= add_sink(row_lse, to_float(sinks[h]));
     sCorr[tid] = factor;
     lse[(b * Hq + h) * S + q0 + tid] = row_lse;
@@ -203,10 +204,11 @@ __global__ void __launch_bounds__(kTcThreads)
   // of its 64 scores (interleaved columns: fewer bank conflicts).
   const int sr = lane >> 1, half = lane & 1;
   const int qrow = q0 + warp * 16 + sr;
-  const int first = mask.first_key(b, qrow, S);  // this row sees keys [first, qrow]
+  const int first = mask.first_key(b, qrow, S), last = mask.last_key(b, qrow);  // this row sees keys [first, last]
   float m = -INFINITY, l = 0.0f;
 
-  for (int kt = mask.first_key(b, q0, S) / kTcTile; kt <= qt; ++kt) {
+  const int last_kt = mask.last_key(b, q0 + kTcTile - 1) / kTcTile;
+  for (int kt = mask.first_key(b, q0, S) / kTcTile; kt <= last_kt; ++kt) {
     const int k0 = kt * kTcTile;
     __syncthreads();  // previous readers of sK/sV (and of Q in sK) are done
     load_tile_bf16<D, L::kLdh>(sK, k, b, k0, kvh, S, Hkv);
@@ -232,7 +234,7 @@ __global__ void __launch_bounds__(kTcThreads)
     float tmax = -INFINITY;
     for (int j = 0; j < kTcTile / 2; ++j) {
       const int c = 2 * j + half;
-      const float s = (k0 + c > qrow || k0 + c < first) ? -INFINITY : srow[c] * scale_log2;
+      const float s = (k0 + c > last || k0 + c < first) ? -INFINITY : srow[c] * scale_log2;
       tmax = fmaxf(tmax, s);
     }
     tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
@@ -242,7 +244,7 @@ __global__ void __launch_bounds__(kTcThreads)
     float psum = 0.0f;
     for (int j = 0; j < kTcTile / 2; ++j) {
       const int c = 2 * j + half;
-      const float s = (k0 + c > qrow || k0 + c < first) ? -INFINITY : srow[c] * scale_log2;
+      const float s = (k0 + c > last || k0 + c < first) ? -INFINITY : srow[c] * scale_log2;
       const float p = m_new == -INFINITY ? 0.0f : exp2f(s - m_new);
       psum += p;  // the normaliser sums the undropped P; only P V sees dropout
       sP[sr * L::kLdp + c] =
@@ -274,7 +276,7 @@ __global__ void __launch_bounds__(kTcThreads)
   __syncwarp();  // every lane is done reading sCorr
   if (half == 0) {
     float row_lse = (m + log2f(l)) * kLn2;
-    float factor = 1.0f / l;
+    float factor = inverse_normaliser(l);
     if (sinks != nullptr) factor *= add_sink(row_lse, to_float(sinks[h]));
     sCorr[sr] = factor;
     if (qrow < S) lse[(b * Hq + h) * S + qrow] = row_lse;

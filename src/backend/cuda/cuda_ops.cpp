@@ -79,8 +79,9 @@ void CudaOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int6
 const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
                                                           const AttentionMask& mask, DType dt) {
   std::lock_guard<std::mutex> lock(attention_mu_);
-  const bool documents = mask.doc_start != nullptr, sinks = mask.sinks != nullptr, dropout = mask.dropout.p > 0.0f;
-  const auto key = std::tuple{B, S, Hq, Hkv, D, documents, mask.window, sinks, dropout, dt};
+  const bool documents = mask.doc_start != nullptr, padded = mask.key_end != nullptr, sinks = mask.sinks != nullptr,
+             dropout = mask.dropout.p > 0.0f;
+  const auto key = std::tuple{B, S, Hq, Hkv, D, documents, padded, mask.window, sinks, dropout, dt};
   if (auto it = attention_choices_.find(key); it != attention_choices_.end()) return it->second;
   const char* forced = std::getenv("SO_ATTENTION_KERNEL");  // a flash variant forced (tests, benchmarks)
   const std::string flash = "flash kernels (ours)";
@@ -93,6 +94,10 @@ const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, 
   } else if (documents) {
     // cuDNN expresses documents only as ragged (varlen) sequences, another layout than ours.
     why = "packed rows (documents within a row) are not a mask cuDNN's SDPA takes in this layout";
+  } else if (padded) {
+    // cuDNN's padding mask (seq_len_q = seq_len_kv) zeroes padding queries; transformers' padding
+    // queries attend to the row's tokens, which the flash kernels do.
+    why = "padded rows' padding queries see the row's tokens, which cuDNN's padding mask does not give";
   } else if (sinks) {
     why = "attention sinks are not wired to cuDNN's SDPA";
   } else if (dropout) {

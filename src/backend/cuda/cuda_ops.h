@@ -119,7 +119,7 @@ class CudaOps final : public Ops {
   bool deterministic_attention_;
   std::unique_ptr<CudnnSdpa> sdpa_;
   std::mutex attention_mu_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, bool, bool, DType>, AttentionChoice>
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t, bool, bool, DType>, AttentionChoice>
       attention_choices_;
 };
 
