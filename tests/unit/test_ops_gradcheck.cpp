@@ -146,13 +146,13 @@ TEST_F(GradCheck, RopeAnglesExactPastAMillionPositions) {
 }
 
 // Plain causal, and with every mask piece at once: two documents per row (one boundary inside a
-// 64-key block), a sliding window of 9 and per-head sinks (their gradient checked too); then all
+// 64-row query block), a sliding window of 9 and per-head sinks (their gradient checked too); then all
 // of that with attention dropout (p = 0.3: its mask is a fixed function of the positions, so the
 // finite differences see the same dropped probabilities the backward does); then right padding
 // (key_end 50 and 20: row 1's second document lies wholly in the padding, and row 0's padding
 // queries beyond the window see no key), with sinks and without (rows that see nothing output 0).
 TEST_F(GradCheck, GroupedQueryCausalAttention) {
-  // S = 70 crosses the kernel's 64-key block boundary.
+  // S = 70 crosses the CPU kernel's 64-row query block boundary.
   const int64_t B = 2, S = 70, Hq = 4, Hkv = 2, D = 8;
   const float scale = 1.0f / std::sqrt(float(D));
   std::vector<int32_t> doc_start(B * S);
