@@ -9,7 +9,7 @@ OptimizerHostState::OptimizerHostState(const OptimizerHostStateSpec& spec) : spe
   const auto n = static_cast<size_t>(spec.elements);
   int stream = 0;
   auto buffer = [&](size_t bytes, Backend* pin, const char* tag) {
-    return HostBuffer(bytes, spec.numa_node, pin, tag, spec.skew ? stream_skew(stream++) : 0);
+    return HostBuffer(bytes, spec.numa_node, pin, tag, spec.skew ? stream_skew(stream++) : 0, spec.huge_pages);
   };
   p_ = buffer(n * 4, spec.pin_with, "offloaded fp32 master weights");
   m_ = buffer(n * 4, spec.pin_with, "offloaded adam exp_avg");
