@@ -240,7 +240,7 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
                                      {"prefetch", StreamProbe::Prefetch, false},
                                      {"nt", StreamProbe::NonTemporal, false},
                                      {huge ? "4k" : "huge", StreamProbe::Plain, true}};
-  std::printf("%12s %3s %10s %9s", "elements", "thr", "Gparams/s", "GB/s");
+  std::printf("%12s %3s %10s %9s %6s", "elements", "thr", "Gparams/s", "GB/s", "huge%");
   for (const Probe& pr : probes) std::printf(" %9s", pr.name.c_str());
   std::printf(" %8s %-9s %9s %9s", "bound", "binds", "rollback", "redo");
   for (const std::string& impl : peer_impls) std::printf(" %14s %8s", (impl + " Gp/s").c_str(), "ours/it");
@@ -316,7 +316,8 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
       for (size_t i = 0; i < peers.size(); ++i)
         if (same_bytes && peer_t[i].size() == static_cast<size_t>(rounds) && median(peer_t[i]) / step_s < bound)
           bound = median(peer_t[i]) / step_s, bound_by = peers[i].impl;
-      std::printf("%12lld %3d %10.3f %9.2f", static_cast<long long>(n), t, rate * 1e-9, rate * bytes_per_param * 1e-9);
+      std::printf("%12lld %3d %10.3f %9.2f %6.0f", static_cast<long long>(n), t, rate * 1e-9, rate * bytes_per_param * 1e-9,
+                  100 * a.state.huge_page_share());
       for (const std::vector<double>& pt : probe_t) std::printf(" %9.2f", n / median(pt) * bytes_per_param * 1e-9);
       std::printf(" %8.3f %-9s %9.3f %9.3f", bound, bound_by.c_str(), median(rollback_ratio), median(redo_ratio));
       for (size_t i = 0; i < peers.size(); ++i) {
@@ -329,7 +330,8 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
       std::fflush(stdout);
     }
   }
-  std::printf("# probe columns: GB/s of each memory probe (median); bound column: ours / min(best probe, arithmetic\n"
+  std::printf("# huge%%: the share of ours' arrays the kernel backed with huge pages (smaps AnonHugePages)\n"
+              "# probe columns: GB/s of each memory probe (median); bound column: ours / min(best probe, arithmetic\n"
               "# ceiling x threads), median of per-iteration ratios, or ours / the fastest same-bytes peer where that is\n"
               "# lower (target >= 0.95); binds: what set the bound most often; rollback, redo: their time / the step's,\n"
               "# per iteration; peers: their median step / ours\n");

@@ -4,7 +4,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -40,6 +42,23 @@ ThpSettings thp_settings() {
 size_t huge_page_alignment(size_t bytes, const ThpSettings& thp) {
   const bool on = thp.mode == "always" || thp.mode == "madvise";
   return on && thp.huge_page > 0 && bytes >= thp.huge_page ? thp.huge_page : 0;
+}
+
+size_t huge_page_bytes(const void* begin, size_t bytes) {
+  const auto lo = reinterpret_cast<uintptr_t>(begin), hi = lo + bytes;
+  std::ifstream smaps("/proc/self/smaps");
+  double total = 0;
+  uintptr_t vma_lo = 0, vma_hi = 0;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long a = 0, b = 0, kib = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &a, &b) == 2 && line.find(':') > line.find(' ')) {
+      vma_lo = a, vma_hi = b;
+    } else if (std::sscanf(line.c_str(), "AnonHugePages: %lu kB", &kib) == 1 && vma_lo < hi && lo < vma_hi) {
+      const double overlap = static_cast<double>(std::min(hi, vma_hi) - std::max(lo, vma_lo));
+      total += kib * 1024.0 * overlap / static_cast<double>(vma_hi - vma_lo);
+    }
+  }
+  return static_cast<size_t>(total);
 }
 
 HostBuffer::HostBuffer(size_t bytes, int numa_node, Backend* pin_with, const char* tag, size_t skew, bool huge_pages)

@@ -30,6 +30,12 @@ size_t OptimizerHostState::bytes() const {
   return total;
 }
 
+double OptimizerHostState::huge_page_share() const {
+  size_t huge = 0, mapped = 0;
+  for (const HostBuffer* b : {&p_, &m_, &v_, &grads_, &out_}) huge += b->huge_page_bytes(), mapped += b->mapped_bytes();
+  return mapped > 0 ? static_cast<double>(huge) / static_cast<double>(mapped) : 0.0;
+}
+
 AdamArrays OptimizerHostState::arrays(int64_t first, bool with_snapshot) const {
   AdamArrays a{p(), m(), v(), grads(), spec_.grad_dtype, out(), spec_.out_dtype};
   if (with_snapshot && spec_.snapshot)

@@ -502,6 +502,12 @@ TEST(HostBuffer, LargeBuffersAreHugePageAlignedAndAdvised) {
   EXPECT_FALSE(small.huge_pages());
   EXPECT_EQ(vm_flags_of(plain.data()).find(" hg "), std::string::npos);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(plain.data()) % 4096, skew % 4096);
+  // What the kernel granted is its business, but never more than the mapping, and nothing unasked
+  // unless THP is `always`.
+  EXPECT_LE(moved.huge_page_bytes(), moved.mapped_bytes());
+  if (thp.mode != "always") {
+    EXPECT_EQ(plain.huge_page_bytes(), 0u);
+  }
 }
 
 }  // namespace

@@ -32,6 +32,10 @@ ThpSettings thp_settings();  // this machine's, read once
 // The alignment a buffer of `bytes` gets: the huge page when it spans at least one and THP is on
 // (`always` or `madvise`), else 0 (ordinary pages, no madvise).
 size_t huge_page_alignment(size_t bytes, const ThpSettings& thp);
+// How many bytes of [begin, begin + bytes) the kernel backs with huge pages right now: the
+// AnonHugePages of the mappings that overlap it in /proc/self/smaps, each prorated by its overlap
+// (adjacent buffers with the same flags share one mapping). 0 where smaps cannot be read.
+size_t huge_page_bytes(const void* begin, size_t bytes);
 
 class HostBuffer {
  public:
@@ -57,6 +61,8 @@ class HostBuffer {
   // The allocation starts on a huge-page boundary and madvise(MADV_HUGEPAGE) accepted it (whether
   // the kernel found free huge pages for it is its business: /proc/self/smaps, AnonHugePages).
   bool huge_pages() const { return huge_; }
+  size_t huge_page_bytes() const { return ptr_ ? so::huge_page_bytes(ptr_, mapped_) : 0; }
+  size_t mapped_bytes() const { return mapped_; }
 
  private:
   void* ptr_ = nullptr;  // the mapping; data() = ptr_ + skew_

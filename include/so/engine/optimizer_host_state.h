@@ -39,6 +39,7 @@ class OptimizerHostState {
   void* grads() const { return grads_.data(); }
   void* out() const { return out_.data(); }
   bool huge_pages() const { return p_.huge_pages(); }  // the streams were madvised (HostBuffer::huge_pages)
+  double huge_page_share() const;  // of the step's streams (p, m, v, grads, out), backed by huge pages now
   // GraceAdam's view of the arrays from element `first` on; the snapshot's only when asked for.
   AdamArrays arrays(int64_t first, bool with_snapshot) const;
 
