@@ -139,8 +139,8 @@ struct Pointers {
   // Software prefetch this many elements ahead on every stream a loop reads (0: none). The div/sqrt
   // chains of a vector are long enough that the out-of-order window fills before the next vectors'
   // loads issue; on the Intel dev VM the step ran at memory time + compute time without it instead
-  // of the larger of the two. The distance is the CPU's (adam_prefetch_ahead: too far ahead costs
-  // 15% on AMD). Prefetches past the end of an array are harmless.
+  // of the larger of the two. The distance is the CPU's (adam_prefetch_ahead: on AMD any costs
+  // 7-24%). Prefetches past the end of an array are harmless.
   int64_t ahead;
   explicit Pointers(const AdamArrays& a, int64_t prefetch_ahead = adam_prefetch_ahead())
       : p(a.p), m(a.m), v(a.v), sp(a.snapshot_p), sm(a.snapshot_m), sv(a.snapshot_v),

@@ -4,8 +4,9 @@
 // want different help (docs/optimizer.md, "Software prefetch"):
 //   Intel (the dev VM's Xeon): 512 elements (2 KiB of fp32) ahead took the step from memory time +
 //     arithmetic time to the larger of the two;
-//   AMD (EPYC, Zen 4): that distance cost 12-18% at every size, 128 elements (512 B) 10-15% in
-//     so_bench adam: none (its hardware prefetchers keep up alone, as DeepSpeed's CPUAdam assumes);
+//   AMD (EPYC, Zen 4): that distance cost 13-18% of the step and the probes on one thread in DRAM
+//     (3-10% on two), 128 elements (512 B) 7-24%: none (its hardware prefetchers keep up alone,
+//     as DeepSpeed's CPUAdam assumes);
 //   Arm (Grace): 512, unmeasured against the alternatives.
 // SO_ADAM_PREFETCH=<elements> (0: none) overrides it, for measurements; results never depend on it.
 #include <cstdint>
