@@ -2,7 +2,7 @@
 //
 // Ours: GraceAdam's step on host buffers allocated as the offload optimizer allocates them. The
 // bound that fits the access pattern: memory, the best of several `stream_probe`s (the same loads
-// and stores over the same arrays with one add per stream: plain, with the step's prefetch, with
+// and stores over the same arrays with one add per stream: plain, with software prefetch 512 ahead, with
 // non-temporal stores, and plain over a second set of arrays on the other page size), and the
 // step's arithmetic ceiling, the same kernel on an L1-resident block; the roofline is the lower of
 // the two, raised to any peer's measured rate on the same bytes (what a peer does is possible).
@@ -219,7 +219,7 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
               static_cast<long long>(bytes_per_param), dtype_size(grad_dt), has_out ? dtype_size(out_dt) : size_t{0},
               static_cast<long long>(adam_prefetch_ahead()));
   std::printf("# bound = max(min(memory: the best stream probe, the step's loads and stores with an add per stream, same threads:\n"
-              "#                  plain, prefetch (the step's), nt (non-temporal stores), %s (plain, on %s pages);\n"
+              "#                  plain, prefetch (512 ahead), nt (non-temporal stores), %s (plain, on %s pages);\n"
               "#              arithmetic ceiling: the step on an L1-resident block, best of 41 runs, x threads),\n"
               "#          the fastest peer on the same bytes); median of %d rounds of %d (+%d warm-up)\n",
               huge ? "4k" : "huge", huge ? "ordinary" : "huge", rounds, iters, warmup);

@@ -232,7 +232,7 @@ concept HasStreamingStores = requires(float* p, typename V::F x) {
 
 template <class V, class G, class O>
 void probe_typed(const AdamArrays& a, int64_t n, StreamProbe kind) {
-  const Pointers<V, G, O> ptr(a, kind == StreamProbe::Prefetch ? adam_prefetch_ahead() : 0);
+  const Pointers<V, G, O> ptr(a, kind == StreamProbe::Prefetch ? kProbePrefetchAhead : 0);
   if constexpr (HasStreamingStores<V>) {
     const auto vector_bytes = static_cast<uintptr_t>(V::lanes() * sizeof(float));
     const auto misaligned = [&](const float* x) { return reinterpret_cast<uintptr_t>(x) % vector_bytes != 0; };

@@ -16,11 +16,14 @@ namespace so {
 // so_bench adam's memory bound is the best of them, not one guess at what the machine likes.
 enum class StreamProbe {
   Plain,        // no software prefetch: the hardware prefetchers alone
-  Prefetch,     // the step's software prefetch (adam_prefetch_ahead)
+  Prefetch,     // software prefetch kProbePrefetchAhead elements ahead
   NonTemporal,  // p, m, v written with non-temporal (streaming) stores where the ISA has them (x86),
                 // else as Plain
 };
 const char* stream_probe_name(StreamProbe kind);  // "plain", "prefetch", "nt"
+// The Prefetch probe's distance: the one tuned on Intel, so that on a CPU whose step prefetches
+// nothing (AMD, adam_prefetch_ahead) the two probes still try both ways.
+constexpr int64_t kProbePrefetchAhead = 512;
 
 struct AdamKernels {
   SimdIsa isa;
