@@ -1,11 +1,14 @@
 // so_bench adam: GraceAdam against its roofline and against its peers, per size and thread count.
 //
 // Ours: GraceAdam's step on host buffers allocated as the offload optimizer allocates them. The
-// bound that fits the access pattern: `stream_probe`, the same loads and stores over the same
-// arrays with one add per stream (memory), and the step's arithmetic ceiling, the same kernel on
-// an L1-resident block (compute); the roofline is the lower of the two. Peers, each in its own
-// long-lived process pinned to the same cores (bench/peers/cpu_adam_peer.py), interleaved with ours
-// round by round: torch.optim.AdamW(fused=True), AdamW(foreach=True), DeepSpeed's CPUAdam.
+// bound that fits the access pattern: memory, the best of several `stream_probe`s (the same loads
+// and stores over the same arrays with one add per stream: plain, with software prefetch 512 ahead, with
+// non-temporal stores, and plain over a second set of arrays on the other page size), and the
+// step's arithmetic ceiling, the same kernel on an L1-resident block; the roofline is the lower of
+// the two, raised to any peer's measured rate on the same bytes (what a peer does is possible).
+// Peers, each in its own long-lived process pinned to the same cores
+// (bench/peers/cpu_adam_peer.py), interleaved with ours round by round:
+// torch.optim.AdamW(fused=True), AdamW(foreach=True), DeepSpeed's CPUAdam.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +25,8 @@
 #include "so/engine/optimizer_host_state.h"
 #include "so/core/cpu_affinity.h"
 #include "so/core/error.h"
+#include "so/backend/host_buffer.h"
+#include "so/optim/adam_prefetch.h"
 #include "so/optim/grace_adam.h"
 
 namespace so::bench {
@@ -108,9 +113,10 @@ std::vector<int> parse_threads(const std::string& s) {
 struct Arrays {
   OptimizerHostState state;
   AdamArrays view;
-  Arrays(int64_t n, DType grad_dt, bool has_out, DType out_dt, bool skew = true) {
+  Arrays(int64_t n, DType grad_dt, bool has_out, DType out_dt, bool skew = true, bool huge_pages = true) {
     OptimizerHostStateSpec spec;
     spec.elements = n, spec.grad_dtype = grad_dt, spec.has_out = has_out, spec.out_dtype = out_dt, spec.skew = skew;
+    spec.huge_pages = huge_pages;
     state = OptimizerHostState(spec);
     std::fill_n(state.p(), n, 0.5f);
     std::fill_n(state.m(), n, 1e-3f);
@@ -148,7 +154,7 @@ struct Peer {
 int adam_bench(int argc, char** argv, Communicator& comm) {
   po::options_description desc("so_bench adam options");
   std::string threads_arg = "1,2", sizes_arg = "2^25", isa_arg, grad_arg = "bf16", out_arg = "bf16";
-  std::string peers_arg = "torch-fused,torch-foreach,deepspeed", layout = "skewed";
+  std::string peers_arg = "torch-fused,torch-foreach,deepspeed", layout = "skewed", pages = "huge";
   int iters = 7, warmup = 2, rounds = 3;
   desc.add_options()("help,h", "show this help")(
       "sizes,n", po::value<std::string>(&sizes_arg)->default_value(sizes_arg),
@@ -167,11 +173,16 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
       "comma-separated peers (torch-fused, torch-foreach, deepspeed), or none")(
       "layout", po::value<std::string>(&layout)->default_value(layout),
       "host arrays: skewed (the offload optimizer's: each stream a different offset into its page) or aligned "
-      "(every stream page-aligned)");
+      "(every stream page-aligned)")(
+      "pages", po::value<std::string>(&pages)->default_value(pages),
+      "host arrays: huge (the offload optimizer's: transparent huge pages where the kernel offers them) or small "
+      "(ordinary pages); the bound also probes the other");
   po::variables_map vm;
   if (!parse_command_line(desc, argc, argv, vm)) return 0;
   SO_CHECK(iters > 0 && warmup >= 0 && rounds > 0, "--iters and --rounds must be positive, --warmup >= 0");
   SO_CHECK(layout == "skewed" || layout == "aligned", "--layout is '", layout, "'; choose skewed or aligned");
+  SO_CHECK(pages == "huge" || pages == "small", "--pages is '", pages, "'; choose huge or small");
+  const bool huge = pages == "huge";
   const std::vector<int64_t> sizes = parse_sizes(sizes_arg);
   const SimdIsa isa = isa_arg.empty() ? default_simd_isa() : parse_simd_isa(isa_arg);
   const DType grad_dt = parse_dtype(grad_arg, "--grad-dtype");
@@ -200,20 +211,38 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
   // What one parameter must move: p, m, v read and written, the gradient read, the device copy written.
   const int64_t bytes_per_param = 24 + dtype_size(grad_dt) + (has_out ? dtype_size(out_dt) : 0);
   const AdamWParams hp{.lr = 1e-3, .weight_decay = 0.01, .step = 10};
-  std::printf("# so_bench adam: isa %s, grad %s, out %s, %s arrays: %lld bytes/param (p,m,v read+written 24, grad %zu, out %zu)\n",
+  const ThpSettings thp = thp_settings();
+  std::printf("# so_bench adam: isa %s, grad %s, out %s, %s arrays on %s pages (THP %s, %zu KiB): %lld bytes/param "
+              "(p,m,v read+written 24, grad %zu, out %zu); software prefetch %lld elements ahead\n",
               simd_isa_name(isa), dtype_name(grad_dt), has_out ? dtype_name(out_dt) : "none", layout.c_str(),
-              static_cast<long long>(bytes_per_param), dtype_size(grad_dt), has_out ? dtype_size(out_dt) : size_t{0});
-  std::printf("# bound = min(stream probe: the step's loads and stores with an add per stream, same arrays and threads;\n"
-              "#              arithmetic ceiling: the step on an L1-resident block, best of 41 runs, x threads); median of %d rounds of %d (+%d warm-up)\n",
-              rounds, iters, warmup);
+              pages.c_str(), thp.mode.empty() ? "absent" : thp.mode.c_str(), thp.huge_page / 1024,
+              static_cast<long long>(bytes_per_param), dtype_size(grad_dt), has_out ? dtype_size(out_dt) : size_t{0},
+              static_cast<long long>(adam_prefetch_ahead()));
+  std::printf("# bound = max(min(memory: the best stream probe, the step's loads and stores with an add per stream, same threads:\n"
+              "#                  plain, prefetch (512 ahead), nt (non-temporal stores), %s (plain, on %s pages);\n"
+              "#              arithmetic ceiling: the step on an L1-resident block, best of 41 runs, x threads),\n"
+              "#          the fastest peer on the same bytes); median of %d rounds of %d (+%d warm-up)\n",
+              huge ? "4k" : "huge", huge ? "ordinary" : "huge", rounds, iters, warmup);
   const double ceiling1 = arithmetic_ceiling(isa, grad_dt, has_out, out_dt);
   std::printf("# arithmetic ceiling: %.3f Gparams/s per thread\n", ceiling1 * 1e-9);
   if (!peer_impls.empty())
     std::printf("# peers (%s): %s\n", peer_mode.c_str(),
                 same_bytes ? "fp32 grads, no copy out: the same 28 bytes/param"
                            : "bf16 grads cast to fp32 + the fp32 step + the weights cast to bf16, all timed");
-  std::printf("%12s %3s %10s %9s %10s %8s %9s %9s", "elements", "thr", "Gparams/s", "GB/s", "probe GB/s", "bound",
-              "rollback", "redo");
+  // The probes, each timed right after the step in every iteration: three ways over ours' arrays, and
+  // plain over arrays on the other page size (so neither page size is assumed to be the faster).
+  struct Probe {
+    std::string name;
+    StreamProbe kind;
+    bool other_pages;
+  };
+  const std::vector<Probe> probes = {{"plain", StreamProbe::Plain, false},
+                                     {"prefetch", StreamProbe::Prefetch, false},
+                                     {"nt", StreamProbe::NonTemporal, false},
+                                     {huge ? "4k" : "huge", StreamProbe::Plain, true}};
+  std::printf("%12s %3s %10s %9s %6s", "elements", "thr", "Gparams/s", "GB/s", "huge%");
+  for (const Probe& pr : probes) std::printf(" %9s", pr.name.c_str());
+  std::printf(" %8s %-9s %9s %9s", "bound", "binds", "rollback", "redo");
   for (const std::string& impl : peer_impls) std::printf(" %14s %8s", (impl + " Gp/s").c_str(), "ours/it");
   std::printf("\n");
 
@@ -238,13 +267,16 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
       peers.push_back({impl, std::move(proc)});
     }
     for (int64_t n : sizes) {
-      Arrays a(n, grad_dt, has_out, out_dt, layout == "skewed");
-      // First touch by the threads that will use the memory (NUMA placement), then steady state.
-      ga.stream_probe(a.view, n);
-      // Step, probe, rollback and redo back to back in every iteration, and the ratios taken per
+      Arrays a(n, grad_dt, has_out, out_dt, layout == "skewed", huge);
+      Arrays other(n, grad_dt, has_out, out_dt, layout == "skewed", !huge);
+      // Steady state before timing (the pages were touched when allocated, by this thread).
+      ga.stream_probe(a.view, n, StreamProbe::Plain);
+      ga.stream_probe(other.view, n, StreamProbe::Plain);
+      // Step, probes, rollback and redo back to back in every iteration, and the ratios taken per
       // iteration: the host's drift (a VM's neighbours share its last-level cache) cancels.
-      std::vector<double> step_t, probe_t, bound_ratio, rollback_ratio, redo_ratio;
-      std::vector<std::vector<double>> peer_t(peers.size());
+      std::vector<double> step_t, bound_ratio, rollback_ratio, redo_ratio;
+      std::vector<std::vector<double>> probe_t(probes.size()), peer_t(peers.size());
+      std::map<std::string, int> binds;  // per iteration, which of the probes or the ceiling bound
       auto timed = [](auto&& fn) {
         const double t0 = now_s();
         fn();
@@ -253,12 +285,18 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
       for (int r = 0; r < rounds; ++r) {
         for (int i = 0; i < warmup + iters; ++i) {
           const double ts = timed([&] { ga.step(a.view, n, hp); });
-          const double tp = timed([&] { ga.stream_probe(a.view, n); });
+          std::vector<double> tp;
+          for (const Probe& pr : probes)
+            tp.push_back(timed([&] { ga.stream_probe((pr.other_pages ? other : a).view, n, pr.kind); }));
           const double tr = timed([&] { ga.rollback(a.view, n, hp); });
           const double td = timed([&] { ga.redo(a.view, n, hp, 0.5f); });
           if (i < warmup) continue;
-          step_t.push_back(ts), probe_t.push_back(tp);
-          bound_ratio.push_back(n / ts / std::min(n / tp, ceiling1 * t));
+          step_t.push_back(ts);
+          for (size_t k = 0; k < probes.size(); ++k) probe_t[k].push_back(tp[k]);
+          const size_t best = std::min_element(tp.begin(), tp.end()) - tp.begin();
+          const bool compute_bound = ceiling1 * t < n / tp[best];
+          ++binds[compute_bound ? "ceiling" : probes[best].name];
+          bound_ratio.push_back(n / ts / std::min(n / tp[best], ceiling1 * t));
           rollback_ratio.push_back(tr / ts), redo_ratio.push_back(td / ts);
         }
         for (size_t i = 0; i < peers.size(); ++i) {
@@ -268,10 +306,20 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
           else peer_notes[peers[i].impl] = "failed: " + peers[i].proc->why();
         }
       }
-      const double step_s = median(step_t), probe_s = median(probe_t), rate = n / step_s;
-      std::printf("%12lld %3d %10.3f %9.2f %10.2f %8.3f %9.3f %9.3f", static_cast<long long>(n), t, rate * 1e-9,
-                  rate * bytes_per_param * 1e-9, n / probe_s * bytes_per_param * 1e-9, median(bound_ratio),
-                  median(rollback_ratio), median(redo_ratio));
+      const double step_s = median(step_t), rate = n / step_s;
+      // The roofline's verdict, unless a peer did better on the same bytes: then the peer's rate is the
+      // bound (it is possible, so no probe that says less is the limit).
+      double bound = median(bound_ratio);
+      std::string bound_by = std::max_element(binds.begin(), binds.end(), [](const auto& x, const auto& y) {
+                               return x.second < y.second;
+                             })->first;
+      for (size_t i = 0; i < peers.size(); ++i)
+        if (same_bytes && peer_t[i].size() == static_cast<size_t>(rounds) && median(peer_t[i]) / step_s < bound)
+          bound = median(peer_t[i]) / step_s, bound_by = peers[i].impl;
+      std::printf("%12lld %3d %10.3f %9.2f %6.0f", static_cast<long long>(n), t, rate * 1e-9, rate * bytes_per_param * 1e-9,
+                  100 * a.state.huge_page_share());
+      for (const std::vector<double>& pt : probe_t) std::printf(" %9.2f", n / median(pt) * bytes_per_param * 1e-9);
+      std::printf(" %8.3f %-9s %9.3f %9.3f", bound, bound_by.c_str(), median(rollback_ratio), median(redo_ratio));
       for (size_t i = 0; i < peers.size(); ++i) {
         if (peer_t[i].size() == static_cast<size_t>(rounds))
           std::printf(" %14.3f %8.2f", n / median(peer_t[i]) * 1e-9, median(peer_t[i]) / step_s);
@@ -282,8 +330,11 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
       std::fflush(stdout);
     }
   }
-  std::printf("# bound column: ours / min(probe, arithmetic ceiling x threads), median of per-iteration ratios (target\n"
-              "# >= 0.95); rollback, redo: their time / the step's, per iteration; peers: their median step / ours\n");
+  std::printf("# huge%%: the share of ours' arrays the kernel backed with huge pages (smaps AnonHugePages)\n"
+              "# probe columns: GB/s of each memory probe (median); bound column: ours / min(best probe, arithmetic\n"
+              "# ceiling x threads), median of per-iteration ratios, or ours / the fastest same-bytes peer where that is\n"
+              "# lower (target >= 0.95); binds: what set the bound most often; rollback, redo: their time / the step's,\n"
+              "# per iteration; peers: their median step / ours\n");
   for (const auto& [impl, note] : peer_notes) std::printf("# %s: %s\n", impl.c_str(), note.c_str());
   if (!same_bytes && !superoffload_io && peers_arg != "none")
     std::printf("# peers: none for these dtypes (like-for-like only with --grad-dtype fp32 --out-dtype none, or bf16/bf16)\n");

@@ -9,7 +9,7 @@ OptimizerHostState::OptimizerHostState(const OptimizerHostStateSpec& spec) : spe
   const auto n = static_cast<size_t>(spec.elements);
   int stream = 0;
   auto buffer = [&](size_t bytes, Backend* pin, const char* tag) {
-    return HostBuffer(bytes, spec.numa_node, pin, tag, spec.skew ? stream_skew(stream++) : 0);
+    return HostBuffer(bytes, spec.numa_node, pin, tag, spec.skew ? stream_skew(stream++) : 0, spec.huge_pages);
   };
   p_ = buffer(n * 4, spec.pin_with, "offloaded fp32 master weights");
   m_ = buffer(n * 4, spec.pin_with, "offloaded adam exp_avg");
@@ -28,6 +28,12 @@ size_t OptimizerHostState::bytes() const {
   for (const HostBuffer* b : {&p_, &m_, &v_, &grads_, &out_, &snapshot_p_, &snapshot_m_, &snapshot_v_})
     total += b->bytes();
   return total;
+}
+
+double OptimizerHostState::huge_page_share() const {
+  size_t huge = 0, mapped = 0;
+  for (const HostBuffer* b : {&p_, &m_, &v_, &grads_, &out_}) huge += b->huge_page_bytes(), mapped += b->mapped_bytes();
+  return mapped > 0 ? static_cast<double>(huge) / static_cast<double>(mapped) : 0.0;
 }
 
 AdamArrays OptimizerHostState::arrays(int64_t first, bool with_snapshot) const {

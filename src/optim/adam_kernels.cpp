@@ -24,6 +24,15 @@ const AdamKernels& adam_kernels(SimdIsa isa) {
   }
 }
 
+const char* stream_probe_name(StreamProbe kind) {
+  switch (kind) {
+    case StreamProbe::Plain: return "plain";
+    case StreamProbe::Prefetch: return "prefetch";
+    case StreamProbe::NonTemporal: return "nt";
+  }
+  return "?";
+}
+
 double sum_squares_chunked(const AdamKernels& k, const void* x, DType dt, int64_t n) {
   const auto* bytes = static_cast<const char*>(x);
   double total = 0.0;

@@ -33,6 +33,8 @@ struct Avx2Base {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
   static void storeu(float* p, F x) { _mm256_storeu_ps(p, x); }
+  static void store_nt(float* p, F x) { _mm256_stream_ps(p, x); }  // the non-temporal probe's
+  static void store_fence() { _mm_sfence(); }
   static void storeu(bf16* p, F x) {
     const __m256i r = bf16_round_bits<Avx2Int>(_mm256_castps_si256(x));
     // Lanes hold values <= 0xffff, so the unsigned-saturating pack is an exact narrowing.

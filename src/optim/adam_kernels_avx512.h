@@ -40,6 +40,8 @@ struct Avx512 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
   static void store(float* p, F x, M mk) { _mm512_mask_storeu_ps(p, mk, x); }
+  static void store_nt(float* p, F x) { _mm512_stream_ps(p, x); }  // the non-temporal probe's
+  static void store_fence() { _mm_sfence(); }
   static void store(bf16* p, F x, M mk) {
     if constexpr (kNativeBf16) {
       _mm256_mask_storeu_epi16(p, mk, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));

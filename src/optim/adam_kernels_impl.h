@@ -15,6 +15,8 @@
 //   F max0(F x)                                          x > 0 ? x : +0 (NaN -> +0)
 //   D dzero(); void add_squares(D& lo, D& hi, F x)      lo/hi += squares of two halves of x, in double
 //   double reduce(D lo, D hi)
+// and, optionally, streaming stores for the non-temporal memory probe (HasStreamingStores):
+//   void store_nt(float*, F)  a whole vector at a vector-aligned address; void store_fence()
 //
 // Bit-exactness with optim::adamw_reference: the same operations in the same order, FMAs exactly
 // where the reference calls std::fma, and these files are compiled with -ffp-contract=off so no
@@ -26,6 +28,7 @@
 
 #include "adam_constants.h"
 #include "so/optim/adam_kernels.h"
+#include "so/optim/adam_prefetch.h"
 
 // Everything a loop body calls is forced inline: GCC otherwise keeps some of it out of line in the
 // AVX2 and NEON builds (CountMasked's tail path makes the functions look big), and a call per
@@ -124,12 +127,6 @@ struct AdamMath {
   }
 };
 
-// Software prefetch this many elements ahead on every stream a loop reads. The div/sqrt chains of
-// a vector are long enough that the out-of-order window fills before the next vectors' loads issue;
-// without it the step runs at memory time + compute time instead of the larger of the two
-// (docs/optimizer.md, "Memory bound"). Prefetches past the end of an array are harmless.
-constexpr int64_t kPrefetchAhead = 512;
-
 // One call's arrays, copied out of the AdamArrays: held by value, they stay in registers (through a
 // reference the compiler must reload them after every store, which might alias them).
 template <class V, class G, class O>
@@ -139,16 +136,23 @@ struct Pointers {
   float *p, *m, *v, *sp, *sm, *sv;
   const G* g;
   O* out;
-  explicit Pointers(const AdamArrays& a)
+  // Software prefetch this many elements ahead on every stream a loop reads (0: none). The div/sqrt
+  // chains of a vector are long enough that the out-of-order window fills before the next vectors'
+  // loads issue; on the Intel dev VM the step ran at memory time + compute time without it instead
+  // of the larger of the two. The distance is the CPU's (adam_prefetch_ahead: on AMD any costs
+  // 7-24%). Prefetches past the end of an array are harmless.
+  int64_t ahead;
+  explicit Pointers(const AdamArrays& a, int64_t prefetch_ahead = adam_prefetch_ahead())
       : p(a.p), m(a.m), v(a.v), sp(a.snapshot_p), sm(a.snapshot_m), sv(a.snapshot_v),
-        g(static_cast<const G*>(a.grad)), out(static_cast<O*>(a.out)) {}
+        g(static_cast<const G*>(a.grad)), out(static_cast<O*>(a.out)), ahead(prefetch_ahead) {}
 
-  // The loop body's streams, kPrefetchAhead elements on: the state in place or the snapshot, and
-  // the gradient. (Write-only streams are not fetched: their lines are claimed by the stores.)
+  // The loop body's streams, `ahead` elements on: the state in place or the snapshot, and the
+  // gradient. (Write-only streams are not fetched: their lines are claimed by the stores.)
   // (Inlining matters here for more than speed: GCC deems a function that only prefetches `const`
   // and deletes its calls.)
   SO_KERNEL_INLINE void prefetch(int64_t i, bool from_snapshot) const {
-    const int64_t j = i + kPrefetchAhead;
+    if (ahead == 0) return;
+    const int64_t j = i + ahead;
     if (from_snapshot) {
       __builtin_prefetch(sp + j), __builtin_prefetch(sm + j), __builtin_prefetch(sv + j);
     } else {
@@ -218,9 +222,39 @@ void redo_typed(const AdamArrays& a, int64_t n, const AdamConstants& c, float fi
   });
 }
 
+// Traits with streaming stores: void store_nt(float*, F) of a whole vector at a vector-aligned
+// address, and void store_fence() to order them before the call returns.
+template <class V>
+concept HasStreamingStores = requires(float* p, typename V::F x) {
+  V::store_nt(p, x);
+  V::store_fence();
+};
+
 template <class V, class G, class O>
-void probe_typed(const AdamArrays& a, int64_t n) {
-  const Pointers<V, G, O> ptr(a);
+void probe_typed(const AdamArrays& a, int64_t n, StreamProbe kind) {
+  const Pointers<V, G, O> ptr(a, kind == StreamProbe::Prefetch ? kProbePrefetchAhead : 0);
+  if constexpr (HasStreamingStores<V>) {
+    const auto vector_bytes = static_cast<uintptr_t>(V::lanes() * sizeof(float));
+    const auto misaligned = [&](const float* x) { return reinterpret_cast<uintptr_t>(x) % vector_bytes != 0; };
+    // Whole vectors of p, m, v streamed; the tail (and a call whose arrays are not vector-aligned:
+    // GraceAdam's short head block) as in the plain probe.
+    if (kind == StreamProbe::NonTemporal && !misaligned(ptr.p) && !misaligned(ptr.m) && !misaligned(ptr.v)) {
+      const int64_t whole = n / V::lanes() * V::lanes();
+      for_each_vector<V>(n, [&](int64_t i, typename V::M mk) SO_KERNEL_BODY {
+        const typename V::F g = ptr.grad(i, mk);
+        const typename V::F p1 = V::add(V::load(ptr.p + i, mk), g), m1 = V::add(V::load(ptr.m + i, mk), g),
+                            v1 = V::add(V::load(ptr.v + i, mk), g);
+        if (i < whole) {
+          V::store_nt(ptr.p + i, p1), V::store_nt(ptr.m + i, m1), V::store_nt(ptr.v + i, v1);
+          if constexpr (!std::is_same_v<O, NoOut>) V::store(ptr.out + i, p1, mk);
+        } else {
+          ptr.store(i, p1, m1, v1, mk);
+        }
+      });
+      V::store_fence();
+      return;
+    }
+  }
   for_each_vector<V>(n, [&](int64_t i, typename V::M mk) SO_KERNEL_BODY {
     ptr.prefetch(i, false);
     const typename V::F g = ptr.grad(i, mk);
@@ -279,8 +313,8 @@ void scaled_sqrt_entry(float* x, int64_t n, const AdamWParams& hp) {
 }
 
 template <class V>
-void probe_entry(const AdamArrays& a, int64_t n) {
-  with_types(a, [&](auto g, auto o) { probe_typed<V, decltype(g), decltype(o)>(a, n); });
+void probe_entry(const AdamArrays& a, int64_t n, StreamProbe kind) {
+  with_types(a, [&](auto g, auto o) { probe_typed<V, decltype(g), decltype(o)>(a, n, kind); });
 }
 
 template <class V>

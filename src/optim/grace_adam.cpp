@@ -41,8 +41,8 @@ void GraceAdam::redo(const AdamArrays& a, int64_t n, const AdamWParams& hp, floa
   for_blocks(a.p, sizeof(float), n, [&](int64_t b, int64_t e) { kernels_.redo(a.from(b), e - b, hp, final_scale); });
 }
 
-void GraceAdam::stream_probe(const AdamArrays& a, int64_t n) {
-  for_blocks(a.p, sizeof(float), n, [&](int64_t b, int64_t e) { kernels_.stream_probe(a.from(b), e - b); });
+void GraceAdam::stream_probe(const AdamArrays& a, int64_t n, StreamProbe kind) {
+  for_blocks(a.p, sizeof(float), n, [&](int64_t b, int64_t e) { kernels_.stream_probe(a.from(b), e - b, kind); });
 }
 
 double GraceAdam::sum_squares(const void* x, DType dt, int64_t n) {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "so/core/error.h"
 #include "so/core/random.h"
 #include "so/optim/adam_kernels.h"
+#include "so/optim/adam_prefetch.h"
 #include "so/optim/grace_adam.h"
 
 #if defined(__aarch64__)
@@ -540,6 +542,48 @@ TEST_P(KernelTest, GraceAdamOnAPoolEqualsOneKernelCall) {
     ga.cast(cast_b.data(), DType::BF16, b.p.data() + 1, DType::F32, n);
     EXPECT_EQ(std::memcmp(cast_a.data(), cast_b.data(), n * 2), 0);
   }
+}
+
+TEST_P(KernelTest, StreamProbesAddTheGradientToEveryStreamWhateverTheKind) {
+  // 64-byte aligned arrays, so the non-temporal probe takes its streaming path (from(0), through
+  // GraceAdam's blocks) as well as its fallback (from(3): misaligned for every vector width).
+  const int64_t n = 2 * GraceAdam::kBlock + 37;
+  auto aligned_floats = [](int64_t count) {
+    return std::unique_ptr<float[], decltype(&std::free)>(
+        static_cast<float*>(std::aligned_alloc(64, (count * sizeof(float) + 63) / 64 * 64)), &std::free);
+  };
+  auto p = aligned_floats(n), m = aligned_floats(n), v = aligned_floats(n), g = aligned_floats(n);
+  std::vector<bf16> out(n);
+  GraceAdam ga(pool_cores(2), GetParam());
+  for (StreamProbe kind : {StreamProbe::Plain, StreamProbe::Prefetch, StreamProbe::NonTemporal})
+    for (int64_t first : {0, 3})
+      for (bool with_out : {false, true}) {
+        for (int64_t i = 0; i < n; ++i)
+          p[i] = static_cast<float>(i % 97), m[i] = -static_cast<float>(i % 89), v[i] = 0.5f * static_cast<float>(i % 7),
+          g[i] = 0.25f * static_cast<float>(i % 5), out[i] = bf16{};
+        const AdamArrays a =
+            AdamArrays{p.get(), m.get(), v.get(), g.get(), DType::F32, with_out ? out.data() : nullptr, DType::BF16}.from(first);
+        ga.stream_probe(a, n - first, kind);
+        int64_t bad = -1;
+        for (int64_t i = first; i < n && bad < 0; ++i) {
+          const float gi = 0.25f * static_cast<float>(i % 5), pi = static_cast<float>(i % 97) + gi;
+          if (p[i] != pi || m[i] != -static_cast<float>(i % 89) + gi || v[i] != 0.5f * static_cast<float>(i % 7) + gi ||
+              (with_out && out[i].bits != f32_to_bf16(pi).bits))
+            bad = i;
+        }
+        EXPECT_EQ(bad, -1) << stream_probe_name(kind) << " probe from " << first << (with_out ? " with" : " without")
+                           << " out: wrong at " << bad;
+        if (first > 0) {
+          EXPECT_EQ(p[first - 1], static_cast<float>((first - 1) % 97)) << "before the arrays' start";
+        }
+      }
+}
+
+TEST(AdamPrefetch, NoneOnAmdAndTheTunedDistanceElsewhere) {
+  EXPECT_EQ(default_adam_prefetch_ahead("amd"), 0);
+  EXPECT_EQ(default_adam_prefetch_ahead("intel"), 512);
+  EXPECT_EQ(default_adam_prefetch_ahead(""), 512);  // Arm and the rest: unchanged until measured
+  EXPECT_GE(adam_prefetch_ahead(), 0);
 }
 
 TEST(GraceAdam, RollbackRefusesAStepThatZeroedTheWeights) {

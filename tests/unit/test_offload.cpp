@@ -10,9 +10,13 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <limits>
+#include <string>
 #include <thread>
 
 #include "parallel/communicator.h"
@@ -440,6 +444,69 @@ TEST(HostBuffer, PagesLiveOnTheRequestedNumaNode) {
     ADD_FAILURE() << "a non-existent NUMA node was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'offloaded exp_avg': NUMA node"), std::string::npos) << e.what();
+  }
+}
+
+// The VmFlags of the mapping that holds addr in /proc/self/smaps ("rd wr mr mw me ac hg ..."),
+// empty when no mapping does.
+std::string vm_flags_of(const void* addr) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' '))
+      inside = lo <= a && a < hi;
+    else if (inside && line.rfind("VmFlags:", 0) == 0)
+      return line.substr(8) + " ";
+  }
+  return "";
+}
+
+TEST(HostBuffer, HugePagesOnlyForSpansOfAtLeastOneWhenThpIsOn) {
+  const size_t mib2 = size_t{2} << 20;
+  EXPECT_EQ(huge_page_alignment(mib2, {"madvise", mib2}), mib2);
+  EXPECT_EQ(huge_page_alignment(100 * mib2 + 5, {"always", mib2}), mib2);
+  EXPECT_EQ(huge_page_alignment(mib2 - 1, {"madvise", mib2}), 0u);  // smaller than one: ordinary pages
+  EXPECT_EQ(huge_page_alignment(100 * mib2, {"never", mib2}), 0u);
+  EXPECT_EQ(huge_page_alignment(100 * mib2, {"", 0}), 0u);  // a kernel without THP
+  EXPECT_EQ(huge_page_alignment(100 * mib2, {"madvise", 0}), 0u);
+  const size_t mib512 = size_t{512} << 20;  // arm64 with 64 KiB base pages: PMD pages of 512 MiB
+  EXPECT_EQ(huge_page_alignment(mib2 * 8, {"madvise", mib512}), 0u);
+}
+
+TEST(HostBuffer, LargeBuffersAreHugePageAlignedAndAdvised) {
+  const ThpSettings thp = thp_settings();
+  const size_t skew = stream_skew(3), bytes = size_t{4} << 20;
+  const size_t align = huge_page_alignment(bytes + skew, thp);
+  HostBuffer hb(bytes, -1, nullptr, "test state", skew);
+  const auto start = reinterpret_cast<uintptr_t>(hb.data()) - skew;
+  const std::string flags = vm_flags_of(hb.data());
+  ASSERT_FALSE(flags.empty()) << "no mapping in /proc/self/smaps holds the buffer";
+  if (align > 0) {  // THP on (always or madvise): the buffer asked for huge pages
+    EXPECT_EQ(start % align, 0u) << "THP " << thp.mode << ", huge page " << thp.huge_page;
+    EXPECT_TRUE(hb.huge_pages());
+    EXPECT_NE(flags.find(" hg "), std::string::npos) << "VmFlags:" << flags;
+  } else {  // THP never or absent: ordinary pages, and nothing asked
+    EXPECT_FALSE(hb.huge_pages()) << "THP '" << thp.mode << "'";
+    EXPECT_EQ(flags.find(" hg "), std::string::npos) << "VmFlags:" << flags;
+  }
+  EXPECT_EQ(static_cast<unsigned char*>(hb.data())[bytes - 1], 0);  // touched and zeroed
+  HostBuffer moved = std::move(hb);
+  EXPECT_EQ(moved.huge_pages(), align > 0);
+  EXPECT_FALSE(hb.huge_pages());
+  // Asked not to (so_bench adam --pages small), or smaller than one huge page: never advised.
+  HostBuffer plain(bytes, -1, nullptr, "test state", skew, /*huge_pages=*/false);
+  HostBuffer small(size_t{64} << 10, -1, nullptr, "test state", skew);
+  EXPECT_FALSE(plain.huge_pages());
+  EXPECT_FALSE(small.huge_pages());
+  EXPECT_EQ(vm_flags_of(plain.data()).find(" hg "), std::string::npos);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(plain.data()) % 4096, skew % 4096);
+  // What the kernel granted is its business, but never more than the mapping, and nothing unasked
+  // unless THP is `always`.
+  EXPECT_LE(moved.huge_page_bytes(), moved.mapped_bytes());
+  if (thp.mode != "always") {
+    EXPECT_EQ(plain.huge_page_bytes(), 0u);
   }
 }
 

@@ -12,6 +12,19 @@
 
 namespace so {
 
+// The memory probes of `stream_probe`: the step's loads and stores streamed three ways, so that
+// so_bench adam's memory bound is the best of them, not one guess at what the machine likes.
+enum class StreamProbe {
+  Plain,        // no software prefetch: the hardware prefetchers alone
+  Prefetch,     // software prefetch kProbePrefetchAhead elements ahead
+  NonTemporal,  // p, m, v written with non-temporal (streaming) stores where the ISA has them (x86),
+                // else as Plain
+};
+const char* stream_probe_name(StreamProbe kind);  // "plain", "prefetch", "nt"
+// The Prefetch probe's distance: the one tuned on Intel, so that on a CPU whose step prefetches
+// nothing (AMD, adam_prefetch_ahead) the two probes still try both ways.
+constexpr int64_t kProbePrefetchAhead = 512;
+
 struct AdamKernels {
   SimdIsa isa;
   // adamw_reference over [0, n) of a (grad fp32 or bf16; out, if set, fp32 or bf16). With a
@@ -32,8 +45,9 @@ struct AdamKernels {
   // divide: see AdamMath::scaled_sqrt); tests hold it to IEEE division over every float.
   void (*scaled_sqrt)(float* x, int64_t n, const AdamWParams& hp);
   // The memory bound of `step`: the same loads and stores over the same arrays (p, m, v read and
-  // written, grad read, out written) with one add per stream instead of the AdamW arithmetic.
-  void (*stream_probe)(const AdamArrays& a, int64_t n);
+  // written, grad read, out written) with one add per stream instead of the AdamW arithmetic,
+  // streamed as `kind` says.
+  void (*stream_probe)(const AdamArrays& a, int64_t n, StreamProbe kind);
 };
 
 const AdamKernels& adam_kernels(SimdIsa isa);  // error if not supported

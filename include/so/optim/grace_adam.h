@@ -24,7 +24,7 @@ class GraceAdam {
   // cannot be inverted).
   void rollback(const AdamArrays& a, int64_t n, const AdamWParams& hp);
   void redo(const AdamArrays& a, int64_t n, const AdamWParams& hp, float final_scale);
-  void stream_probe(const AdamArrays& a, int64_t n);  // so_bench adam's memory bound
+  void stream_probe(const AdamArrays& a, int64_t n, StreamProbe kind);  // so_bench adam's memory bound
   // Equal to sum_squares_chunked(kernels, ...) bit for bit, whatever the thread count.
   double sum_squares(const void* x, DType dt, int64_t n);
   void cast(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n);
