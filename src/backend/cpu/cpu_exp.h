@@ -29,7 +29,9 @@ inline void exp_shifted(float* out, const float* in, float shift, int64_t n) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+    // NaN (a diverged logit) must come out NaN, through a defined conversion: k of 0 there,
+    // and p is NaN already.
+    const int32_t bits = (static_cast<int32_t>(k == k ? k : 0.0f) + 127) << 23;
     float scale;
     std::memcpy(&scale, &bits, sizeof scale);
     out[i] = p * scale;
