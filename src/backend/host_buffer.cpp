@@ -13,14 +13,9 @@
 
 #include "so/backend/backend.h"
 #include "so/core/error.h"
+#include "so/core/round_up.h"
 
 namespace so {
-
-namespace {
-
-size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-}  // namespace
 
 ThpSettings thp_settings() {
   static const ThpSettings settings = [] {

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "so/core/error.h"
+#include "so/core/round_up.h"
 #include "so/engine/bucket.h"
 #include "so/engine/cast_plan.h"
 #include "so/engine/offload_optimizer.h"
@@ -31,8 +32,6 @@ constexpr Profile kProfiles[] = {
     {"gh200-144", 144 * kGB, 480 * kGB, 1, "GH200 superchip, 144 GB HBM3e + 480 GB LPDDR5X"},
     {"h100-80", 80 * kGiB, 0, 8, "H100 SXM 80 GB (host memory: give --plan-host-gib)"},
 };
-
-size_t round_up(size_t b, size_t a) { return (b + a - 1) / a * a; }
 
 // Replays the engine's hooks for one step on a sharded run (ZeRO stages 2-3): gathered weight
 // buckets (stage 3) and full gradient buckets come and go; a released buffer counts until an

@@ -6,6 +6,7 @@
 
 #include "cuda_check.h"
 #include "so/core/log.h"
+#include "so/core/round_up.h"
 
 namespace so::cuda {
 
@@ -15,8 +16,6 @@ namespace {
 // number of cudaMalloc calls small while wasting little on small models.
 constexpr size_t kSegmentBytes = size_t{64} << 20;
 constexpr size_t kSegmentGranularity = size_t{2} << 20;
-
-size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 std::string mib(size_t bytes) { return str_cat(bytes / (1024.0 * 1024.0), " MiB"); }
 
