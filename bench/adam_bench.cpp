@@ -7,7 +7,7 @@
 // step's arithmetic ceiling, the same kernel on an L1-resident block; the roofline is the lower of
 // the two, raised to any peer's measured rate on the same bytes (what a peer does is possible).
 // Peers, each in its own long-lived process pinned to the same cores
-// (bench/peers/cpu_adam_peer.py), interleaved with ours round by round:
+// (bench/peers/cpu_adam_peer.py), interleaved with ours round by round and compared per round:
 // torch.optim.AdamW(fused=True), AdamW(foreach=True), DeepSpeed's CPUAdam.
 #include <algorithm>
 #include <chrono>
@@ -17,6 +17,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/bench_commands.h"
@@ -144,6 +145,10 @@ double arithmetic_ceiling(SimdIsa isa, DType grad_dt, bool has_out, DType out_dt
   return kL1Block * kReps / best;
 }
 
+// Longer than a peer's OpenMP team spins after a parallel region (libgomp's GOMP_SPINCOUNT, 300000
+// polls by default: well under a millisecond to a few).
+constexpr int kPeerSpinMs = 20;
+
 struct Peer {
   std::string impl;
   std::unique_ptr<PeerProcess> proc;
@@ -164,7 +169,7 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
       "iters", po::value<int>(&iters)->default_value(iters), "timed iterations per round (the median is kept)")(
       "warmup", po::value<int>(&warmup)->default_value(warmup), "untimed iterations first")(
       "rounds", po::value<int>(&rounds)->default_value(rounds),
-      "rounds, ours and each peer in turn; the median round is reported")(
+      "rounds; in each, every peer's steps and a burst of ours right after (their ratio), then ours with the probes")(
       "isa", po::value<std::string>(&isa_arg), "kernel ISA (default: the best this CPU runs, or SO_SIMD)")(
       "grad-dtype", po::value<std::string>(&grad_arg)->default_value(grad_arg), "gradient dtype: bf16 or fp32")(
       "out-dtype", po::value<std::string>(&out_arg)->default_value(out_arg),
@@ -221,7 +226,8 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
   std::printf("# bound = max(min(memory: the best stream probe, the step's loads and stores with an add per stream, same threads:\n"
               "#                  plain, prefetch (512 ahead), nt (non-temporal stores), %s (plain, on %s pages);\n"
               "#              arithmetic ceiling: the step on an L1-resident block, best of 41 runs, x threads),\n"
-              "#          the fastest peer on the same bytes); median of %d rounds of %d (+%d warm-up)\n",
+              "#          the fastest peer on the same bytes); median of %d rounds of %d (+%d warm-up); each round\n"
+              "#          starts with each peer's steps, each followed by as many of ours alone, for the peer's ratio\n",
               huge ? "4k" : "huge", huge ? "ordinary" : "huge", rounds, iters, warmup);
   const double ceiling1 = arithmetic_ceiling(isa, grad_dt, has_out, out_dt);
   std::printf("# arithmetic ceiling: %.3f Gparams/s per thread\n", ceiling1 * 1e-9);
@@ -273,9 +279,14 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
       ga.stream_probe(a.view, n, StreamProbe::Plain);
       ga.stream_probe(other.view, n, StreamProbe::Plain);
       // Step, probes, rollback and redo back to back in every iteration, and the ratios taken per
-      // iteration: the host's drift (a VM's neighbours share its last-level cache) cancels.
+      // iteration: the host's drift (a VM's neighbours share its last-level cache) cancels. A peer's
+      // ratio is taken the same way, per pair of bursts (the peer's steps, then ours'): on a VM the
+      // memory bandwidth of two threads moves between ~58 and ~92 GB/s within a run (the 2-core AMD
+      // machine: where the host runs the vCPUs), so a peer timed at another moment than ours is
+      // compared with another machine. Each side times its steps after its own warm-up.
       std::vector<double> step_t, bound_ratio, rollback_ratio, redo_ratio;
-      std::vector<std::vector<double>> probe_t(probes.size()), peer_t(peers.size());
+      std::vector<std::vector<double>> probe_t(probes.size()), peer_t(peers.size()), peer_ratio(peers.size());
+      std::vector<bool> peer_failed(peers.size(), false);
       std::map<std::string, int> binds;  // per iteration, which of the probes or the ceiling bound
       auto timed = [](auto&& fn) {
         const double t0 = now_s();
@@ -283,6 +294,27 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
         return now_s() - t0;
       };
       for (int r = 0; r < rounds; ++r) {
+        // Each peer's burst, then a burst of ours' steps alone right after it: the pair's ratio.
+        for (size_t k = 0; k < peers.size(); ++k) {
+          if (peer_failed[k]) continue;
+          const std::optional<std::string> reply = peers[k].proc->request(
+              str_cat(n, " ", peer_mode, " ", warmup, " ", iters), "median_s=", 600.0);
+          if (!reply) {
+            peer_failed[k] = true;
+            peer_notes[peers[k].impl] = "failed: " + peers[k].proc->why();
+            continue;
+          }
+          // A peer's OpenMP team spins on its cores for a while after its last step (libgomp's
+          // default wait policy); ours must not share the cores with it.
+          std::this_thread::sleep_for(std::chrono::milliseconds(kPeerSpinMs));
+          std::vector<double> burst;
+          for (int i = 0; i < warmup + iters; ++i) {
+            const double ts = timed([&] { ga.step(a.view, n, hp); });
+            if (i >= warmup) burst.push_back(ts);
+          }
+          const double tpeer = std::stod(reply->substr(9));
+          peer_t[k].push_back(tpeer), peer_ratio[k].push_back(tpeer / median(burst));
+        }
         for (int i = 0; i < warmup + iters; ++i) {
           const double ts = timed([&] { ga.step(a.view, n, hp); });
           std::vector<double> tp;
@@ -299,12 +331,6 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
           bound_ratio.push_back(n / ts / std::min(n / tp[best], ceiling1 * t));
           rollback_ratio.push_back(tr / ts), redo_ratio.push_back(td / ts);
         }
-        for (size_t i = 0; i < peers.size(); ++i) {
-          const std::optional<std::string> reply = peers[i].proc->request(
-              str_cat(n, " ", peer_mode, " ", warmup, " ", iters), "median_s=", 600.0);
-          if (reply) peer_t[i].push_back(std::stod(reply->substr(9)));
-          else peer_notes[peers[i].impl] = "failed: " + peers[i].proc->why();
-        }
       }
       const double step_s = median(step_t), rate = n / step_s;
       // The roofline's verdict, unless a peer did better on the same bytes: then the peer's rate is the
@@ -314,15 +340,15 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
                                return x.second < y.second;
                              })->first;
       for (size_t i = 0; i < peers.size(); ++i)
-        if (same_bytes && peer_t[i].size() == static_cast<size_t>(rounds) && median(peer_t[i]) / step_s < bound)
-          bound = median(peer_t[i]) / step_s, bound_by = peers[i].impl;
+        if (same_bytes && !peer_failed[i] && median(peer_ratio[i]) < bound)
+          bound = median(peer_ratio[i]), bound_by = peers[i].impl;
       std::printf("%12lld %3d %10.3f %9.2f %6.0f", static_cast<long long>(n), t, rate * 1e-9, rate * bytes_per_param * 1e-9,
                   100 * a.state.huge_page_share());
       for (const std::vector<double>& pt : probe_t) std::printf(" %9.2f", n / median(pt) * bytes_per_param * 1e-9);
       std::printf(" %8.3f %-9s %9.3f %9.3f", bound, bound_by.c_str(), median(rollback_ratio), median(redo_ratio));
       for (size_t i = 0; i < peers.size(); ++i) {
-        if (peer_t[i].size() == static_cast<size_t>(rounds))
-          std::printf(" %14.3f %8.2f", n / median(peer_t[i]) * 1e-9, median(peer_t[i]) / step_s);
+        if (!peer_failed[i])
+          std::printf(" %14.3f %8.2f", n / median(peer_t[i]) * 1e-9, median(peer_ratio[i]));
         else
           std::printf(" %14s %8s", "-", "-");
       }
@@ -334,7 +360,8 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
               "# probe columns: GB/s of each memory probe (median); bound column: ours / min(best probe, arithmetic\n"
               "# ceiling x threads), median of per-iteration ratios, or ours / the fastest same-bytes peer where that is\n"
               "# lower (target >= 0.95); binds: what set the bound most often; rollback, redo: their time / the step's,\n"
-              "# per iteration; peers: their median step / ours\n");
+              "# per iteration; peers: Gp/s of their median step; ours/it: median over rounds of their median step /\n"
+              "# the median of a burst of ours' steps right after it\n");
   for (const auto& [impl, note] : peer_notes) std::printf("# %s: %s\n", impl.c_str(), note.c_str());
   if (!same_bytes && !superoffload_io && peers_arg != "none")
     std::printf("# peers: none for these dtypes (like-for-like only with --grad-dtype fp32 --out-dtype none, or bf16/bf16)\n");

@@ -5,7 +5,10 @@
 
 Start-up prints one line: `ready <impl> <version>`, or `unavailable: <reason>` and exits 3. Then
 it reads requests from stdin, one per line, `<elements> <mode> <warmup> <iters>`, and answers each
-with `median_s=<seconds>` (or `error: <reason>`). Modes, for the same element count:
+with `median_s=<seconds>` (or `error: <reason>`). The arrays and the optimizer state of the last
+`<elements> <mode>` are kept, so that a request of one warm-up and one timed step can be paired
+with one of GraceAdam's (a VM's memory bandwidth can move by 1.6x between runs seconds apart; only
+steps timed side by side compare). Modes, for the same element count:
     fp32     fp32 params and grads, no copy out: p, m, v read and written + the grad read (28 B/param)
     bf16-io  SuperOffload's job done the peer's way: bf16 grads cast to fp32, the fp32 step, the
              weights cast to bf16; the two casts are timed with the step
@@ -67,17 +70,20 @@ def main() -> int:
         print(f"unavailable: {a.impl}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
         return 3
     print(f"ready {a.impl} {version}", flush=True)
+    kept_key, step = None, None
     for line in sys.stdin:
         try:
             n, mode, warmup, iters = line.split()
-            step = make_step(a.impl, int(n), mode, torch)
+            if (n, mode) != kept_key:
+                kept_key, step = None, None  # the old arrays go before the new ones are made
+                step = make_step(a.impl, int(n), mode, torch)
+                kept_key = (n, mode)
             times = []
             for i in range(int(warmup) + int(iters)):
                 t0 = time.perf_counter()
                 step()
                 if i >= int(warmup):
                     times.append(time.perf_counter() - t0)
-            del step
             print(f"median_s={statistics.median(times):.6f}", flush=True)
         except Exception as e:
             print(f"error: {type(e).__name__}: {e}", flush=True)

@@ -2,9 +2,35 @@
 
 #include <utility>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 #include "so/core/cpu_affinity.h"
 
 namespace so {
+
+namespace {
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Polls done() for up to `spin`.
+template <class Done>
+void poll_for(std::chrono::microseconds spin, Done&& done) {
+  const auto until = std::chrono::steady_clock::now() + spin;
+  for (int i = 0; !done(); ++i) {
+    cpu_relax();
+    if (i % 64 == 63 && std::chrono::steady_clock::now() >= until) return;
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(std::vector<int> cores) : cores_(std::move(cores)) {
   const int n = cores_.empty() ? 1 : static_cast<int>(cores_.size());
@@ -37,7 +63,11 @@ void ThreadPool::worker_main(int index) {
   ++started_;
   done_cv_.notify_all();
   for (;;) {
-    // Sleeps between loops (no spinning): the optimizer's cores belong to someone else meanwhile.
+    // Polls for the next loop a little, then sleeps: the optimizer's cores belong to someone else
+    // between steps.
+    lk.unlock();
+    poll_for(kSpin, [&] { return stop_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_relaxed) != seen; });
+    lk.lock();
     work_cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
     if (stop_) return;
     seen = generation_;
