@@ -320,5 +320,19 @@ TEST_F(GradCheck, GemmTransposesAndBf16MatchFp32Reference) {
   }
 }
 
+// An empty inner dimension (a query block wholly in a row's padding has no keys): C = beta * C,
+// as BLAS defines it; beta 0 overwrites whatever C held, NaN included.
+TEST_F(GradCheck, GemmWithEmptyInnerDimensionScalesC) {
+  const int64_t M = 3, N = 4;
+  for (DType c_dt : {DType::F32, DType::BF16}) {
+    for (float beta : {0.0f, 0.5f}) {
+      std::vector<float> c0(M * N, beta == 0.0f ? NAN : 3.0f);
+      auto dC = test::upload(*be, c0, c_dt), dA = be->alloc(4, "a"), dB = be->alloc(4, "b");
+      ops.gemm(s, false, false, M, N, 0, 1.0f, dA.data(), dB.data(), DType::F32, beta, dC.data(), c_dt);
+      for (float x : test::download(*be, dC.data(), M * N, c_dt)) EXPECT_EQ(x, beta * 3.0f) << dtype_name(c_dt);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace so

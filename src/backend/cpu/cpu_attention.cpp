@@ -95,7 +95,19 @@ QueryBlock query_block(const AttentionMask& mask, int64_t b, int64_t q0, int64_t
   blk.hi = q0 + blk.n;
   blk.lo = blk.hi;  // first_key is not monotone across documents: the least over the rows
   for (int64_t i = q0; i < blk.hi; ++i) blk.lo = std::min(blk.lo, first_key(mask, b, i, S));
+  // No row sees a key from the row's padding on: a block of padding queries stops at it (and has
+  // no keys at all where its window starts after it).
+  if (mask.key_end != nullptr) blk.hi = std::min<int64_t>(blk.hi, mask.key_end[b]);
+  blk.lo = std::min(blk.lo, blk.hi);
   return blk;
+}
+
+// Row i's keys as columns of its block's tile: [first, last], empty where last < first.
+struct TileRow {
+  int64_t first, last;
+};
+TileRow tile_row(const AttentionMask& mask, const QueryBlock& blk, int64_t b, int64_t i, int64_t S) {
+  return {std::min(first_key(mask, b, i, S) - blk.lo, blk.width()), last_key(mask, b, i) - blk.lo};
 }
 
 // fp32 GEMM of the tiles (row-major, contiguous): C = alpha * op(A) @ op(B) + beta * C.
@@ -125,7 +137,8 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, c
           const int64_t W = blk.width();
           tile_gemm(false, true, blk.n, W, D, sh.scale, &Q[q0 * D], &K[blk.lo * D], 0.0f, P.data());
           for (int64_t r = 0; r < blk.n; ++r) {
-            const int64_t i = q0 + r, first = first_key(mask, b, i, S) - blk.lo, last = last_key(mask, b, i) - blk.lo;
+            const int64_t i = q0 + r;
+            const auto [first, last] = tile_row(mask, blk, b, i, S);
             float* p = &P[r * W];
             float m = -INFINITY;
             for (int64_t c = first; c <= last; ++c) m = std::max(m, p[c]);
@@ -188,7 +201,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           tile_gemm(false, true, blk.n, W, D, sh.scale, &Q[q0 * D], &K[blk.lo * D], 0.0f, P.data());
           tile_gemm(false, true, blk.n, W, D, 1.0f, &dO[q0 * D], &V[blk.lo * D], 0.0f, dP.data());
           for (int64_t r = 0; r < blk.n; ++r) {
-            const int64_t i = q0 + r, first = first_key(mask, b, i, S) - blk.lo, last = last_key(mask, b, i) - blk.lo;
+            const int64_t i = q0 + r;
+            const auto [first, last] = tile_row(mask, blk, b, i, S);
             float* p = &P[r * W];
             float* ds = &dP[r * W];  // dP becomes dS in place; P becomes P * f (dV's factor)
             for (int64_t c = 0; c < first; ++c) p[c] = ds[c] = 0.0f;

@@ -23,6 +23,13 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           DType ab, float beta, void* C, DType c) {
   SO_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
   if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum: C = beta * C (BLAS refuses a zero leading dimension)
+    for (int64_t i = 0; i < M * N; ++i) {
+      if (c == DType::F32) static_cast<float*>(C)[i] = beta == 0.0f ? 0.0f : beta * static_cast<float*>(C)[i];
+      else static_cast<bf16*>(C)[i] = f32_to_bf16(beta == 0.0f ? 0.0f : beta * bf16_to_f32(static_cast<bf16*>(C)[i]));
+    }
+    return;
+  }
   thread_local std::vector<float> a_scratch, b_scratch, c_scratch;
   const float* a = as_f32(A, ab, M * K, a_scratch);
   const float* b = as_f32(B, ab, K * N, b_scratch);
