@@ -35,6 +35,7 @@ void poll_for(std::chrono::microseconds spin, Done&& done) {
 ThreadPool::ThreadPool(std::vector<int> cores) : cores_(std::move(cores)) {
   const int n = cores_.empty() ? 1 : static_cast<int>(cores_.size());
   all_pinned_ = !cores_.empty();
+  shares_ = std::vector<Share>(n);
   workers_.reserve(n);
   for (int i = 0; i < n; ++i) workers_.emplace_back([this, i] { worker_main(i); });
   // pinned() must be true only once every worker has actually been moved to its core.
@@ -72,15 +73,18 @@ void ThreadPool::worker_main(int index) {
     if (stop_) return;
     seen = generation_;
     const auto& fn = *fn_;
-    const int64_t n = n_;
     lk.unlock();
-    for (int64_t i; !failed_.load(std::memory_order_relaxed) && (i = next_.fetch_add(1)) < n;) {
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard g(mu_);
-        if (!error_) error_ = std::current_exception();
-        failed_ = true;  // the other workers stop taking indices
+    const int shares = static_cast<int>(shares_.size());
+    for (int k = 0; k < shares; ++k) {  // its own share first, then the others' in turn
+      Share& share = shares_[(index + k) % shares];
+      for (int64_t i; !failed_.load(std::memory_order_relaxed) && (i = share.next.fetch_add(1)) < share.end;) {
+        try {
+          fn(i);
+        } catch (...) {
+          std::lock_guard g(mu_);
+          if (!error_) error_ = std::current_exception();
+          failed_ = true;  // the other workers stop taking indices
+        }
       }
     }
     lk.lock();
@@ -92,8 +96,11 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
   if (n <= 0) return;
   std::unique_lock lk(mu_);
   fn_ = &fn;
-  n_ = n;
-  next_ = 0;
+  const int64_t w = size();
+  for (int64_t k = 0; k < w; ++k) {
+    shares_[k].next = n * k / w;
+    shares_[k].end = n * (k + 1) / w;
+  }
   failed_ = false;
   error_ = nullptr;
   running_ = size();

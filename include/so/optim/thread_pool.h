@@ -46,10 +46,16 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   int started_ = 0;
   bool all_pinned_ = true;
-  // The current loop: workers take indices from next_ until n_; the last one out wakes the caller.
+  // The current loop: worker w takes indices from its own contiguous share, [next, end) of
+  // shares_[w], then from the others' (the last one out wakes the caller). Contiguous shares keep
+  // each worker's memory streams long, as OpenMP's static schedule does; the stealing keeps a
+  // slow core from holding the loop up.
+  struct alignas(64) Share {
+    std::atomic<int64_t> next{0};
+    int64_t end = 0;
+  };
   const std::function<void(int64_t)>* fn_ = nullptr;
-  int64_t n_ = 0;
-  std::atomic<int64_t> next_{0};
+  std::vector<Share> shares_;
   int running_ = 0;
   std::atomic<bool> failed_{false};
   std::exception_ptr error_;
