@@ -8,12 +8,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "so/core/cpu_affinity.h"
@@ -652,6 +654,29 @@ TEST(ThreadPool, RunsEveryIndexOnceOnItsPinnedCores) {
   for (auto& h : hits) ASSERT_EQ(h.load(), 3);
   EXPECT_EQ(off_core.load(), 0);
   pool.parallel_for(0, [](int64_t) { FAIL() << "ran an empty loop"; });
+}
+
+// Each worker starts on its own contiguous share; one held up (here: the task at index 0 waits for
+// all the others) must not hold the loop up: the other worker takes the rest of its share. The wait
+// is bounded, so a pool that does not steal fails instead of hanging.
+TEST(ThreadPool, AnotherWorkerTakesTheRestOfAHeldUpShare) {
+  ThreadPool pool(pool_cores(2));
+  ASSERT_EQ(pool.size(), 2);
+  const int64_t n = 200;
+  std::atomic<int64_t> done{0};
+  std::atomic<bool> saw_all{false};
+  std::vector<std::atomic<int>> hits(n);
+  pool.parallel_for(n, [&](int64_t i) {
+    if (i == 0) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (done.load() < n - 1 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      saw_all = done.load() == n - 1;
+    }
+    hits[i]++;
+    done++;
+  });
+  EXPECT_TRUE(saw_all.load()) << "the task at index 0 waited and the rest of its share was not taken";
+  for (auto& h : hits) ASSERT_EQ(h.load(), 1);
 }
 
 TEST(ThreadPool, AnUnpinnedPoolHasOneWorker) {
