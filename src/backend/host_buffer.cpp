@@ -63,6 +63,9 @@ HostBuffer::HostBuffer(size_t bytes, int numa_node, Backend* pin_with, const cha
   if (numa)
     SO_CHECK(numa_node < 0 || numa_node <= numa_max_node(), "host buffer '", tag, "': NUMA node ", numa_node,
              " does not exist (this machine has nodes 0-", numa_max_node(), ")");
+  // A size near SIZE_MAX would wrap in the sums below into a small mapping.
+  SO_CHECK(bytes <= (SIZE_MAX >> 1) && skew <= (SIZE_MAX >> 2), "host buffer '", tag, "': ", bytes, " bytes (skew ",
+           skew, ") is beyond any machine's memory");
   const size_t total = bytes + skew;
   const size_t align = huge_pages ? huge_page_alignment(total, thp_settings()) : 0;
   mapped_ = round_up(total, static_cast<size_t>(sysconf(_SC_PAGESIZE)));

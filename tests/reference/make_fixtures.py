@@ -507,18 +507,14 @@ def make_fixture(spec, out_dir):
     return make_fixture_with(spec, out_dir)
 
 
-def make_fixture_with(spec, out_dir):
+def seeded_model_and_batches(spec):
+    """The spec's model with its initial weights, the single step's rows, the training batches and
+    the generator the packed documents are drawn from next, all from the spec's seed."""
     torch.manual_seed(spec["seed"])
     model = build_model(spec)
     reinit_(model, spec.get("router_std", INIT_STD))
     model.train()  # dropout is 0 everywhere; train() vs eval() makes no numerical difference
     V = model.config.vocab_size
-    tied = bool(model.config.tie_word_embeddings)
-    if tied:
-        assert model.lm_head.weight is model.model.embed_tokens.weight
-    else:
-        assert model.lm_head.weight is not model.model.embed_tokens.weight
-
     gen = torch.Generator().manual_seed(spec["seed"] + 1)
     S = spec.get("seq_len", globals()["S"])
     ids = torch.randint(0, V, (B, S + 1), generator=gen)
@@ -529,6 +525,26 @@ def make_fixture_with(spec, out_dir):
         for b, t in PAD_POSITIONS:
             ids[b, t] = pad
             train_ids[:, b, t] = pad
+    return model, ids, train_ids, gen
+
+
+def single_step_loss(spec, model, ids, gen):
+    """The fixture's single forward: loss, logits and the packed rows (None for plain rows)."""
+    if "packed" not in spec:
+        return (*lm_loss(model, ids), None)
+    V = model.config.vocab_size
+    docs = [[torch.randint(0, V, (n + 1,), generator=gen) for n in row] for row in spec["packed"]]
+    assert all(sum(row) == ids.shape[1] - 1 for row in spec["packed"]) and all(row[0] >= N_LOGITS for row in spec["packed"])
+    return (*packed_loss(model, docs), pack_rows(docs))
+
+
+def make_fixture_with(spec, out_dir):
+    model, ids, train_ids, gen = seeded_model_and_batches(spec)
+    tied = bool(model.config.tie_word_embeddings)
+    if tied:
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+    else:
+        assert model.lm_head.weight is not model.model.embed_tokens.weight
 
     train_model = copy.deepcopy(model)  # fresh copy of the initial weights for training
     if tied:
@@ -537,14 +553,7 @@ def make_fixture_with(spec, out_dir):
     # ---- single forward / backward ----
     init_weights = split_fused(model.config, {n: np32(p) for n, p in model.named_parameters()})
     model.zero_grad(set_to_none=True)
-    packed = None
-    if "packed" in spec:
-        docs = [[torch.randint(0, V, (n + 1,), generator=gen) for n in row] for row in spec["packed"]]
-        assert all(sum(row) == S for row in spec["packed"]) and all(row[0] >= N_LOGITS for row in spec["packed"])
-        packed = pack_rows(docs)
-        loss, logits = packed_loss(model, docs)
-    else:
-        loss, logits = lm_loss(model, ids)
+    loss, logits, packed = single_step_loss(spec, model, ids, gen)
     loss.backward()
     grads = split_fused(model.config, {n: np32(p.grad) for n, p in model.named_parameters()})
 

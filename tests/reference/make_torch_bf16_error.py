@@ -30,24 +30,9 @@ BF16_FIXTURES = ["llama_gqa_untied", "llama_tied_mqa", "qwen3_tied", "qwen2_gqa_
 
 def forward_backward(spec, dtype):
     """make_fixtures' single forward/backward (same seeds, same draws), the model cast to dtype."""
-    torch.manual_seed(spec["seed"])
-    model = mf.build_model(spec)
-    mf.reinit_(model, spec.get("router_std", mf.INIT_STD))
-    model.train()
-    V = model.config.vocab_size
-    gen = torch.Generator().manual_seed(spec["seed"] + 1)
-    S = spec.get("seq_len", mf.S)
-    ids = torch.randint(0, V, (mf.B, S + 1), generator=gen)
-    torch.randint(0, V, (mf.TRAIN_STEPS, mf.B, S + 1), generator=gen)  # the training batches' draw
-    if model.config.pad_token_id is not None:
-        for b, t in mf.PAD_POSITIONS:
-            ids[b, t] = model.config.pad_token_id
+    model, ids, _, gen = mf.seeded_model_and_batches(spec)
     model = model.to(dtype)
-    if "packed" in spec:
-        docs = [[torch.randint(0, V, (n + 1,), generator=gen) for n in row] for row in spec["packed"]]
-        loss, logits = mf.packed_loss(model, docs)
-    else:
-        loss, logits = mf.lm_loss(model, ids)
+    loss, logits, _ = mf.single_step_loss(spec, model, ids, gen)
     loss.backward()
     grads = mf.split_fused(model.config, {n: mf.np32(p.grad) for n, p in model.named_parameters()})
     return float(loss.item()), mf.np32(logits[:, :mf.N_LOGITS, :]), grads

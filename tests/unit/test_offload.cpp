@@ -445,6 +445,16 @@ TEST(HostBuffer, PagesLiveOnTheRequestedNumaNode) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'offloaded exp_avg': NUMA node"), std::string::npos) << e.what();
   }
+  // Sizes whose sum with the skew or the page rounding would wrap: refused by name, not mapped small.
+  for (size_t bytes : {SIZE_MAX, SIZE_MAX - 4095, SIZE_MAX / 2 + 1}) {
+    try {
+      HostBuffer huge(bytes, -1, nullptr, "offloaded exp_avg_sq", stream_skew(3));
+      ADD_FAILURE() << bytes << " bytes were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'offloaded exp_avg_sq': " + std::to_string(bytes) + " bytes"),
+                std::string::npos) << e.what();
+    }
+  }
 }
 
 // The VmFlags of the mapping that holds addr in /proc/self/smaps ("rd wr mr mw me ac hg ..."),

@@ -1,8 +1,9 @@
 #pragma once
 // A fixed set of worker threads, each pinned to one core, running parallel-for loops. The
 // optimizer owns one so its threads never compete with the compute stream's BLAS threads.
-// Between loops the workers poll for kSpin before they sleep (OpenMP's teams do the same): the optimizer runs loops back to back (bucket after bucket, step then cast), and a woken
-// thread on a VM takes tens to hundreds of microseconds, as long as a whole step of 2^20 elements.
+// Between loops the workers poll for kSpin before they sleep (OpenMP's teams do the same): the
+// optimizer runs loops back to back (bucket after bucket, step then cast), and a woken thread on a
+// VM takes tens to hundreds of microseconds, as long as a whole step of 2^20 elements.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -17,9 +18,9 @@ namespace so {
 
 class ThreadPool {
  public:
-  // One worker per entry of `cores` (pinned to it); an empty list gives one unpinned worker.
   static constexpr std::chrono::microseconds kSpin{200};
 
+  // One worker per entry of `cores` (pinned to it); an empty list gives one unpinned worker.
   explicit ThreadPool(std::vector<int> cores);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
