@@ -73,6 +73,7 @@ struct Run {
   std::unique_ptr<Backend> backend;
   ProcessGroups groups;
   BatchSizes batch;
+  std::optional<CastPlan> cast;  // measured before the plan (offloaded optimizer)
   MemoryPlan plan;
   std::unique_ptr<CommSequenceParallel> ulysses;
   std::unique_ptr<LlamaModel> model;
@@ -125,8 +126,13 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
   run.steps = cfg.steps > 0 ? cfg.steps
                             : steps_for_epochs(cfg.num_train_epochs, run.data.train->samples_per_epoch(), run.batch.global);
   run.planned.steps = run.steps;
-  const MachineProfile machine = machine_profile_of(*run.backend);
+  MachineProfile machine = machine_profile_of(*run.backend);
+  run.cast = measure_offload_link(machine, cfg, comm.size(), comm.rank(), run.cores.optimizer);
   run.auto_choice = resolve_auto_memory(run.planned, comm.size(), machine);
+  if (run.cast && run.planned.offload.cast_grads != cfg.offload.cast_grads) {  // the host's memory decided
+    run.cast->grads = run.planned.offload.cast_grads;
+    run.cast->report += "\n  -> gradients cast on the host instead: fp32 gradients would not fit the host memory";
+  }
   run.plan = plan_memory(run.planned, comm.size(), comm.rank(), machine, !opts.save_dir.empty() && opts.async_save);
   if (const std::optional<std::string> over = first_term_over(run.plan, machine))
     throw Error(str_cat("the run does not fit: ", *over, "\n", format_plan(run.planned, comm.size(), run.plan, machine),
@@ -149,9 +155,12 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
   eo.adam = cfg.adam;
   run.decay = decay_groups(layout, cfg.decay, cfg.adam.weight_decay);
   eo.no_decay = run.decay.no_decay;
-  eo.offload = cfg.offload;
+  eo.offload = run.planned.offload;
   eo.zero_stage = cfg.zero_stage;
   eo.optimizer_cores = run.cores.optimizer;
+  eo.accumulation = static_cast<int>(run.batch.accumulation);
+  eo.grad_ring_depth = run.plan.grad_ring_depth;
+  eo.cast = run.cast;
   // One trace per rank: rank r of a multi-rank job writes FILE.rank<r>.
   eo.trace_path = opts.trace_path.empty() || comm.size() == 1 ? opts.trace_path : str_cat(opts.trace_path, ".rank", comm.rank());
   eo.rank = comm.rank();

@@ -127,6 +127,7 @@ class OffloadEquivalence : public testing::Test {
     eo.grad_clip = clip;
     eo.adam.weight_decay = 0.1;
     eo.offload = md.off;
+    eo.accumulation = md.micro_batches;
     Engine engine(*backend, model.layout(), eo, *comm_);
     engine.init_weights(42, 0.02f);
     // The NaN goes into the second bucket in backward order: offloaded whenever any bucket is,
@@ -259,7 +260,79 @@ TEST_F(OffloadEquivalence, InverseRollbackWithinDocumentedBound) {
   }
 }
 
-TEST_F(OffloadEquivalence, Bf16CastSitesAndGradientAccumulationAgreeBitwise) {
+TEST_F(OffloadEquivalence, Bf16CastSitesAgreeBitwise) {
+  const RunResult ref = run(mode("bf16 none", OffloadMode::None, 0, RollbackMode::Exact, DType::BF16), clip_, false);
+  for (CastSite site : {CastSite::Host, CastSite::Device}) {
+    const Mode md = mode(std::string("bf16 superoffload cast on ") + cast_site_name(site), OffloadMode::SuperOffload,
+                         0.5, RollbackMode::Exact, DType::BF16, site);
+    SCOPED_TRACE(md.name);
+    expect_bitwise(run(md, clip_, false), ref, md.name);
+  }
+}
+
+// With two micro-batches per step an offloaded bucket's gradients go to the host after each and are
+// summed there in fp32, where the device sums them in the model's dtype (GEMMs accumulating into the
+// gradient buffer). Against the fp64 sum of the two micro-batches' gradients (each computed alone,
+// as the device computes it), the host's sums are no further off than the device's, in fp32 and in
+// bf16; training on them is what the device-summed run does, within bf16's rounding.
+TEST_F(OffloadEquivalence, GradientsSummedOnTheHostAreNoFurtherFromFp64ThanTheDevicesSums) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const std::string dn = dtype_name(dt);
+    // One step over micro-batches `first`.. of the sampler's sequence; the gradients it read.
+    auto grads = [&](const Mode& md, int first, int micro_batches) {
+      auto backend = create_backend(test::cpu_backend_options());
+      ModelOptions mo;
+      mo.dtype = dt;
+      mo.micro_batch = 2;
+      mo.seq_len = 32;
+      LlamaModel model(*backend, *cfg_, mo);
+      EngineOptions eo;
+      eo.dtype = dt;
+      eo.bucket_size = 100000;
+      eo.offload = md.off;
+      eo.accumulation = micro_batches;
+      Engine engine(*backend, model.layout(), eo, *comm_);
+      engine.init_weights(42, 0.02f);
+      BatchSampler sampler(*tokens_, mo.seq_len, mo.micro_batch, cfg_->vocab_size, 3);
+      for (int skip = 0; skip < first; ++skip) sampler.next();
+      engine.begin_step(kLr, micro_batches);
+      model.zero_loss();
+      for (int m = 0; m < micro_batches; ++m)
+        model.forward_backward(sampler.next(), engine, engine, 1.0f / (mo.micro_batch * mo.seq_len * 2), true);
+      engine.end_step();
+      engine.finish();
+      std::vector<std::vector<float>> g;
+      for (size_t id = 0; id < model.layout().params.size(); ++id) g.push_back(engine.read_grad(static_cast<int>(id)));
+      return g;
+    };
+    const Mode none = mode(dn + " none", OffloadMode::None, 0, RollbackMode::Exact, dt);
+    const auto g1 = grads(none, 0, 1), g2 = grads(none, 1, 1);
+    std::vector<std::vector<double>> exact(g1.size());
+    for (size_t p = 0; p < g1.size(); ++p)
+      for (size_t i = 0; i < g1[p].size(); ++i)
+        exact[p].push_back(static_cast<double>(g1[p][i]) + static_cast<double>(g2[p][i]));
+    // Norm-wise relative error over all parameters, against the fp64 sums.
+    auto error = [&](const std::vector<std::vector<float>>& got) {
+      double diff = 0, norm = 0;
+      for (size_t p = 0; p < got.size(); ++p)
+        for (size_t i = 0; i < got[p].size(); ++i) {
+          diff += (got[p][i] - exact[p][i]) * (got[p][i] - exact[p][i]);
+          norm += exact[p][i] * exact[p][i];
+        }
+      return std::sqrt(diff / norm);
+    };
+    const double device = error(grads(none, 0, 2));
+    for (double ratio : {1.0, 0.5}) {
+      const Mode host = mode(str_cat(dn, " superoffload r", ratio), OffloadMode::SuperOffload, ratio,
+                             RollbackMode::Exact, dt, CastSite::Host);
+      const double on_host = error(grads(host, 0, 2));
+      std::printf("%s: two micro-batches summed on the device: relative error %.3e against fp64; %s: %.3e\n",
+                  dn.c_str(), device, host.name.c_str(), on_host);
+      EXPECT_LE(on_host, device) << host.name;
+    }
+    EXPECT_GT(device, 0.0) << dn << ": the device's sums are exact; the comparison shows nothing";
+  }
+  // Trained for 24 steps on host sums: the device-summed run's losses within bf16's rounding.
   Mode none = mode("bf16 none", OffloadMode::None, 0, RollbackMode::Exact, DType::BF16);
   none.micro_batches = 2;
   const RunResult ref = run(none, clip_, false);
@@ -267,8 +340,9 @@ TEST_F(OffloadEquivalence, Bf16CastSitesAndGradientAccumulationAgreeBitwise) {
     Mode md = mode(std::string("bf16 superoffload cast on ") + cast_site_name(site), OffloadMode::SuperOffload, 0.5,
                    RollbackMode::Exact, DType::BF16, site);
     md.micro_batches = 2;
-    SCOPED_TRACE(md.name);
-    expect_bitwise(run(md, clip_, false), ref, md.name);
+    const RunResult got = run(md, clip_, false);
+    for (size_t s = 0; s < ref.losses.size(); ++s)
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-2 * std::abs(ref.losses[s])) << md.name << " step " << s + 1;
   }
 }
 
