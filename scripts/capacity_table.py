@@ -25,9 +25,11 @@ GIB = 1024 ** 3
 
 
 def plan(so_train, model, ranks, micro, ratio, machine):
+    # 4096 tokens, or the model's longest where that is shorter (the small test shapes).
+    seq = min(4096, json.load(open(os.path.join(ROOT, f"configs/models/{model}.json"))).get("max_position_embeddings", 4096))
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [so_train, "--config", EXAMPLE, "--model", f"configs/models/{model}.json",
-               "--data", "data/corpus/austen.txt", "--seq-len", "4096",
+               "--data", "data/corpus/austen.txt", "--seq-len", str(seq),
                "--set", "train.activation_checkpointing=true", "--set", "train.activation_offload=auto",
                "--set", f"train_batch_size={micro * ranks}",
                "--set", f"zero_optimization.offload_optimizer.ratio={ratio}",
@@ -41,7 +43,7 @@ def plan(so_train, model, ranks, micro, ratio, machine):
     per = next((l.split(":")[1].split("(")[0].strip() for l in text.splitlines()
                 if l.startswith("host bytes per parameter")), "")
     auto = next((l[len("memory (auto): "):] for l in text.splitlines() if l.startswith("memory (auto): ")), "")
-    return {"model": model, "ranks": ranks, "micro_batch": micro, "ratio": ratio, "parameters": j["model"]["parameters"],
+    return {"model": model, "seq": seq, "ranks": ranks, "micro_batch": micro, "ratio": ratio, "parameters": j["model"]["parameters"],
             "device_gib": j["device_peak_bytes"] / GIB, "host_gib": j["host_bytes"] / GIB,
             "host_bytes_per_param": float(per) if per else None, "fits": fits, "auto": auto}
 
@@ -66,15 +68,16 @@ def main():
                 if r["fits"] or n == 8:
                     rows.append(r | {"why": "fewest that fit" if r["fits"] else "none of 1-8 fits"})
                     break
-    print(f"| file | parameters | GH200s | micro-batch | ratio | device GiB | host GiB | host bytes / param | fits | auto |")
+    print("| file | parameters | GH200s | tokens | micro-batch | ratio | device GiB | host GiB | host bytes / param | fits |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| `{r['model']}.json` | {r['parameters'] / 1e9:.2f} B | {r['ranks']} ({r['why']}) | {r['micro_batch']} | "
-              f"{r['ratio']} | {r['device_gib']:.1f} | {r['host_gib']:.1f} | "
-              f"{r['host_bytes_per_param']:.1f} | {'yes' if r['fits'] else '**no**'} | {r['auto']} |"
-              if r["host_bytes_per_param"] is not None else
-              f"| `{r['model']}.json` | {r['parameters'] / 1e9:.2f} B | {r['ranks']} ({r['why']}) | {r['micro_batch']} | "
-              f"{r['ratio']} | {r['device_gib']:.1f} | {r['host_gib']:.1f} | | {'yes' if r['fits'] else '**no**'} | {r['auto']} |")
+        per = f"{r['host_bytes_per_param']:.1f}" if r["host_bytes_per_param"] is not None else ""
+        print(f"| `{r['model']}.json` | {r['parameters'] / 1e9:.2f} B | {r['ranks']} ({r['why']}) | {r['seq']} | "
+              f"{r['micro_batch']} | {r['ratio']} | {r['device_gib']:.1f} | {r['host_gib']:.1f} | {per} | "
+              f"{'yes' if r['fits'] else '**no**'} |")
+    chosen = [r for r in rows if "offloaded" in r["auto"] or "cast" in r["auto"]]
+    if chosen:
+        print("\nWhere \"auto\" chose more than the defaults: " + "; ".join(f"`{r['model']}`: {r['auto']}" for r in chosen) + ".")
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)
 
