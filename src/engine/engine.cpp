@@ -215,7 +215,11 @@ char* Engine::ring_range(size_t b) {
 }
 
 void Engine::wait_ring_free(size_t b, Stream& s) {
-  for (size_t prior : ring_.waits_for[ring_use_[b]]) backend_.wait(s, offload_->grads_copied(ring_.bucket[prior]));
+  for (size_t use : ring_.waits_for[ring_use_[b]]) {
+    const size_t prior = ring_.bucket[use];
+    backend_.wait(s, offload_->grads_copied(prior));
+    if (prior >= first_device_sum_) backend_.wait(s, *reduced_ev_[prior]);  // and its sum on the device
+  }
 }
 
 size_t Engine::state_bytes() const {
@@ -786,10 +790,10 @@ void Engine::complete_bucket(size_t b, bool first_micro, bool last_micro) {
     backend_.ops().sum_squares(comm, sum, reduced, sh.shard_size, opts_.dtype);
     if (!offloaded(b) && speculates_on_device(b))
       device_adam(b, AdamCall::Step, spec_hp_, 1.0f, sum, "adam (speculative, device) b");
-    producer = &comm;  // an offloaded bucket's copy after its sum: the copy's end frees its ring range
   }
+  // The copy to the host starts beside the sum (a ring range is free once both are done).
   if (offloaded(b)) offload_->grads_ready(b, *producer, reduced, first_micro, last_micro);
-  if (producer == &comm) backend_.record(*reduced_ev_[b], comm);
+  if (producer == &comm || b >= first_device_sum_) backend_.record(*reduced_ev_[b], comm);
 }
 
 void Engine::device_adam(size_t b, AdamCall call, const AdamWParams& hp, float final_scale, const float* guard,

@@ -321,12 +321,13 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
   if (offload && first_dev > 0 && cfg.dtype != DType::F32) {
     std::tie(plan.cast_grads, plan.cast_weights) = planned_cast_sites(cfg, m);
     const size_t chunk = round_up(static_cast<size_t>(OffloadOptimizer::cast_stage_elements(largest)) * 4, a);
-    for (const auto& [site, what] : {std::pair{plan.cast_grads, "gradients"}, std::pair{plan.cast_weights, "weights"}})
-      if (site == CastSite::Device) {
+    const std::string machine = m.name.substr(0, m.name.find(':'));
+    for (const auto& [site, configured, what] : {std::tuple{plan.cast_grads, off.cast_grads, "gradients"},
+                                                 std::tuple{plan.cast_weights, off.cast_weights, "weights"}})
+      if (site == CastSite::Device)
         plan.device.push_back({str_cat("fp32 cast staging (", what, ")"), chunk,
-                               str_cat("cast on the device", cfg.offload.cast_grads == CastSite::Auto ? str_cat(" (", m.name.substr(0, m.name.find(':')), ")") : "",
-                                       ", in chunks of ", OffloadOptimizer::cast_stage_elements(largest), " elements")});
-      }
+                               str_cat("cast on the device (", configured == CastSite::Auto ? machine : "configured",
+                                       "), in chunks of ", OffloadOptimizer::cast_stage_elements(largest), " elements")});
   }
   // Buffers that come and go beside those: ZeRO's buckets in flight and CUDA's attention workspace
   // during the step; before it, the engine's link/cast probe, when only the model's buffers exist.

@@ -235,7 +235,8 @@ class Engine final : public ParamStore, public ModelHooks {
   bool offloaded(size_t b) const { return offload_ && b < first_device_bucket_; }
   // The ring range of offloaded bucket b (null when b does not use the ring: device buckets, stage 1).
   char* ring_range(size_t b);
-  // Stream s waits until the copies of what bucket b's ring range last held have read it.
+  // Stream s waits until the copies (and device sums) of what bucket b's ring range last held have
+  // read it.
   void wait_ring_free(size_t b, Stream& s);
   // Where this rank's reduced gradients of bucket b are read by its optimizer: the device buckets'
   // persistent buffer, the ring, or (stage 1) the rank's shard of the whole gradient bucket.
