@@ -7,6 +7,7 @@
 
 #include "so/core/error.h"
 #include "so/core/round_up.h"
+#include "so/core/units.h"
 #include "so/engine/bucket.h"
 #include "so/engine/cast_plan.h"
 #include "so/engine/offload_optimizer.h"
@@ -179,8 +180,6 @@ MachineProfile machine_profile_of(Backend& backend) {
   m.cuda = !backend.device_is_host();
   return m;
 }
-
-double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 ModelOptions model_options(const RunConfig& cfg, int64_t micro_batch, int sp_size) {
   ModelOptions mo;

@@ -11,7 +11,7 @@
 
 #include "parallel/communicator.h"
 #include "so/engine/engine.h"
-#include "so/train/checkpoint.h"
+#include "so/checkpoint/checkpoint.h"
 #include "so/train/run_config.h"
 #include "so/train/trainer.h"
 #include "tests/test_util.h"
@@ -137,7 +137,7 @@ TEST(DistributedCheckpoint, ReshardedLoadIsExact) {
   opts.at_end = [&](Engine& e) {
     TrainState st;
     st.iteration = st.steps_taken = e.steps_taken();
-    save_checkpoint(e, *world, cfg, st, dir, 1);
+    save_checkpoint(e, *world, cfg.model, cfg.resolved, st, dir, 1);
     for (size_t id = 0; id < e.layout().params.size(); ++id)
       for (OptimState w : {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq})
         saved.push_back(e.read_state(static_cast<int>(id), w));
@@ -152,7 +152,7 @@ TEST(DistributedCheckpoint, ReshardedLoadIsExact) {
     EngineOptions eo;
     eo.bucket_size = 100000;  // a different bucketing too
     Engine e(*backend, layout, eo, comm);
-    const TrainState st = load_checkpoint(e, comm, device, dir);
+    const TrainState st = load_checkpoint(e, comm, device.model, dir);
     EXPECT_EQ(st.steps_taken, 3) << what;
     size_t k = 0;
     for (size_t id = 0; id < layout.params.size(); ++id)
