@@ -21,6 +21,7 @@
 #include "so/engine/engine.h"
 #include "so/model/hf_model.h"
 #include "so/model/llama_model.h"
+#include "so/train/comm_sequence_parallel.h"
 #include "so/train/csv_monitor.h"
 #include "so/train/decay_groups.h"
 #include "so/train/evaluation.h"
@@ -35,20 +36,6 @@
 namespace so {
 
 namespace {
-
-// The model's view of the sequence-parallel group.
-class CommSequenceParallel final : public SequenceParallel {
- public:
-  explicit CommSequenceParallel(Communicator& c) : c_(c) {}
-  int size() const override { return c_.size(); }
-  int rank() const override { return c_.rank(); }
-  void all_to_all(Stream& s, void* recv, const void* send, int64_t count, DType dt) override {
-    c_.all_to_all(s, recv, send, count, dt);
-  }
-
- private:
-  Communicator& c_;
-};
 
 const char* zero_stage_summary(int stage) {
   switch (stage) {
