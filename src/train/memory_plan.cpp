@@ -8,6 +8,7 @@
 
 #include "so/core/error.h"
 #include "so/core/round_up.h"
+#include "so/core/units.h"
 #include "so/engine/bucket.h"
 #include "so/engine/cast_plan.h"
 #include "so/engine/grad_ring.h"
@@ -210,8 +211,6 @@ std::optional<CastPlan> measure_offload_link(MachineProfile& m, const RunConfig&
   m.tflops = m.backend->peak_tflops(cfg.dtype);
   return c;
 }
-
-double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 ModelOptions model_options(const RunConfig& cfg, int64_t micro_batch, int sp_size) {
   ModelOptions mo;

@@ -26,6 +26,7 @@
 #include "so/data/token_source.h"
 #include "so/engine/engine.h"
 #include "so/model/llama_model.h"
+#include "tests/optimizer_state.h"
 #include "tests/test_util.h"
 
 namespace so {
@@ -59,8 +60,8 @@ Mode mode(const std::string& name, OffloadMode m, double ratio, RollbackMode rb 
 struct RunResult {
   std::vector<float> losses;
   std::vector<StepResult> steps;
-  std::vector<std::vector<float>> master, exp_avg, exp_avg_sq;  // per parameter
-  std::vector<std::vector<float>> before_skip, after_skip;      // all state around the NaN step
+  test::OptimizerState state;                  // at the end
+  std::vector<float> before_skip, after_skip;  // all state around the NaN step
   int64_t steps_taken = 0;
   int64_t rollbacks = 0, speculative_steps = 0;
 };
@@ -84,16 +85,6 @@ class NanInjector final : public ModelHooks {
   // A NaN in either storage dtype: as fp32 it is a NaN, as two bf16 values the first is a NaN.
   const uint32_t nan_bits_[1] = {0x7fc07fc0u};
 };
-
-std::vector<float> all_state(Engine& e) {
-  std::vector<float> out;
-  for (size_t id = 0; id < e.layout().params.size(); ++id)
-    for (OptimState w : {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq}) {
-      const std::vector<float> v = e.read_state(static_cast<int>(id), w);
-      out.insert(out.end(), v.begin(), v.end());
-    }
-  return out;
-}
 
 class OffloadEquivalence : public testing::Test {
  protected:
@@ -139,7 +130,7 @@ class OffloadEquivalence : public testing::Test {
     RunResult r;
     for (int it = 1; it <= kSteps; ++it) {
       const bool nan_now = inject_nan && it == kNanIteration;
-      if (nan_now) r.before_skip = {all_state(engine)};
+      if (nan_now) r.before_skip = test::OptimizerState::read(engine).flat();
       hooks.armed = nan_now;
       engine.begin_step(kLr, md.micro_batches);
       model.zero_loss();
@@ -148,17 +139,13 @@ class OffloadEquivalence : public testing::Test {
                                true);
       r.losses.push_back(model.read_loss());
       r.steps.push_back(engine.end_step());
-      if (nan_now) r.after_skip = {all_state(engine)};
+      if (nan_now) r.after_skip = test::OptimizerState::read(engine).flat();
     }
     engine.finish();
     r.steps_taken = engine.steps_taken();
     r.rollbacks = engine.rollbacks();
     r.speculative_steps = engine.speculative_steps();
-    for (size_t id = 0; id < model.layout().params.size(); ++id) {
-      r.master.push_back(engine.read_state(static_cast<int>(id), OptimState::Master));
-      r.exp_avg.push_back(engine.read_state(static_cast<int>(id), OptimState::ExpAvg));
-      r.exp_avg_sq.push_back(engine.read_state(static_cast<int>(id), OptimState::ExpAvgSq));
-    }
+    r.state = test::OptimizerState::read(engine);
     return r;
   }
 
@@ -188,7 +175,7 @@ void expect_bitwise(const RunResult& got, const RunResult& ref, const std::strin
                                                              << " vs " << b;
     EXPECT_EQ(got.steps[s].skipped, ref.steps[s].skipped) << name << " step " << s + 1;
   }
-  test::expect_same_optimizer_state(got, ref, name);
+  test::expect_same_optimizer_state(got.state, ref.state, name);
 }
 
 TEST_F(OffloadEquivalence, AllModesBitwiseEqualWithClippingAndSkippedStep) {
@@ -200,7 +187,7 @@ TEST_F(OffloadEquivalence, AllModesBitwiseEqualWithClippingAndSkippedStep) {
   ASSERT_GT(unclipped, 0) << "clipping always triggered; the test would not exercise plain speculation";
   ASSERT_TRUE(ref.steps[kNanIteration - 1].skipped) << "the injected NaN did not make the step skip";
   EXPECT_EQ(ref.steps_taken, kSteps - 1);
-  EXPECT_TRUE(test::same_bits(ref.before_skip[0], ref.after_skip[0])) << "the skipped step changed the state";
+  EXPECT_TRUE(test::same_bits(ref.before_skip, ref.after_skip)) << "the skipped step changed the state";
 
   for (const Mode& md : {mode("zero-offload r1", OffloadMode::ZeroOffload, 1.0),
                          mode("zero-offload r0.5", OffloadMode::ZeroOffload, 0.5),
@@ -223,7 +210,7 @@ TEST_F(OffloadEquivalence, AllModesBitwiseEqualWithClippingAndSkippedStep) {
     if (md.off.speculation == Speculation::Adaptive) {
       EXPECT_LT(got.speculative_steps, kSteps) << md.name << ": adaptive speculation never held back after a clip";
     }
-    EXPECT_TRUE(test::same_bits(got.before_skip[0], got.after_skip[0])) << md.name << ": skipped step changed the state";
+    EXPECT_TRUE(test::same_bits(got.before_skip, got.after_skip)) << md.name << ": skipped step changed the state";
   }
 }
 
@@ -238,11 +225,12 @@ TEST_F(OffloadEquivalence, InverseRollbackWithinDocumentedBound) {
     // tensor of master weights is within 5e-6 and of moments within 5e-5 (norm-wise relative) of
     // the on-device run, and no weight differs by more than 2e-3 of one step's learning rate
     // (measured: 1.4e-6, 1.0e-5, 6.5e-6, 4.2e-4 x lr).
-    const double w = test::worst_rel_error(inv.master, ref.master);
-    const double m = test::worst_rel_error(inv.exp_avg, ref.exp_avg);
-    const double v = test::worst_rel_error(inv.exp_avg_sq, ref.exp_avg_sq);
+    const double w = test::worst_rel_error(inv.state.master, ref.state.master);
+    const double m = test::worst_rel_error(inv.state.exp_avg, ref.state.exp_avg);
+    const double v = test::worst_rel_error(inv.state.exp_avg_sq, ref.state.exp_avg_sq);
     double w_abs = 0;
-    for (size_t p = 0; p < ref.master.size(); ++p) w_abs = std::max(w_abs, max_abs_diff(inv.master[p], ref.master[p]));
+    for (size_t p = 0; p < ref.state.master.size(); ++p)
+      w_abs = std::max(w_abs, max_abs_diff(inv.state.master[p], ref.state.master[p]));
     std::printf("%s vs on-device after %d steps: worst tensor relative error master %.3e, exp_avg %.3e, "
                 "exp_avg_sq %.3e; largest weight difference %.3e = %.2e x lr\n",
                 name.c_str(), kSteps, w, m, v, w_abs, w_abs / kLr);
@@ -252,7 +240,7 @@ TEST_F(OffloadEquivalence, InverseRollbackWithinDocumentedBound) {
     EXPECT_LE(w_abs, 2e-3 * kLr);
     EXPECT_EQ(inv.steps_taken, ref.steps_taken);
     // The skipped step: the NaN bucket was never stepped; the others were rolled back in place.
-    const double skip_abs = max_abs_diff(inv.after_skip[0], inv.before_skip[0]);
+    const double skip_abs = max_abs_diff(inv.after_skip, inv.before_skip);
     std::printf("skipped step under inverse rollback: largest state change %.3e (%lld buckets rolled back in the run)\n",
                 skip_abs, static_cast<long long>(inv.rollbacks));
     EXPECT_GT(inv.rollbacks, 10);

@@ -71,8 +71,6 @@ struct MemoryPlan {
   size_t device_peak = 0, host_total = 0;
 };
 
-double mib(size_t bytes);  // bytes in MiB, as the plan and the metrics print them
-
 // The model options a run uses (the trainer builds its model from these too).
 ModelOptions model_options(const RunConfig& cfg, int64_t micro_batch, int sp_size);
 
