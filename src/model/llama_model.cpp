@@ -54,6 +54,7 @@ struct LlamaModel::Activations {
   // token of a row); valid when `documents` (this batch has packed rows).
   DeviceBuffer doc_start;
   bool documents = false;
+  int64_t document_count = 0, longest_document = 0;  // of doc_start, counted on the host (AttentionMask)
   DeviceBuffer key_end;  // int32 [B]: the batch's padding_start; valid when `padded`
   bool padded = false;
   DeviceBuffer rope_inv_freq;               // fp64 [head_dim / 2], the model's RoPE table
@@ -297,8 +298,12 @@ LlamaModel::~LlamaModel() {
 
 LlamaModel::AttentionShape LlamaModel::attention_shape(const ModelConfig& cfg, const ModelOptions& opts,
                                                        int64_t sp_size) {
-  return {opts.micro_batch, opts.seq_len * sp_size, cfg.num_heads / sp_size,
-          cfg.num_kv_heads * kv_copies_for(cfg, sp_size) / sp_size, cfg.head_dim};
+  return {opts.micro_batch,
+          opts.seq_len * sp_size,
+          cfg.num_heads / sp_size,
+          cfg.num_kv_heads * kv_copies_for(cfg, sp_size) / sp_size,
+          cfg.head_dim,
+          1.0f / std::sqrt(static_cast<float>(cfg.head_dim))};
 }
 
 std::vector<AttentionMask> LlamaModel::attention_mask_kinds(const ModelConfig& cfg) {
@@ -325,9 +330,9 @@ size_t LlamaModel::attention_workspace_bytes(Ops& ops, const ModelConfig& cfg, c
   const AttentionShape a = attention_shape(cfg, opts, sp_size);
   size_t bytes = 0;
   for (AttentionMask m : attention_mask_kinds(cfg)) {
-    bytes = std::max(bytes, ops.attention_workspace_bytes(a.B, a.S, a.Hq, a.Hkv, a.D, m, opts.dtype));
+    bytes = std::max(bytes, ops.attention_workspace_bytes(a, m, opts.dtype));
     m.dropout.p = 0.0f;  // evaluation runs without dropout, perhaps on another implementation
-    bytes = std::max(bytes, ops.attention_workspace_bytes(a.B, a.S, a.Hq, a.Hkv, a.D, m, opts.dtype));
+    bytes = std::max(bytes, ops.attention_workspace_bytes(a, m, opts.dtype));
   }
   return bytes;
 }
@@ -337,8 +342,8 @@ std::string LlamaModel::attention_implementation() const {
   std::string text;
   const std::vector<AttentionMask> kinds = attention_mask_kinds(cfg_);
   for (size_t i = 0; i < kinds.size(); i += 2) {  // pairs: whole rows, then packed rows
-    const std::string whole = ops_.attention_implementation(a.B, a.S, a.Hq, a.Hkv, a.D, kinds[i], opts_.dtype);
-    const std::string packed = ops_.attention_implementation(a.B, a.S, a.Hq, a.Hkv, a.D, kinds[i + 1], opts_.dtype);
+    const std::string whole = ops_.attention_implementation(a, kinds[i], opts_.dtype);
+    const std::string packed = ops_.attention_implementation(a, kinds[i + 1], opts_.dtype);
     if (!text.empty()) text += "; ";
     if (kinds.size() > 2 || kinds[i].window > 0)
       text += kinds[i].window > 0 ? str_cat("sliding-window layers (", kinds[i].window, "): ") : "full layers: ";
@@ -350,7 +355,11 @@ std::string LlamaModel::attention_implementation() const {
 
 AttentionMask LlamaModel::attention_mask(int l, ParamStore& p) const {
   AttentionMask m;
-  if (acts_->documents) m.doc_start = acts_->doc_start.as<int32_t>();
+  if (acts_->documents) {
+    m.doc_start = acts_->doc_start.as<int32_t>();
+    m.documents = acts_->document_count;
+    m.longest_document = acts_->longest_document;
+  }
   if (acts_->padded) m.key_end = acts_->key_end.as<int32_t>();
   m.window = cfg_.layer_window(l);
   const int sinks = layout_.layers[l].sinks;
@@ -452,6 +461,9 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
              batch.doc_start.size(), " doc_start entries; expected ", opts_.micro_batch * S, " (", opts_.micro_batch,
              " whole rows of ", S, " tokens", P > 1 ? ", every sequence-parallel rank gets the whole rows" : "", ")");
     check_attention_doc_start(batch.doc_start.data(), opts_.micro_batch, S);
+    const AttentionDocuments docs = count_attention_documents(batch.doc_start.data(), opts_.micro_batch, S);
+    a.document_count = docs.documents;
+    a.longest_document = docs.longest;
     backend_.copy_h2d(a.doc_start.data(), a.staged.doc_start.data(), batch.doc_start.size() * sizeof(int32_t),
                       stream_);
   }
@@ -595,12 +607,12 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
   linear(s.h1.data(), p.weight(w.v), s.v.data(), T, kvd, H, 0.0f, weight_or_null(p, w.v_bias));
   ops_.rope(stream_, s.q.data(), pos, T, cfg_.num_heads, D, freq, rope_scale_, false, dt);
   ops_.rope(stream_, s.k.data(), pos, T, cfg_.num_kv_heads, D, freq, rope_scale_, false, dt);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const AttentionMask mask = attention_mask(l, p);
   const int64_t P = sp_size();
+  const AttentionShape a = attention_shape(cfg_, opts_, P);
   if (P == 1) {
-    ops_.attention_forward(stream_, s.attn.data(), s.lse.as<float>(), s.q.data(), s.k.data(), s.v.data(),
-                           opts_.micro_batch, opts_.seq_len, cfg_.num_heads, cfg_.num_kv_heads, D, scale, mask, dt);
+    ops_.attention_forward(stream_, a, mask, a.inputs(dt, s.q.data(), s.k.data(), s.v.data()),
+                           a.query_view(s.attn.data(), dt), a.lse_view(s.lse.data()));
   } else {
     const int64_t kv_heads = cfg_.num_kv_heads * kv_copies_;
     scatter_heads(s.q_f.data(), s.q.data(), cfg_.num_heads);
@@ -611,9 +623,8 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
       }
       scatter_heads(full, local, kv_heads);
     }
-    ops_.attention_forward(stream_, s.attn_f.data(), s.lse.as<float>(), s.q_f.data(), s.k_f.data(), s.v_f.data(),
-                           opts_.micro_batch, opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, mask,
-                           dt);
+    ops_.attention_forward(stream_, a, mask, a.inputs(dt, s.q_f.data(), s.k_f.data(), s.v_f.data()),
+                           a.query_view(s.attn_f.data(), dt), a.lse_view(s.lse.data()));
     gather_heads(s.attn.data(), s.attn_f.data(), cfg_.num_heads);
   }
   backend_.copy_d2d(s.x_mid.data(), x_in, T * H * dtype_size(dt), stream_);
@@ -751,20 +762,21 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
   }
   linear_backward(dy, s.attn.data(), p.weight(w.o), a.dattn.data(), p.grad(w.o), T, H, qd, 0.0f,
                   grad_or_null(p, w.o_bias));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const AttentionMask mask = attention_mask(l, p);
   const int64_t P = sp_size();
+  const AttentionShape sh = attention_shape(cfg_, opts_, P);
   if (P == 1) {
-    ops_.attention_backward(stream_, a.dq.data(), a.dk.data(), a.dv.data(), a.dattn.data(), s.q.data(), s.k.data(),
-                            s.v.data(), s.attn.data(), s.lse.as<float>(), opts_.micro_batch, opts_.seq_len,
-                            cfg_.num_heads, cfg_.num_kv_heads, D, scale, mask, sinks_grad(l, p), dt);
+    ops_.attention_backward(stream_, sh, mask, sh.inputs(dt, s.q.data(), s.k.data(), s.v.data()),
+                            sh.query_view(s.attn.data(), dt), sh.lse_view(s.lse.data()),
+                            sh.query_view(a.dattn.data(), dt),
+                            sh.grads(dt, a.dq.data(), a.dk.data(), a.dv.data(), sinks_grad(l, p)));
   } else {
     const int64_t kv_heads = cfg_.num_kv_heads * kv_copies_;
     scatter_heads(a.dattn_f.data(), a.dattn.data(), cfg_.num_heads);
-    ops_.attention_backward(stream_, a.dq_f.data(), a.dk_f.data(), a.dv_f.data(), a.dattn_f.data(), s.q_f.data(),
-                            s.k_f.data(), s.v_f.data(), s.attn_f.data(), s.lse.as<float>(), opts_.micro_batch,
-                            opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, mask, sinks_grad(l, p),
-                            dt);
+    ops_.attention_backward(stream_, sh, mask, sh.inputs(dt, s.q_f.data(), s.k_f.data(), s.v_f.data()),
+                            sh.query_view(s.attn_f.data(), dt), sh.lse_view(s.lse.data()),
+                            sh.query_view(a.dattn_f.data(), dt),
+                            sh.grads(dt, a.dq_f.data(), a.dk_f.data(), a.dv_f.data(), sinks_grad(l, p)));
     gather_heads(a.dq.data(), a.dq_f.data(), cfg_.num_heads);
     for (auto [local, full] : {std::pair{a.dk.data(), a.dk_f.data()}, std::pair{a.dv.data(), a.dv_f.data()}}) {
       if (kv_copies_ == 1) {

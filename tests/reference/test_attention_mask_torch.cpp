@@ -55,10 +55,12 @@ TEST(AttentionMaskVsTorch, OutputAndGradientsOfEveryCase) {
     const int64_t nq = B * S * Hq * D, nkv = B * S * Hkv * D;
     auto out = be->alloc(nq * 4, "out"), lse = be->alloc(B * Hq * S * 4, "lse");
     auto dq = be->alloc(nq * 4, "dq"), dk = be->alloc(nkv * 4, "dk"), dv = be->alloc(nkv * 4, "dv");
-    be->ops().attention_forward(s, out.data(), lse.as<float>(), q.data(), k.data(), v.data(), B, S, Hq, Hkv, D, scale,
-                                mask, DType::F32);
-    be->ops().attention_backward(s, dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
-                                 out.data(), lse.as<float>(), B, S, Hq, Hkv, D, scale, mask, dsk.data(), DType::F32);
+    const AttentionShape a{B, S, Hq, Hkv, D, scale};
+    const AttentionInputs in = a.inputs(DType::F32, q.data(), k.data(), v.data());
+    be->ops().attention_forward(s, a, mask, in, a.query_view(out.data(), DType::F32), a.lse_view(lse.data()));
+    be->ops().attention_backward(s, a, mask, in, a.query_view(out.data(), DType::F32), a.lse_view(lse.data()),
+                                 a.query_view(dout.data(), DType::F32),
+                                 a.grads(DType::F32, dq.data(), dk.data(), dv.data(), dsk.data()));
     std::vector<std::pair<std::string, double>> errors = {
         {"out", test::rel_error(test::download(*be, out.data(), nq, DType::F32), read("out"))},
         {"lse", test::rel_error(test::download(*be, lse.data(), B * Hq * S, DType::F32), read("lse"))},

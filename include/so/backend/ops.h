@@ -7,7 +7,10 @@
 // Gradient outputs named d*_acc are accumulated into (+=); others are overwritten unless an
 // explicit `accumulate` flag says otherwise. This lets weight gradients accumulate over layers
 // (tied embeddings) and micro-batches without extra buffers.
+#include <array>
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 
 #include "so/backend/dropout_mask.h"
 #include "so/core/dtype.h"
@@ -44,12 +47,88 @@ struct AttentionMask {
   // DropoutMask fields are unused: attention sees whole sequences).
   DropoutMask dropout;
   int64_t first_head = 0;
+  // Host-side facts about doc_start, for implementations that lay documents out as sequences of
+  // their own (cuDNN's ragged layout sizes its launch by them): how many documents the batch has
+  // (a row's padding tail belongs to its last document) and the longest, in tokens. Upper bounds
+  // are enough; 0 = unknown (the most the shape allows is assumed, which costs launch overhead).
+  int64_t documents = 0, longest_document = 0;
 };
+
+// The logical shape of a tensor an op reads or writes (row-major, up to 4 dimensions).
+struct TensorShape {
+  std::array<int64_t, 4> dims{};
+  int rank = 0;
+  TensorShape() = default;
+  TensorShape(std::initializer_list<int64_t> d);
+  int64_t numel() const;
+  bool operator==(const TensorShape& o) const { return rank == o.rank && dims == o.dims; }
+  std::string text() const;  // "[a, b, c]"
+};
+
+// A tensor in backend memory handed to an op: where it is, its storage dtype, its shape.
+// TensorView is written (or read and written); ConstTensorView is only read.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  TensorShape shape;
+};
+struct ConstTensorView {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  TensorShape shape;
+  ConstTensorView() = default;
+  ConstTensorView(const void* p, DType dt, TensorShape s) : data(p), dtype(dt), shape(s) {}
+  ConstTensorView(const TensorView& v) : data(v.data), dtype(v.dtype), shape(v.shape) {}  // NOLINT: a written view reads too
+};
+
+struct AttentionInputs {
+  ConstTensorView q, k, v;
+};
+// The backward's outputs: dq, dk, dv overwritten; dsinks_acc [Hq] (dtype of q; only with
+// mask.sinks, else empty) accumulated into.
+struct AttentionGrads {
+  TensorView dq, dk, dv, dsinks_acc;
+};
+// Causal grouped-query attention over B sequences of S tokens: Hq query heads, Hkv key/value
+// heads (Hq a multiple of Hkv), head dimension D, scores scaled by `scale`. The layouts of its
+// tensors: queries (q, out, dout, dq) [B*S, Hq*D], keys and values (k, v, dk, dv) [B*S, Hkv*D],
+// the saved log-sum-exp [B, Hq, S] fp32.
+struct AttentionShape {
+  int64_t B = 0, S = 0, Hq = 0, Hkv = 0, D = 0;
+  float scale = 0.0f;
+  TensorShape queries() const { return {B * S, Hq * D}; }
+  TensorShape keys() const { return {B * S, Hkv * D}; }
+  TensorShape lse() const { return {B, Hq, S}; }
+  std::string text() const;  // "B=.. S=.. Hq=.. Hkv=.. D=.."
+  // Views in these layouts: a query-shaped tensor (out, dout), the lse, q/k/v, and the backward's
+  // outputs (dsinks_acc [Hq], or none).
+  TensorView query_view(void* p, DType dt) const { return {p, dt, queries()}; }
+  TensorView lse_view(void* p) const { return {p, DType::F32, lse()}; }
+  AttentionInputs inputs(DType dt, const void* q, const void* k, const void* v) const {
+    return {{q, dt, queries()}, {k, dt, keys()}, {v, dt, keys()}};
+  }
+  AttentionGrads grads(DType dt, void* dq, void* dk, void* dv, void* dsinks_acc) const {
+    return {{dq, dt, queries()}, {dk, dt, keys()}, {dv, dt, keys()},
+            {dsinks_acc, dt, dsinks_acc != nullptr ? TensorShape{Hq} : TensorShape{}}};
+  }
+};
+// Refuses views whose pointer is null, dtype differs from q's or shape from `a`'s layouts, naming
+// the op and the tensor; returns q's dtype. dout may be an empty view (the forward's: not checked).
+DType check_attention_tensors(const char* op, const AttentionShape& a, const AttentionInputs& in,
+                              const ConstTensorView& out, const ConstTensorView& lse, const ConstTensorView& dout);
+// The same for the backward's outputs (dsinks_acc only with mask.sinks).
+void check_attention_grads(const char* op, const AttentionShape& a, const AttentionMask& mask,
+                           const AttentionGrads& g, DType dt);
 
 // Refuses doc_start [B*S] (host memory) that breaks AttentionMask's contract, naming row and token.
 void check_attention_doc_start(const int32_t* doc_start, int64_t B, int64_t S);
 // Refuses key_end [B] (host memory) outside [1, S], naming the row.
 void check_attention_key_end(const int32_t* key_end, int64_t B, int64_t S);
+// AttentionMask::documents and longest_document of a valid doc_start [B*S] (host memory).
+struct AttentionDocuments {
+  int64_t documents = 0, longest = 0;
+};
+AttentionDocuments count_attention_documents(const int32_t* doc_start, int64_t B, int64_t S);
 
 // The three AdamW calls of speculation-then-validation (optim::AdamKernels): a step, its undo,
 // and its undo followed by a step with another grad_scale, in one pass.
@@ -122,25 +201,21 @@ class Ops {
   virtual void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
                     const double* inv_freq, float attention_scale, bool inverse, DType dt) = 0;
 
-  // Causal grouped-query attention over B sequences of S tokens, computed tile by tile (memory
-  // O(S)), narrowed by `mask` (AttentionMask). q/out: [B*S, Hq*D]; k, v: [B*S, Hkv*D]; lse:
-  // [B, Hq, S] fp32 saved for backward (the log-sum-exp of each row's softmax, sink included).
-  virtual void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
-                                 int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
-                                 const AttentionMask& mask, DType dt) = 0;
+  // Causal grouped-query attention (AttentionShape), computed tile by tile (memory O(S)),
+  // narrowed by `mask` (AttentionMask); lse is saved for backward (the log-sum-exp of each row's
+  // softmax, sink included).
+  virtual void attention_forward(Stream& s, const AttentionShape& a, const AttentionMask& mask,
+                                 const AttentionInputs& in, TensorView out, TensorView lse) = 0;
   // Which implementation attention_forward/backward use for this shape and kind of mask (which of
   // its fields are set; the pointers are not read), and why (printed at start-up).
-  virtual std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                                               const AttentionMask& mask, DType dt) = 0;
+  virtual std::string attention_implementation(const AttentionShape& a, const AttentionMask& mask, DType dt) = 0;
   // The most device memory attention_forward/backward draw from the pool at once for this shape
   // and kind of mask (the memory planner's term).
-  virtual size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                                           const AttentionMask& mask, DType dt) = 0;
-  // dq, dk, dv are overwritten; dsinks_acc [Hq] (dt; only with mask.sinks) is accumulated into.
-  virtual void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
-                                  const void* k, const void* v, const void* out, const float* lse, int64_t B,
-                                  int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
-                                  const AttentionMask& mask, void* dsinks_acc, DType dt) = 0;
+  virtual size_t attention_workspace_bytes(const AttentionShape& a, const AttentionMask& mask, DType dt) = 0;
+  // out and lse are the forward's; see AttentionGrads for what is written.
+  virtual void attention_backward(Stream& s, const AttentionShape& a, const AttentionMask& mask,
+                                  const AttentionInputs& in, ConstTensorView out, ConstTensorView lse,
+                                  ConstTensorView dout, const AttentionGrads& g) = 0;
 
   // out = silu(gate) * up, elementwise over n.
   virtual void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) = 0;

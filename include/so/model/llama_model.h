@@ -80,9 +80,7 @@ class LlamaModel {
   static int64_t mlp_tile(const ModelOptions& opts);
   // The shape every attention call has: all tokens of a sequence, this rank's heads under Ulysses
   // with sp_size ranks (kv heads replicated when there are fewer than ranks).
-  struct AttentionShape {
-    int64_t B, S, Hq, Hkv, D;
-  };
+  using AttentionShape = so::AttentionShape;
   static AttentionShape attention_shape(const ModelConfig& cfg, const ModelOptions& opts, int64_t sp_size);
   // The most attention workspace any layer's mask (window or not, packed rows or not) draws (the
   // memory planner's term).

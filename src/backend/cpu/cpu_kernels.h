@@ -70,10 +70,6 @@ void clamped_swiglu_forward(T* out, const T* gate_up, int64_t n, float alpha, fl
 template <typename T>
 void clamped_swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t n, float alpha, float limit);
 
-struct AttentionShape {
-  int64_t B, S, Hq, Hkv, D;
-  float scale;
-};
 template <typename T>
 void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& sh,
                        const AttentionMask& mask);

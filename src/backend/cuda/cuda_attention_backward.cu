@@ -17,6 +17,7 @@
 
 #include "cuda_attention.h"
 #include "cuda_attention_common.cuh"
+#include "cuda_launch.cuh"
 
 namespace so::cuda {
 
@@ -548,26 +549,29 @@ void launch_tc_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const
 
 }  // namespace
 
-size_t attention_backward_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t /*Hkv*/, int64_t /*D*/,
-                                          DType /*dt*/) {
+size_t attention_backward_workspace_bytes(const AttentionShape& a, DType /*dt*/) {
   // Drow only: both variants accumulate dQ/dK/dV on chip.
-  return static_cast<size_t>(B) * static_cast<size_t>(Hq) * static_cast<size_t>(S) * sizeof(float);
+  return static_cast<size_t>(a.B) * static_cast<size_t>(a.Hq) * static_cast<size_t>(a.S) * sizeof(float);
 }
 
-void attention_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const void* dout, const void* q,
-                        const void* k, const void* v, const void* out, const float* lse, int64_t B, int64_t S,
-                        int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask, void* dsinks_acc,
-                        DType dt, void* workspace, size_t workspace_bytes) {
+void attention_backward(cudaStream_t stream, const AttentionShape& a, const AttentionMask& mask,
+                        const AttentionInputs& in, const void* out, const float* lse, const void* dout,
+                        const AttentionGrads& g, AttentionWorkspace ws) {
   constexpr const char* kWhat = "attention_backward";
   const DeviceMask dm = device_mask(mask);
+  const int64_t B = a.B, S = a.S, Hq = a.Hq, Hkv = a.Hkv, D = a.D;
+  const float scale = a.scale;
+  const DType dt = in.q.dtype;
+  const void *q = in.q.data, *k = in.k.data, *v = in.v.data;
+  void *dq = g.dq.data, *dk = g.dk.data, *dv = g.dv.data, *dsinks_acc = g.dsinks_acc.data;
   SO_CHECK(mask.sinks == nullptr || dsinks_acc != nullptr, kWhat, ": sinks without a dsinks_acc buffer");
   check_shape(kWhat, B, S, Hq, Hkv, D);
   if (B == 0 || S == 0) return;
-  const size_t needed = attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
-  SO_CHECK(workspace != nullptr && workspace_bytes >= needed, kWhat, ": workspace of ", workspace_bytes,
-           " bytes, need ", needed, " (attention_backward_workspace_bytes)");
-  SO_CHECK(reinterpret_cast<uintptr_t>(workspace) % alignof(float) == 0, kWhat, ": workspace is not fp32-aligned");
-  float* drow = static_cast<float*>(workspace);
+  const size_t needed = attention_backward_workspace_bytes(a, dt);
+  SO_CHECK(ws.data != nullptr && ws.bytes >= needed, kWhat, ": workspace of ", ws.bytes, " bytes, need ", needed,
+           " (attention_backward_workspace_bytes)");
+  SO_CHECK(reinterpret_cast<uintptr_t>(ws.data) % alignof(float) == 0, kWhat, ": workspace is not fp32-aligned");
+  float* drow = static_cast<float*>(ws.data);
   const int variant = select_variant(kWhat, D, dt);
   if (dt == DType::BF16)
     launch_row_dot<bf16>(stream, drow, dout, out, B, S, Hq, D);
@@ -592,6 +596,15 @@ void attention_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const
   } else {
     launch_ref_backward<float>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, D, scale, dm);
   }
+}
+
+void attention_sink_grad(cudaStream_t stream, const AttentionShape& a, const void* sinks, void* dsinks_acc,
+                         const float* lse, const void* dout, const void* out, float* drow, DType dt) {
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    launch_row_dot<T>(stream, drow, dout, out, a.B, a.S, a.Hq, a.D);
+    launch_sink_grad<T>(stream, dsinks_acc, sinks, lse, drow, a.B, a.S, a.Hq);
+  });
 }
 
 }  // namespace so::cuda

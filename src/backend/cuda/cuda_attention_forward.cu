@@ -310,11 +310,14 @@ void launch_tc_forward(cudaStream_t stream, void* out, float* lse, const void* q
 
 }  // namespace
 
-void attention_forward(cudaStream_t stream, void* out, float* lse, const void* q, const void* k, const void* v,
-                       int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask,
-                       DType dt) {
+void attention_forward(cudaStream_t stream, const AttentionShape& a, const AttentionMask& mask,
+                       const AttentionInputs& in, void* out, float* lse) {
   constexpr const char* kWhat = "attention_forward";
   const DeviceMask dm = device_mask(mask);
+  const int64_t B = a.B, S = a.S, Hq = a.Hq, Hkv = a.Hkv, D = a.D;
+  const float scale = a.scale;
+  const DType dt = in.q.dtype;
+  const void *q = in.q.data, *k = in.k.data, *v = in.v.data;
   check_shape(kWhat, B, S, Hq, Hkv, D);
   if (B == 0 || S == 0) return;
   if (select_variant(kWhat, D, dt) == 2) {
