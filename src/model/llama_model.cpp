@@ -265,15 +265,13 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
   if (cfg.moe.aux_loss) {
     SO_CHECK(sp_size() == 1, "model: output_router_logits with ", sp_size(), " sequence-parallel ranks (RunConfig refuses it)");
     const size_t E = static_cast<size_t>(cfg.moe.experts);
-    aux_tokens_.assign(E, 0.0);
-    aux_probs_.assign(E, 0.0);
-    aux_dprob_host_.assign(E, 0.0f);
-    aux_logits_.resize(static_cast<size_t>(opts.micro_batch * opts.seq_len) * E);
+    aux_sums_ = backend.alloc(2 * E * sizeof(double), "load-balancing loss sums");  // zeroed
     aux_dprob_ = backend.alloc(E * sizeof(float), "load-balancing loss gradient");
   }
   expert_tokens_.resize(static_cast<size_t>(cfg.num_layers));
-  for (int64_t l = 0; l < cfg.num_layers; ++l)
-    if (moe_of_layer_[l] >= 0) expert_tokens_[static_cast<size_t>(l)].assign(static_cast<size_t>(cfg.moe.experts), 0);
+  if (!moe_.empty())
+    expert_counts_ = backend.alloc(static_cast<size_t>(cfg.num_layers * cfg.moe.experts) * sizeof(int64_t),
+                                   "tokens per expert");  // zeroed
   backend.synchronize(stream_);  // the host copies go away
   a.uploaded = backend.create_event();
   backend.record(*a.uploaded, stream_);
@@ -379,19 +377,28 @@ void* LlamaModel::sinks_grad(int l, ParamStore& p) const {
 }
 
 void LlamaModel::zero_expert_tokens() {
-  for (std::vector<int64_t>& layer : expert_tokens_) std::fill(layer.begin(), layer.end(), 0);
+  if (expert_counts_) backend_.memset_zero(expert_counts_.data(), expert_counts_.bytes(), stream_);
 }
 
-void LlamaModel::zero_loss() {
-  backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_);
-  aux_loss_ = 0.0;
+const std::vector<std::vector<int64_t>>& LlamaModel::expert_tokens() {
+  if (!expert_counts_) return expert_tokens_;  // no MoE layer: every list empty
+  const int64_t E = cfg_.moe.experts;
+  std::vector<int64_t> counts(static_cast<size_t>(cfg_.num_layers * E));
+  backend_.copy_d2h(counts.data(), expert_counts_.data(), counts.size() * sizeof(int64_t), stream_);
+  backend_.synchronize(stream_);
+  for (int64_t l = 0; l < cfg_.num_layers; ++l)
+    if (moe_of_layer_[l] >= 0)
+      expert_tokens_[static_cast<size_t>(l)].assign(counts.begin() + l * E, counts.begin() + (l + 1) * E);
+  return expert_tokens_;
 }
+
+void LlamaModel::zero_loss() { backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_); }
 
 float LlamaModel::read_loss() {
   float loss = 0.0f;
   backend_.copy_d2h(&loss, acts_->loss.data(), sizeof(float), stream_);
   backend_.synchronize(stream_);
-  return loss + static_cast<float>(aux_loss_);
+  return loss;  // the load-balancing loss included (aux_loss_forward)
 }
 
 // transformers' load_balancing_loss_func without an attention mask: over the N = layers x T
@@ -403,19 +410,12 @@ void LlamaModel::aux_loss_forward(float loss_scale) {
   const int64_t T = opts_.micro_batch * opts_.seq_len, E = cfg_.moe.experts;
   int64_t layers = 0;
   for (int64_t l = 0; l < cfg_.num_layers; ++l) layers += moe_of_layer_[l] >= 0;
-  const double n = static_cast<double>(layers * T);
-  const double weight = static_cast<double>(loss_scale) * static_cast<double>(T) * cfg_.moe.aux_loss_coef;
-  double aux = 0.0;
-  for (int64_t e = 0; e < E; ++e) {
-    const size_t i = static_cast<size_t>(e);
-    aux += aux_tokens_[i] * aux_probs_[i];
-    // d(weight * aux) / d(probability of e at any token and layer): the selections are constants.
-    aux_dprob_host_[i] = static_cast<float>(weight * static_cast<double>(E) * aux_tokens_[i] / (n * n));
-  }
-  aux_loss_ += weight * static_cast<double>(E) * aux / (n * n);
-  backend_.copy_h2d_sync(aux_dprob_.data(), aux_dprob_host_.data(), aux_dprob_host_.size() * sizeof(float), stream_);
-  std::fill(aux_tokens_.begin(), aux_tokens_.end(), 0.0);
-  std::fill(aux_probs_.begin(), aux_probs_.end(), 0.0);
+  MoeAuxLoss a;
+  a.experts = E;
+  a.rows = static_cast<double>(layers * T);
+  a.weight = static_cast<double>(loss_scale) * static_cast<double>(T) * cfg_.moe.aux_loss_coef;
+  double* sums = aux_sums_.as<double>();
+  ops_.moe_aux_loss(stream_, a, acts_->loss.as<float>(), aux_dprob_.as<float>(), sums, sums + E);
 }
 
 const void* LlamaModel::final_hidden() const { return acts_->hn.data(); }
@@ -492,24 +492,12 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
     if (offload) backend_.wait(stream_, *a.stashed[(l + 1) % 2]);
     layer_forward(static_cast<int>(l), p, a.layer[opts_.activation_checkpointing ? 0 : l], residual(l),
                   residual(l + 1));
-    if (moe_of_layer_[l] >= 0) {
+    if (moe_of_layer_[l] >= 0) {  // this layer's selections (and router probabilities), on the device
       const MoeBlock& block = moe_block(static_cast<int>(l));
-      const std::vector<int64_t>& rows = block.tokens_per_expert();
-      std::vector<int64_t>& sum = expert_tokens_[static_cast<size_t>(l)];
-      for (size_t e = 0; e < rows.size(); ++e) sum[e] += rows[e];
-      if (cfg_.moe.aux_loss) {  // this layer's selections and router probabilities, summed over tokens
-        const int64_t E = cfg_.moe.experts;
-        backend_.copy_d2h(aux_logits_.data(), block.router_logits(), aux_logits_.size() * sizeof(float), stream_);
-        backend_.synchronize(stream_);
-        for (int64_t e = 0; e < E; ++e) aux_tokens_[static_cast<size_t>(e)] += static_cast<double>(rows[e]);
-        for (int64_t t = 0; t < T; ++t) {  // softmax over all experts, in fp32 as transformers
-          const float* z = &aux_logits_[static_cast<size_t>(t * E)];
-          const float mx = *std::max_element(z, z + E);
-          float denom = 0.0f;
-          for (int64_t e = 0; e < E; ++e) denom += std::exp(z[e] - mx);
-          for (int64_t e = 0; e < E; ++e) aux_probs_[static_cast<size_t>(e)] += std::exp(z[e] - mx) / denom;
-        }
-      }
+      const int64_t E = cfg_.moe.experts;
+      double* sums = cfg_.moe.aux_loss ? aux_sums_.as<double>() : nullptr;
+      ops_.moe_expert_stats(stream_, expert_counts_.as<int64_t>() + l * E, sums, sums ? sums + E : nullptr,
+                            block.router_logits(), block.expert_offsets(), T, E);
     }
     if (offload && l + 1 < L) move_checkpoint(l + 1, true, hooks);
   }

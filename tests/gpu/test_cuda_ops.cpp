@@ -441,6 +441,91 @@ OpCase attention_backward_case(AttnShape a, DType dt) {
           [=] { return attention_refusal(a, dt); }};
 }
 
+// Grouped GEMM with the group offsets on the device (moe_sort_slots' layout), each kind: rows
+// varying with nn.Linear weights (trans_b) or x @ W weights, per-group pointers or one strided
+// tensor, beta 0 (C starts NaN: an unread C) or 1; rows as the reduction (weight gradients: empty
+// groups leave beta * C). `rows` per group: experts with no tokens, tiles cut mid-group, all
+// tokens on one expert.
+struct GroupedShape {
+  std::vector<int32_t> rows;
+  bool vary_k, trans_b, per_group;
+  int64_t M, N, K;  // the fixed dimensions (vary_m: N, K; vary_k: M, N)
+  float beta;
+};
+
+OpCase grouped_gemm_case(GroupedShape g, DType ab, DType c) {
+  std::string dist;
+  for (int32_t n : g.rows) dist += str_cat(dist.empty() ? "" : "_", n);
+  return {case_name("grouped_gemm", dn(ab), "c", dn(c), g.vary_k ? "vary_k" : "vary_m", g.trans_b ? "t" : "n",
+                    g.per_group ? "per_group" : "strided", "M", g.M, "N", g.N, "K", g.K, g.beta != 0 ? "beta" : "",
+                    "rows", dist),
+          [=](OpRun& r) {
+            const int64_t G = static_cast<int64_t>(g.rows.size());
+            std::vector<int32_t> offsets(1, 0);
+            for (int32_t n : g.rows) offsets.push_back(offsets.back() + n);
+            const int64_t R = offsets.back();
+            GroupedGemm gg;
+            gg.vary_k = g.vary_k, gg.trans_b = g.trans_b, gg.offsets = r.ints(offsets), gg.max_rows = R + 5;
+            gg.groups = G, gg.M = g.M, gg.N = g.N, gg.K = g.K, gg.beta = g.beta, gg.alpha = 0.75f;
+            gg.ab = ab, gg.c = c;
+            const int64_t per_matrix = g.vary_k ? g.M * g.N : g.N * g.K;
+            void* matrices = nullptr;
+            int64_t c_elems = 0;
+            if (g.vary_k) {
+              gg.A = r.in(normal(std::max<int64_t>(R, 1) * g.M, 31), ab);
+              gg.B = r.in(normal(std::max<int64_t>(R, 1) * g.N, 32), ab);
+              c_elems = G * per_matrix;
+              matrices = g.beta != 0 ? r.in(normal(c_elems, 33), c) : r.out(c_elems, c);
+              gg.C = matrices;
+            } else {
+              gg.A = r.in(normal(std::max<int64_t>(R, 1) * g.K, 31), ab);
+              matrices = r.in(normal(G * per_matrix, 32), ab);
+              gg.B = matrices;
+              c_elems = std::max<int64_t>(R, 1) * g.N;
+              gg.C = g.beta != 0 ? r.in(normal(c_elems, 33), c) : r.out(R * g.N, c);
+            }
+            std::vector<void*> per_group;
+            if (g.per_group) {  // in reverse order: group g's matrix is not at base + g
+              for (int64_t i = 0; i < G; ++i)
+                per_group.push_back(static_cast<char*>(matrices) + (G - 1 - i) * per_matrix *
+                                                                      dtype_size(g.vary_k ? c : ab));
+              gg.per_group = per_group.data();
+            }
+            r.ops().grouped_gemm(r.s(), gg);
+            if (g.vary_k)
+              r.expect("C", gg.C, c_elems, c, OpClass::Gemm, std::max<int64_t>(R, 1));
+            else
+              r.expect("C", gg.C, R * g.N, c, OpClass::Gemm, g.K);
+          }};
+}
+
+// The load-balancing loss on the device: two layers' selections and router probabilities summed,
+// then the loss added to an accumulator and its gradient per probability (moe_expert_stats,
+// moe_aux_loss), and the per-expert token counts (int64, compared as bytes).
+OpCase moe_aux_case(int64_t T, std::vector<int32_t> rows) {
+  return {case_name("moe_aux_loss", "T", T, "E", rows.size()), [=](OpRun& r) {
+            const int64_t E = static_cast<int64_t>(rows.size());
+            std::vector<int32_t> offsets(1, 0);
+            for (int32_t n : rows) offsets.push_back(offsets.back() + n);
+            const int32_t* off = r.ints(offsets);
+            auto* counts = static_cast<int64_t*>(r.in(std::vector<float>(static_cast<size_t>(2 * E), 0.0f), DType::F32));
+            auto* sums = static_cast<double*>(r.in(std::vector<float>(static_cast<size_t>(4 * E), 0.0f), DType::F32));
+            auto* loss = static_cast<float*>(r.in(std::vector<float>{1.5f}, DType::F32));
+            auto* dprob = static_cast<float*>(r.out(E, DType::F32));
+            for (uint32_t layer = 0; layer < 2; ++layer) {
+              const auto* logits = static_cast<const float*>(r.in(normal(T * E, 34 + layer, 3.0f), DType::F32));
+              r.ops().moe_expert_stats(r.s(), counts, sums, sums + E, logits, off, T, E);
+            }
+            MoeAuxLoss a;
+            a.experts = E, a.weight = 0.37, a.rows = 2.0 * static_cast<double>(T);
+            r.ops().moe_aux_loss(r.s(), a, loss, dprob, sums, sums + E);
+            r.expect("loss", loss, 1, DType::F32, OpClass::Reduction);
+            r.expect("dprob", dprob, E, DType::F32, OpClass::Exact);
+            r.expect("counts", counts, 2 * E, DType::F32, OpClass::Exact);
+            r.expect("sums zeroed", sums, 4 * E, DType::F32, OpClass::Exact);
+          }};
+}
+
 // Residual dropout: the same keep bits (the shared hash) and the same fused multiply-add, so bit for
 // bit; a Ulysses-like placement (second half of sequences of 2 x rows / B tokens, sample 7, a block
 // from row 3) exercises the token numbering.
@@ -647,6 +732,17 @@ std::vector<OpCase> small_cases() {
       c.push_back(attention_forward_case(a, dt));
       c.push_back(attention_backward_case(a, dt));
     }
+    for (const std::vector<int32_t>& rows :
+         {std::vector<int32_t>{3, 0, 70, 1, 0, 130}, std::vector<int32_t>{0, 0, 200, 0}, std::vector<int32_t>{0, 0}}) {
+      for (bool per_group : {false, true}) {
+        c.push_back(grouped_gemm_case({rows, false, true, per_group, 0, 72, 40, 0.0f}, dt, dt));
+        c.push_back(grouped_gemm_case({rows, false, false, per_group, 0, 72, 40, 1.0f}, dt, dt));
+        c.push_back(grouped_gemm_case({rows, true, false, per_group, 40, 72, 0, 1.0f}, dt, dt));
+        c.push_back(grouped_gemm_case({rows, true, false, per_group, 40, 72, 0, 0.0f}, dt, dt));
+      }
+      c.push_back(grouped_gemm_case({rows, false, false, true, 0, 72, 1, 1.0f}, dt, dt));  // bias: ones @ b_e
+      c.push_back(grouped_gemm_case({rows, true, false, true, 1, 72, 0, 1.0f}, dt, dt));   // bias gradient
+    }
     for (bool bwd : {false, true}) {
       c.push_back(swiglu_case(1, bwd, dt));
       c.push_back(swiglu_case(1001, bwd, dt));
@@ -669,6 +765,9 @@ std::vector<OpCase> small_cases() {
     c.push_back(adam_case(AdamCall::Redo, true, false, 1001, dt, dt));
   }
   c.push_back(gemm_case({33, 65, 100, false, true}, DType::BF16, DType::F32));  // bf16 inputs, fp32 C
+  c.push_back(grouped_gemm_case({{5, 0, 64, 66}, false, true, true, 0, 40, 72, 0.0f}, DType::BF16, DType::F32));
+  c.push_back(moe_aux_case(37, {3, 0, 40, 1, 30}));
+  c.push_back(moe_aux_case(300, {0, 0, 600, 0}));
   return c;
 }
 
@@ -707,6 +806,12 @@ std::vector<OpCase> large_cases() {
     for (bool rev : {false, true}) c.push_back(replicate_heads_case(4099, 8, 2, 128, rev, dt));
     for (DType out : kDTypes) c.push_back(adam_case(AdamCall::Step, false, true, (1 << 22) + 3, dt, out));
     c.push_back(adam_case(AdamCall::Redo, false, true, (1 << 22) + 3, dt, dt));
+    // An MoE layer's expert GEMMs at Qwen3-MoE-like sizes (E 128, 8 of them per token, 1024 tokens),
+    // experts unevenly loaded and some idle.
+    std::vector<int32_t> rows(128);
+    for (size_t e = 0; e < rows.size(); ++e) rows[e] = e % 7 == 3 ? 0 : static_cast<int32_t>((e * 37) % 129);
+    c.push_back(grouped_gemm_case({rows, false, true, true, 0, 768, 2048, 0.0f}, dt, dt));
+    c.push_back(grouped_gemm_case({rows, true, false, true, 256, 512, 0, 1.0f}, dt, dt));
   }
   return c;
 }

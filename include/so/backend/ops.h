@@ -147,18 +147,22 @@ struct MoeRouting {
   DType weight_dtype = DType::F32;
 };
 
-// Grouped GEMM over G groups of consecutive rows; group g has rows[g] rows of the varying
-// dimension, starting at the sum of the earlier ones. Row-major, as Ops::gemm.
+// Grouped GEMM over G groups of consecutive rows: group g has the rows [offsets[g], offsets[g + 1])
+// of the varying dimension. offsets (int32, G + 1 entries) are backend memory, read in stream
+// order, so they may come from an op enqueued just before (moe_sort_slots): no size needs to come
+// back to the host. max_rows bounds offsets[G] (it sizes the launch). Row-major, as Ops::gemm.
 //   vary_m (trans_a false): C_g[m_g, N] = alpha op(A_g)[m_g, K] op(B_g) + beta C_g, with A_g and
 //     C_g the group's rows of A [sum m, K] and C [sum m, N]; B_g one matrix per group.
 //   vary_k (trans_a true, trans_b false): C_g[M, N] = alpha A_g^T B_g + beta C_g with A_g, B_g the
-//     group's rows of A [sum k, M] and B [sum k, N]; C_g one matrix per group (a weight gradient).
+//     group's rows of A [sum k, M] and B [sum k, N]; C_g one matrix per group (a weight gradient);
+//     an empty group leaves beta * C_g.
 // The per-group matrix is per_group[g] (host array of G pointers: experts' weights need not be
 // adjacent), or, when per_group is null, B + g * N * K (vary_m) / C + g * M * N (vary_k).
 struct GroupedGemm {
   bool vary_k = false;
   bool trans_b = false;
-  const int64_t* rows = nullptr;
+  const int32_t* offsets = nullptr;
+  int64_t max_rows = 0;
   int64_t groups = 0;
   int64_t M = 0, N = 0, K = 0;  // the fixed dimensions (the varying one is ignored)
   float alpha = 1.0f, beta = 0.0f;
@@ -168,6 +172,17 @@ struct GroupedGemm {
   void* C = nullptr;
   DType c = DType::F32;
   void* const* per_group = nullptr;
+};
+
+// The load-balancing loss of transformers' load_balancing_loss_func (no attention mask), summed
+// over a micro-batch's MoE layers on the device: moe_expert_stats adds each layer's selections and
+// router probabilities to fp64 accumulators `tokens` and `probs` [E]; moe_aux_loss then adds
+// weight * E * sum_e tokens_e probs_e / rows^2 to the loss accumulator (fp32 [1]), writes the
+// gradient per token's probability of e, dprob_e = weight * E * tokens_e / rows^2 (fp32 [E]), and
+// zeroes the accumulators (rows: the (layer, token) rows summed).
+struct MoeAuxLoss {
+  int64_t experts = 0;
+  double weight = 0.0, rows = 0.0;
 };
 
 class Ops {
@@ -262,9 +277,18 @@ class Ops {
   virtual void moe_combine_backward(Stream& s, void* dy, float* dweights, const void* dout, const void* y,
                                     const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
                                     DType dt) = 0;
-  // One GEMM per group of consecutive rows (an expert's tokens); group_rows (host, G entries)
-  // are the sizes of the varying dimension. See GroupedGemm for which operand is which.
+  // One GEMM per group of consecutive rows (an expert's tokens), sized by offsets on the device.
+  // See GroupedGemm for which operand is which.
   virtual void grouped_gemm(Stream& s, const GroupedGemm& g) = 0;
+  // Per expert e of one MoE forward: its selections (offsets[e + 1] - offsets[e], offsets from
+  // moe_sort_slots) added to counts_acc (int64, the run's metric) and tokens (fp64), and its router
+  // probability summed over the T tokens (softmax over all E of the fp32 logits [T, E], per token
+  // in fp32 as transformers) added to probs (fp64). Any of the three may be null.
+  virtual void moe_expert_stats(Stream& s, int64_t* counts_acc, double* tokens, double* probs, const float* logits,
+                                const int32_t* offsets, int64_t T, int64_t E) = 0;
+  // The load-balancing loss from the accumulators (MoeAuxLoss), which it zeroes.
+  virtual void moe_aux_loss(Stream& s, const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens,
+                            double* probs) = 0;
   // GPT-OSS's clamped GLU on its interleaved projection gate_up[2n] (gate at even, up at odd
   // positions): out[i] = g * sigmoid(alpha * g) * (u + 1) with g = min(gate_up[2i], limit),
   // u = clamp(gate_up[2i + 1], -limit, limit). Backward writes dgate_up[2n], interleaved alike.

@@ -164,6 +164,35 @@ void grouped_gemm(const GroupedGemm& g) {
       [](void* C, size_t bytes) { std::memset(C, 0, bytes); });
 }
 
+void moe_expert_stats(int64_t* counts_acc, double* tokens, double* probs, const float* logits, const int32_t* offsets,
+                      int64_t T, int64_t E) {
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = offsets[e + 1] - offsets[e];
+    if (counts_acc != nullptr) counts_acc[e] += n;
+    if (tokens != nullptr) tokens[e] += static_cast<double>(n);
+  }
+  if (probs == nullptr) return;
+  for (int64_t t = 0; t < T; ++t) {  // softmax over all experts, in fp32 as transformers
+    const float* z = logits + t * E;
+    const float mx = *std::max_element(z, z + E);
+    float denom = 0.0f;
+    for (int64_t e = 0; e < E; ++e) denom += std::exp(z[e] - mx);
+    for (int64_t e = 0; e < E; ++e) probs[e] += std::exp(z[e] - mx) / denom;
+  }
+}
+
+void moe_aux_loss(const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens, double* probs) {
+  const double n2 = a.rows * a.rows, scale = a.weight * static_cast<double>(a.experts) / n2;
+  double aux = 0.0;
+  for (int64_t e = 0; e < a.experts; ++e) {
+    aux += tokens[e] * probs[e];
+    // d(weight * aux) / d(probability of e at any token and layer): the selections are constants.
+    dprob[e] = static_cast<float>(scale * tokens[e]);
+    tokens[e] = probs[e] = 0.0;
+  }
+  loss_acc[0] += static_cast<float>(scale * aux);
+}
+
 template <typename T>
 void clamped_swiglu_forward(T* out, const T* gate_up, int64_t n, float alpha, float limit) {
   for (int64_t i = 0; i < n; ++i) {

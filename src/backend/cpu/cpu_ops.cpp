@@ -181,16 +181,25 @@ void CpuOps::moe_combine_backward(Stream& s, void* dy, float* dweights, const vo
 }
 
 void CpuOps::grouped_gemm(Stream& s, const GroupedGemm& g) {
-  // The group sizes and matrices are the caller's host arrays: copied, the call runs later.
-  std::vector<int64_t> rows(g.rows, g.rows + g.groups);
+  // The per-group matrices are the caller's host array: copied, the call runs later (and reads
+  // the offsets then, in stream order).
   std::vector<void*> per_group;
   if (g.per_group) per_group.assign(g.per_group, g.per_group + g.groups);
   SO_ENQUEUE(s, {
     GroupedGemm call = g;
-    call.rows = rows.data();
     if (call.per_group) call.per_group = per_group.data();
     cpu::grouped_gemm(call);
   });
+}
+
+void CpuOps::moe_expert_stats(Stream& s, int64_t* counts_acc, double* tokens, double* probs, const float* logits,
+                              const int32_t* offsets, int64_t T, int64_t E) {
+  SO_ENQUEUE(s, cpu::moe_expert_stats(counts_acc, tokens, probs, logits, offsets, T, E));
+}
+
+void CpuOps::moe_aux_loss(Stream& s, const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens,
+                          double* probs) {
+  SO_ENQUEUE(s, cpu::moe_aux_loss(a, loss_acc, dprob, tokens, probs));
 }
 
 void CpuOps::clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,

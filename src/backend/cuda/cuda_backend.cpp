@@ -224,6 +224,9 @@ void CudaBackend::check_after_sync(cudaError_t sync_result, const std::string& w
       if (code == kAttentionDocuments)
         SO_FAIL("attention: the batch has ", value, " documents, more than the ", limit,
                 " its mask's `documents` allowed for (its attention is wrong; the mask must count them)");
+      if (code == kGroupedGemmOffsets)
+        SO_FAIL("grouped_gemm: the offsets of group ", index, " end at ", value,
+                ", before its start or past the call's max_rows ", limit);
       if (code == kAttentionLongestDocument)
         SO_FAIL("attention: the document at token ", index, " has ", value, " tokens, more than the ", limit,
                 " its mask's `longest_document` allowed for (its attention is wrong)");

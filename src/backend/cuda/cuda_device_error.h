@@ -16,6 +16,7 @@ enum DeviceErrorCode : int {
   // than AttentionMask::longest_document's bucket `limit`.
   kAttentionDocuments = 3,
   kAttentionLongestDocument = 4,
+  kGroupedGemmOffsets = 5,  // grouped_gemm: offsets[index + 1] = value decreases or passes max_rows = limit
 };
 
 struct DeviceError {

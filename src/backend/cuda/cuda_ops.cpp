@@ -11,7 +11,7 @@
 #include "cuda_check.h"
 #include "cudnn_attention.h"
 #include "cuda_gemm.h"
-#include "src/backend/grouped_gemm.h"
+#include "cuda_grouped_gemm.h"
 #include "cuda_kernels.h"
 #include "cuda_stream.h"
 #include "src/optim/adam_constants.h"
@@ -224,15 +224,21 @@ void CudaOps::moe_combine_backward(Stream& s, void* dy, float* dweights, const v
   launch_moe_combine_backward(raw(s), dy, dweights, dout, y, weights, slot_of, T, k, H, dt);
 }
 
-// One cuBLASLt call per non-empty group (its plan cached by shape like every GEMM's). cuBLAS's
-// grouped batched GEMM would make it one launch; it is the thing to measure on a GPU.
+// Our kernels, the group offsets read on the device (cuda_grouped_gemm.h): no host round trip.
 void CudaOps::grouped_gemm(Stream& s, const GroupedGemm& g) {
-  walk_grouped_gemm(
-      g,
-      [&](bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, const void* B, void* C) {
-        gemm_.gemm(raw(s), ta, tb, M, N, K, g.alpha, A, B, g.ab, g.beta, C, g.c);
-      },
-      [&](void* C, size_t bytes) { SO_CUDA_CHECK(cudaMemsetAsync(C, 0, bytes, raw(s))); });
+  const size_t bytes = grouped_gemm_workspace_bytes(g);
+  launch_grouped_gemm(raw(s), g, bytes > 0 ? scratch(s, bytes) : nullptr, device_error_);
+}
+
+void CudaOps::moe_expert_stats(Stream& s, int64_t* counts_acc, double* tokens, double* probs, const float* logits,
+                               const int32_t* offsets, int64_t T, int64_t E) {
+  launch_moe_expert_stats(raw(s), counts_acc, tokens, probs, logits, offsets, T, E,
+                          probs != nullptr ? scratch(s, moe_expert_stats_workspace_bytes(T)) : nullptr);
+}
+
+void CudaOps::moe_aux_loss(Stream& s, const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens,
+                           double* probs) {
+  launch_moe_aux_loss(raw(s), a, loss_acc, dprob, tokens, probs);
 }
 
 void CudaOps::clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,

@@ -72,6 +72,10 @@ class CudaOps final : public Ops {
                             const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
                             DType dt) override;
   void grouped_gemm(Stream& s, const GroupedGemm& g) override;
+  void moe_expert_stats(Stream& s, int64_t* counts_acc, double* tokens, double* probs, const float* logits,
+                        const int32_t* offsets, int64_t T, int64_t E) override;
+  void moe_aux_loss(Stream& s, const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens,
+                    double* probs) override;
   void clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,
                               DType dt) override;
   void clamped_swiglu_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t n,
