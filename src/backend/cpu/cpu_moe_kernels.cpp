@@ -8,6 +8,7 @@
 
 #include "cpu_kernels.h"
 #include "src/backend/grouped_gemm.h"
+#include "src/backend/moe_aux_loss.h"
 #include "so/core/error.h"
 
 namespace so::cpu {
@@ -182,15 +183,7 @@ void moe_expert_stats(int64_t* counts_acc, double* tokens, double* probs, const 
 }
 
 void moe_aux_loss(const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens, double* probs) {
-  const double n2 = a.rows * a.rows, scale = a.weight * static_cast<double>(a.experts) / n2;
-  double aux = 0.0;
-  for (int64_t e = 0; e < a.experts; ++e) {
-    aux += tokens[e] * probs[e];
-    // d(weight * aux) / d(probability of e at any token and layer): the selections are constants.
-    dprob[e] = static_cast<float>(scale * tokens[e]);
-    tokens[e] = probs[e] = 0.0;
-  }
-  loss_acc[0] += static_cast<float>(scale * aux);
+  apply_moe_aux_loss(a, loss_acc, dprob, tokens, probs);
 }
 
 template <typename T>

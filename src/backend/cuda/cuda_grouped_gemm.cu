@@ -13,6 +13,7 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "cuda_bf16.cuh"
@@ -39,6 +40,7 @@ struct Args {
   int64_t M, N, K;
   float alpha, beta;
   bool trans_b, c_f32, per_group;
+  bool vec_a, vec_b;  // bf16 operands read 16 bytes at a time (load_a8 / load_b8)
   const void* group_matrix[kMaxGroupedGemmGroups];  // per_group: B (vary_m) or C (vary_k) of each group
 };
 
@@ -91,8 +93,60 @@ struct Tile {
   void* c;        // C (vary_m) or C_g (vary_k)
 };
 
+// bf16 operands in 16-byte chunks of 8 along their contiguous index, where Args::vec_a / vec_b
+// say the operand's base is 16-byte aligned and its row stride a multiple of 8 (so a chunk that
+// starts inside the matrix lies wholly inside it). A chunk lands in shared memory as one 16-byte
+// store when the tile's layout keeps the 8 adjacent, else as 8 scalar stores.
+__device__ __forceinline__ uint4 load8(const void* base, int64_t i, bool valid) {
+  return valid ? *reinterpret_cast<const uint4*>(static_cast<const bf16*>(base) + i) : make_uint4(0u, 0u, 0u, 0u);
+}
+__device__ __forceinline__ void scatter8(bf16* dst, int stride, uint4 v) {
+  const bf16* x = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) dst[j * stride] = x[j];
+}
+
+template <bool kVaryK>
+__device__ __forceinline__ void load_a8(Smem<bf16>& s, const Args& a, const Tile& t, int k0) {
+  constexpr int kLda = Smem<bf16>::kLda;
+  for (int c = threadIdx.x; c < kTM * kTK / 8; c += kThreads) {
+    if (kVaryK) {  // A [rows, M] transposed: 8 consecutive m of one k
+      const int k = c / (kTM / 8), m = (c % (kTM / 8)) * 8;
+      const uint4 v = load8(a.A, (t.r0 + k0 + k) * a.M + t.m0 + m, k0 + k < t.k_len && m < t.m_rows);
+      scatter8(&s.a[m * kLda + k], kLda, v);
+    } else {  // A [rows, K]: 8 consecutive k of one row
+      const int m = c / (kTK / 8), k = (c % (kTK / 8)) * 8;
+      *reinterpret_cast<uint4*>(&s.a[m * kLda + k]) = load8(a.A, (t.r0 + m) * a.K + k0 + k, m < t.m_rows && k0 + k < t.k_len);
+    }
+  }
+}
+
+template <bool kVaryK>
+__device__ __forceinline__ void load_b8(Smem<bf16>& s, const Args& a, const Tile& t, int k0) {
+  constexpr int kLdb = Smem<bf16>::kLdb;
+  for (int c = threadIdx.x; c < kTK * kTN / 8; c += kThreads) {
+    if (!kVaryK && a.trans_b) {  // B_g [N, K]: 8 consecutive k of one n
+      const int n = c / (kTK / 8), k = (c % (kTK / 8)) * 8;
+      const uint4 v = load8(t.b, (t.n0 + n) * a.K + k0 + k, t.n0 + n < a.N && k0 + k < t.k_len);
+      scatter8(&s.b[k * kLdb + n], kLdb, v);
+    } else {  // B [rows, N] or B_g [K, N]: 8 consecutive n of one k
+      const int k = c / (kTN / 8), n = (c % (kTN / 8)) * 8;
+      const int64_t row = kVaryK ? t.r0 + k0 + k : static_cast<int64_t>(k0 + k);
+      const void* base = kVaryK ? a.B : t.b;
+      *reinterpret_cast<uint4*>(&s.b[k * kLdb + n]) = load8(base, row * a.N + t.n0 + n, k0 + k < t.k_len && t.n0 + n < a.N);
+    }
+  }
+}
+
 template <typename T, bool kVaryK>
 __device__ __forceinline__ void load_tiles(Smem<T>& s, const Args& a, const Tile& t, int k0) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (a.vec_a && a.vec_b) {
+      load_a8<kVaryK>(s, a, t, k0);
+      load_b8<kVaryK>(s, a, t, k0);
+      return;
+    }
+  }
   // A: contiguous along k (vary_m) or along m (vary_k); threads walk the contiguous index fastest.
   for (int i = threadIdx.x; i < kTM * kTK; i += kThreads) {
     const int m = kVaryK ? i % kTM : i / kTK, k = kVaryK ? i / kTM : i % kTK;
@@ -256,6 +310,14 @@ void launch_grouped_gemm(cudaStream_t stream, const GroupedGemm& g, void* worksp
   if (g.per_group != nullptr)
     for (int64_t i = 0; i < g.groups; ++i) a.group_matrix[i] = g.per_group[i];
   const bool bf16_inputs = g.ab == DType::BF16;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  a.vec_a = bf16_inputs && aligned(g.A) && (g.vary_k ? g.M : g.K) % 8 == 0;
+  const int64_t b_contiguous = g.vary_k ? g.N : (g.trans_b ? g.K : g.N);  // B's elements along a row
+  a.vec_b = bf16_inputs && b_contiguous % 8 == 0;
+  if (g.vary_k || g.per_group == nullptr)
+    a.vec_b = a.vec_b && aligned(g.B) && (g.vary_k || (g.N * g.K) % 8 == 0);
+  else
+    for (int64_t i = 0; i < g.groups; ++i) a.vec_b = a.vec_b && aligned(g.per_group[i]);
   if (g.vary_k) {
     SO_CHECK(g.M > 0 && g.N > 0, "grouped_gemm (vary_k): M=", g.M, " N=", g.N);
     const dim3 grid(static_cast<unsigned>(g.groups), static_cast<unsigned>((g.M + kTM - 1) / kTM),

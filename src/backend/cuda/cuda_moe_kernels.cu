@@ -8,6 +8,7 @@
 #include "cuda_kernels.h"
 #include "cuda_launch.cuh"
 #include "cuda_reduce.cuh"
+#include "src/backend/moe_aux_loss.h"
 
 namespace so::cuda {
 
@@ -338,14 +339,7 @@ __global__ void expert_stats_kernel(int64_t* counts_acc, double* tokens, double*
 }
 
 __global__ void aux_loss_kernel(MoeAuxLoss a, float* loss_acc, float* dprob, double* tokens, double* probs) {
-  const double scale = a.weight * static_cast<double>(a.experts) / (a.rows * a.rows);
-  double aux = 0.0;
-  for (int64_t e = 0; e < a.experts; ++e) {
-    aux += tokens[e] * probs[e];
-    dprob[e] = static_cast<float>(scale * tokens[e]);
-    tokens[e] = probs[e] = 0.0;
-  }
-  loss_acc[0] += static_cast<float>(scale * aux);
+  apply_moe_aux_loss(a, loss_acc, dprob, tokens, probs);
 }
 
 }  // namespace
