@@ -15,6 +15,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -324,11 +325,14 @@ std::string attn_name(const char* op, AttnShape a, DType dt) {
 
 // Under SO_TEST_ATTENTION=cudnn, the reason cuDNN does not take this shape and mask on this
 // machine (what backend.attention=auto prints: dropout always; sinks or documents where the loaded
-// cuDNN is too old), so the case skips naming it; "" where it does.
+// cuDNN is too old or its deterministic backward has no such engine), so the case skips naming
+// it; "" where it does. The probe backend has the suite's deterministic setting (backend_of_type).
 std::string cudnn_mask_refusal(AttnShape a, DType dt) {
   static std::unique_ptr<Backend> probe = [] {
     BackendOptions o;
     o.type = "cuda";
+    const char* d = std::getenv("SO_TEST_DETERMINISTIC_ATTENTION");
+    o.deterministic_attention = d == nullptr || std::string(d) != "0";
     return cuda::device_count() > 0 ? create_backend(o) : nullptr;
   }();
   if (!probe || (a.docs == 0 && !a.sinks && a.dropout == 0 && !a.padded)) return "";
@@ -454,8 +458,10 @@ struct GroupedShape {
 };
 
 OpCase grouped_gemm_case(GroupedShape g, DType ab, DType c) {
-  std::string dist;
+  std::string dist;  // the rows per group, or their count and sum for many groups
   for (int32_t n : g.rows) dist += str_cat(dist.empty() ? "" : "_", n);
+  if (g.rows.size() > 8)
+    dist = str_cat("groups_", g.rows.size(), "_total_", std::accumulate(g.rows.begin(), g.rows.end(), int64_t{0}));
   return {case_name("grouped_gemm", dn(ab), "c", dn(c), g.vary_k ? "vary_k" : "vary_m", g.trans_b ? "t" : "n",
                     g.per_group ? "per_group" : "strided", "M", g.M, "N", g.N, "K", g.K, g.beta != 0 ? "beta" : "",
                     "rows", dist),
