@@ -83,17 +83,20 @@ nlohmann::json attention_table(Backend& be, const CalibrateOptions& o) {
     for (int64_t S : seqs) {
       const int64_t Hq = 4, Hkv = 2, B = 1, nq = B * S * Hq * D, nkv = B * S * Hkv * D;
       const DType dt = o.dtype;
-      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+      const AttentionShape a{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
       Tensors t(be);
       void *q = t.random(nq, dt, 41), *k = t.random(nkv, dt, 42), *v = t.random(nkv, dt, 43);
       void* out = t.alloc(nq * dtype_size(dt));
-      auto* lse = static_cast<float*>(t.alloc(B * Hq * S * 4));
-      const double fwd = time_ms(be, 1, o.iters,
-                                 [&] { ops.attention_forward(s, out, lse, q, k, v, B, S, Hq, Hkv, D, scale, AttentionMask{}, dt); });
+      void* lse = t.alloc(B * Hq * S * 4);
+      const AttentionInputs in = a.inputs(dt, q, k, v);
+      const double fwd = time_ms(be, 1, o.iters, [&] {
+        ops.attention_forward(s, a, AttentionMask{}, in, a.query_view(out, dt), a.lse_view(lse));
+      });
       void *dout = t.random(nq, dt, 44), *dq = t.alloc(nq * dtype_size(dt)), *dk = t.alloc(nkv * dtype_size(dt)),
            *dv = t.alloc(nkv * dtype_size(dt));
       const double bwd = time_ms(be, 1, o.iters, [&] {
-        ops.attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, B, S, Hq, Hkv, D, scale, AttentionMask{}, nullptr, dt);
+        ops.attention_backward(s, a, AttentionMask{}, in, a.query_view(out, dt), a.lse_view(lse), a.query_view(dout, dt),
+                               a.grads(dt, dq, dk, dv, nullptr));
       });
       const double flops = 4.0 * B * Hq * S * S * D / 2.0;  // causal forward
       rows.push_back({{"S", S}, {"D", D}, {"fwd_tflops", flops / (fwd * 1e-3) / 1e12},

@@ -310,16 +310,17 @@ void attention_rows(OpsTable& tab, const OpsShape& m, int64_t S, int warmup, int
   const DType bf = DType::BF16;
   const int64_t B = std::max<int64_t>(1, m.tokens / S), Hq = m.heads, Hkv = m.kv_heads, D = m.head_dim;
   const int64_t nq = B * S * Hq * D, nkv = B * S * Hkv * D;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const AttentionShape a{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
   Tensors t(*be);
   void *q = t.random(nq, bf, 41), *k = t.random(nkv, bf, 42), *v = t.random(nkv, bf, 43), *out = t.alloc(nq * 2);
-  auto* lse = static_cast<float*>(t.alloc(B * Hq * S * 4));
+  void* lse = t.alloc(B * Hq * S * 4);
+  const AttentionInputs in = a.inputs(bf, q, k, v);
   void *dout = t.random(nq, bf, 44), *dq = t.alloc(nq * 2), *dk = t.alloc(nkv * 2), *dv = t.alloc(nkv * 2);
   const double fwd_flop = 4.0 * B * Hq * static_cast<double>(S) * S * D / 2;
   const std::string shape = str_cat("B", B, " S", S, " Hq", Hq, " Hkv", Hkv, " D", D, " bf16");
   std::string runs;
   try {
-    runs = ops.attention_implementation(B, S, Hq, Hkv, D, AttentionMask{}, bf);
+    runs = ops.attention_implementation(a, AttentionMask{}, bf);
   } catch (const Error& e) {
     std::printf("# attention [%s] %s: not run: %s\n", impl.name, shape.c_str(), e.what());
     return;
@@ -333,10 +334,11 @@ void attention_rows(OpsTable& tab, const OpsShape& m, int64_t S, int warmup, int
   const std::string bwd_name = str_cat("attention_backward causal [", impl.name, "]");
   tab.flops(fwd_name, shape,
             time_ms(*be, warmup, iters,
-                    [&] { ops.attention_forward(s, out, lse, q, k, v, B, S, Hq, Hkv, D, scale, AttentionMask{}, bf); }),
+                    [&] { ops.attention_forward(s, a, AttentionMask{}, in, a.query_view(out, bf), a.lse_view(lse)); }),
             fwd_flop);
   const double bwd_ms = time_ms(*be, warmup, iters, [&] {
-    ops.attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, B, S, Hq, Hkv, D, scale, AttentionMask{}, nullptr, bf);
+    ops.attention_backward(s, a, AttentionMask{}, in, a.query_view(out, bf), a.lse_view(lse), a.query_view(dout, bf),
+                           a.grads(bf, dq, dk, dv, nullptr));
   });
   const double mib = 1.0 / (1 << 20);
   const double peak = static_cast<double>(be->memory_stats().peak), tensors = static_cast<double>(t.bytes());

@@ -10,10 +10,11 @@ void walk_grouped_gemm(const GroupedGemm& g,
                        const std::function<void(void*, size_t)>& zero) {
   const size_t ab = dtype_size(g.ab), c = dtype_size(g.c);
   const auto* A = static_cast<const char*>(g.A);
-  int64_t start = 0;
+  SO_CHECK(g.offsets != nullptr, "grouped_gemm: no offsets");
   for (int64_t grp = 0; grp < g.groups; ++grp) {
-    const int64_t n = g.rows[grp];
-    SO_CHECK(n >= 0, "grouped_gemm: group ", grp, " has ", n, " rows");
+    const int64_t start = g.offsets[grp], n = g.offsets[grp + 1] - start;
+    SO_CHECK(start >= 0 && n >= 0 && start + n <= g.max_rows, "grouped_gemm: group ", grp, " has rows [", start, ", ",
+             start + n, "), outside [0, max_rows = ", g.max_rows, ") or reversed");
     if (!g.vary_k) {
       const void* B = g.per_group ? g.per_group[grp] : static_cast<const char*>(g.B) + grp * g.N * g.K * ab;
       if (n > 0) gemm(false, g.trans_b, n, g.N, g.K, A + start * g.K * ab, B, static_cast<char*>(g.C) + start * g.N * c);
@@ -26,7 +27,6 @@ void walk_grouped_gemm(const GroupedGemm& g,
         zero(C, static_cast<size_t>(g.M * g.N) * c);
       }
     }
-    start += n;
   }
 }
 

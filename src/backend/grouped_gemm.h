@@ -1,7 +1,9 @@
 #pragma once
-// The one walk over a GroupedGemm's groups (so/backend/ops.h), shared by every backend: where each
-// group's operands lie, which groups are empty, and what an empty one leaves (beta * C: C zeroed
-// when beta is 0, untouched when 1). The backend supplies its GEMM and its zero-fill.
+// The walk over a GroupedGemm's groups (so/backend/ops.h) for a backend whose memory the host reads
+// (the CPU's; the CUDA kernels read the offsets on the device): where each group's operands lie,
+// which groups are empty, and what an empty one leaves (beta * C: C zeroed when beta is 0,
+// untouched when 1). Offsets that decrease or pass max_rows are refused, naming the group. The
+// backend supplies its GEMM and its zero-fill.
 #include <functional>
 
 #include "so/backend/ops.h"

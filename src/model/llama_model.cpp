@@ -54,6 +54,7 @@ struct LlamaModel::Activations {
   // token of a row); valid when `documents` (this batch has packed rows).
   DeviceBuffer doc_start;
   bool documents = false;
+  int64_t document_count = 0, longest_document = 0;  // of doc_start, counted on the host (AttentionMask)
   DeviceBuffer key_end;  // int32 [B]: the batch's padding_start; valid when `padded`
   bool padded = false;
   DeviceBuffer rope_inv_freq;               // fp64 [head_dim / 2], the model's RoPE table
@@ -264,15 +265,13 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
   if (cfg.moe.aux_loss) {
     SO_CHECK(sp_size() == 1, "model: output_router_logits with ", sp_size(), " sequence-parallel ranks (RunConfig refuses it)");
     const size_t E = static_cast<size_t>(cfg.moe.experts);
-    aux_tokens_.assign(E, 0.0);
-    aux_probs_.assign(E, 0.0);
-    aux_dprob_host_.assign(E, 0.0f);
-    aux_logits_.resize(static_cast<size_t>(opts.micro_batch * opts.seq_len) * E);
+    aux_sums_ = backend.alloc(2 * E * sizeof(double), "load-balancing loss sums");  // zeroed
     aux_dprob_ = backend.alloc(E * sizeof(float), "load-balancing loss gradient");
   }
   expert_tokens_.resize(static_cast<size_t>(cfg.num_layers));
-  for (int64_t l = 0; l < cfg.num_layers; ++l)
-    if (moe_of_layer_[l] >= 0) expert_tokens_[static_cast<size_t>(l)].assign(static_cast<size_t>(cfg.moe.experts), 0);
+  if (!moe_.empty())
+    expert_counts_ = backend.alloc(static_cast<size_t>(cfg.num_layers * cfg.moe.experts) * sizeof(int64_t),
+                                   "tokens per expert");  // zeroed
   backend.synchronize(stream_);  // the host copies go away
   a.uploaded = backend.create_event();
   backend.record(*a.uploaded, stream_);
@@ -297,8 +296,12 @@ LlamaModel::~LlamaModel() {
 
 LlamaModel::AttentionShape LlamaModel::attention_shape(const ModelConfig& cfg, const ModelOptions& opts,
                                                        int64_t sp_size) {
-  return {opts.micro_batch, opts.seq_len * sp_size, cfg.num_heads / sp_size,
-          cfg.num_kv_heads * kv_copies_for(cfg, sp_size) / sp_size, cfg.head_dim};
+  return {opts.micro_batch,
+          opts.seq_len * sp_size,
+          cfg.num_heads / sp_size,
+          cfg.num_kv_heads * kv_copies_for(cfg, sp_size) / sp_size,
+          cfg.head_dim,
+          1.0f / std::sqrt(static_cast<float>(cfg.head_dim))};
 }
 
 std::vector<AttentionMask> LlamaModel::attention_mask_kinds(const ModelConfig& cfg) {
@@ -325,9 +328,9 @@ size_t LlamaModel::attention_workspace_bytes(Ops& ops, const ModelConfig& cfg, c
   const AttentionShape a = attention_shape(cfg, opts, sp_size);
   size_t bytes = 0;
   for (AttentionMask m : attention_mask_kinds(cfg)) {
-    bytes = std::max(bytes, ops.attention_workspace_bytes(a.B, a.S, a.Hq, a.Hkv, a.D, m, opts.dtype));
+    bytes = std::max(bytes, ops.attention_workspace_bytes(a, m, opts.dtype));
     m.dropout.p = 0.0f;  // evaluation runs without dropout, perhaps on another implementation
-    bytes = std::max(bytes, ops.attention_workspace_bytes(a.B, a.S, a.Hq, a.Hkv, a.D, m, opts.dtype));
+    bytes = std::max(bytes, ops.attention_workspace_bytes(a, m, opts.dtype));
   }
   return bytes;
 }
@@ -337,8 +340,8 @@ std::string LlamaModel::attention_implementation() const {
   std::string text;
   const std::vector<AttentionMask> kinds = attention_mask_kinds(cfg_);
   for (size_t i = 0; i < kinds.size(); i += 2) {  // pairs: whole rows, then packed rows
-    const std::string whole = ops_.attention_implementation(a.B, a.S, a.Hq, a.Hkv, a.D, kinds[i], opts_.dtype);
-    const std::string packed = ops_.attention_implementation(a.B, a.S, a.Hq, a.Hkv, a.D, kinds[i + 1], opts_.dtype);
+    const std::string whole = ops_.attention_implementation(a, kinds[i], opts_.dtype);
+    const std::string packed = ops_.attention_implementation(a, kinds[i + 1], opts_.dtype);
     if (!text.empty()) text += "; ";
     if (kinds.size() > 2 || kinds[i].window > 0)
       text += kinds[i].window > 0 ? str_cat("sliding-window layers (", kinds[i].window, "): ") : "full layers: ";
@@ -350,7 +353,11 @@ std::string LlamaModel::attention_implementation() const {
 
 AttentionMask LlamaModel::attention_mask(int l, ParamStore& p) const {
   AttentionMask m;
-  if (acts_->documents) m.doc_start = acts_->doc_start.as<int32_t>();
+  if (acts_->documents) {
+    m.doc_start = acts_->doc_start.as<int32_t>();
+    m.documents = acts_->document_count;
+    m.longest_document = acts_->longest_document;
+  }
   if (acts_->padded) m.key_end = acts_->key_end.as<int32_t>();
   m.window = cfg_.layer_window(l);
   const int sinks = layout_.layers[l].sinks;
@@ -370,19 +377,28 @@ void* LlamaModel::sinks_grad(int l, ParamStore& p) const {
 }
 
 void LlamaModel::zero_expert_tokens() {
-  for (std::vector<int64_t>& layer : expert_tokens_) std::fill(layer.begin(), layer.end(), 0);
+  if (expert_counts_) backend_.memset_zero(expert_counts_.data(), expert_counts_.bytes(), stream_);
 }
 
-void LlamaModel::zero_loss() {
-  backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_);
-  aux_loss_ = 0.0;
+const std::vector<std::vector<int64_t>>& LlamaModel::expert_tokens() {
+  if (!expert_counts_) return expert_tokens_;  // no MoE layer: every list empty
+  const int64_t E = cfg_.moe.experts;
+  std::vector<int64_t> counts(static_cast<size_t>(cfg_.num_layers * E));
+  backend_.copy_d2h(counts.data(), expert_counts_.data(), counts.size() * sizeof(int64_t), stream_);
+  backend_.synchronize(stream_);
+  for (int64_t l = 0; l < cfg_.num_layers; ++l)
+    if (moe_of_layer_[l] >= 0)
+      expert_tokens_[static_cast<size_t>(l)].assign(counts.begin() + l * E, counts.begin() + (l + 1) * E);
+  return expert_tokens_;
 }
+
+void LlamaModel::zero_loss() { backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_); }
 
 float LlamaModel::read_loss() {
   float loss = 0.0f;
   backend_.copy_d2h(&loss, acts_->loss.data(), sizeof(float), stream_);
   backend_.synchronize(stream_);
-  return loss + static_cast<float>(aux_loss_);
+  return loss;  // the load-balancing loss included (aux_loss_forward)
 }
 
 // transformers' load_balancing_loss_func without an attention mask: over the N = layers x T
@@ -394,19 +410,12 @@ void LlamaModel::aux_loss_forward(float loss_scale) {
   const int64_t T = opts_.micro_batch * opts_.seq_len, E = cfg_.moe.experts;
   int64_t layers = 0;
   for (int64_t l = 0; l < cfg_.num_layers; ++l) layers += moe_of_layer_[l] >= 0;
-  const double n = static_cast<double>(layers * T);
-  const double weight = static_cast<double>(loss_scale) * static_cast<double>(T) * cfg_.moe.aux_loss_coef;
-  double aux = 0.0;
-  for (int64_t e = 0; e < E; ++e) {
-    const size_t i = static_cast<size_t>(e);
-    aux += aux_tokens_[i] * aux_probs_[i];
-    // d(weight * aux) / d(probability of e at any token and layer): the selections are constants.
-    aux_dprob_host_[i] = static_cast<float>(weight * static_cast<double>(E) * aux_tokens_[i] / (n * n));
-  }
-  aux_loss_ += weight * static_cast<double>(E) * aux / (n * n);
-  backend_.copy_h2d_sync(aux_dprob_.data(), aux_dprob_host_.data(), aux_dprob_host_.size() * sizeof(float), stream_);
-  std::fill(aux_tokens_.begin(), aux_tokens_.end(), 0.0);
-  std::fill(aux_probs_.begin(), aux_probs_.end(), 0.0);
+  MoeAuxLoss a;
+  a.experts = E;
+  a.rows = static_cast<double>(layers * T);
+  a.weight = static_cast<double>(loss_scale) * static_cast<double>(T) * cfg_.moe.aux_loss_coef;
+  double* sums = aux_sums_.as<double>();
+  ops_.moe_aux_loss(stream_, a, acts_->loss.as<float>(), aux_dprob_.as<float>(), sums, sums + E);
 }
 
 const void* LlamaModel::final_hidden() const { return acts_->hn.data(); }
@@ -452,6 +461,9 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
              batch.doc_start.size(), " doc_start entries; expected ", opts_.micro_batch * S, " (", opts_.micro_batch,
              " whole rows of ", S, " tokens", P > 1 ? ", every sequence-parallel rank gets the whole rows" : "", ")");
     check_attention_doc_start(batch.doc_start.data(), opts_.micro_batch, S);
+    const AttentionDocuments docs = count_attention_documents(batch.doc_start.data(), opts_.micro_batch, S);
+    a.document_count = docs.documents;
+    a.longest_document = docs.longest;
     backend_.copy_h2d(a.doc_start.data(), a.staged.doc_start.data(), batch.doc_start.size() * sizeof(int32_t),
                       stream_);
   }
@@ -480,24 +492,12 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
     if (offload) backend_.wait(stream_, *a.stashed[(l + 1) % 2]);
     layer_forward(static_cast<int>(l), p, a.layer[opts_.activation_checkpointing ? 0 : l], residual(l),
                   residual(l + 1));
-    if (moe_of_layer_[l] >= 0) {
+    if (moe_of_layer_[l] >= 0) {  // this layer's selections (and router probabilities), on the device
       const MoeBlock& block = moe_block(static_cast<int>(l));
-      const std::vector<int64_t>& rows = block.tokens_per_expert();
-      std::vector<int64_t>& sum = expert_tokens_[static_cast<size_t>(l)];
-      for (size_t e = 0; e < rows.size(); ++e) sum[e] += rows[e];
-      if (cfg_.moe.aux_loss) {  // this layer's selections and router probabilities, summed over tokens
-        const int64_t E = cfg_.moe.experts;
-        backend_.copy_d2h(aux_logits_.data(), block.router_logits(), aux_logits_.size() * sizeof(float), stream_);
-        backend_.synchronize(stream_);
-        for (int64_t e = 0; e < E; ++e) aux_tokens_[static_cast<size_t>(e)] += static_cast<double>(rows[e]);
-        for (int64_t t = 0; t < T; ++t) {  // softmax over all experts, in fp32 as transformers
-          const float* z = &aux_logits_[static_cast<size_t>(t * E)];
-          const float mx = *std::max_element(z, z + E);
-          float denom = 0.0f;
-          for (int64_t e = 0; e < E; ++e) denom += std::exp(z[e] - mx);
-          for (int64_t e = 0; e < E; ++e) aux_probs_[static_cast<size_t>(e)] += std::exp(z[e] - mx) / denom;
-        }
-      }
+      const int64_t E = cfg_.moe.experts;
+      double* sums = cfg_.moe.aux_loss ? aux_sums_.as<double>() : nullptr;
+      ops_.moe_expert_stats(stream_, expert_counts_.as<int64_t>() + l * E, sums, sums ? sums + E : nullptr,
+                            block.router_logits(), block.expert_offsets(), T, E);
     }
     if (offload && l + 1 < L) move_checkpoint(l + 1, true, hooks);
   }
@@ -595,12 +595,12 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
   linear(s.h1.data(), p.weight(w.v), s.v.data(), T, kvd, H, 0.0f, weight_or_null(p, w.v_bias));
   ops_.rope(stream_, s.q.data(), pos, T, cfg_.num_heads, D, freq, rope_scale_, false, dt);
   ops_.rope(stream_, s.k.data(), pos, T, cfg_.num_kv_heads, D, freq, rope_scale_, false, dt);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const AttentionMask mask = attention_mask(l, p);
   const int64_t P = sp_size();
+  const AttentionShape a = attention_shape(cfg_, opts_, P);
   if (P == 1) {
-    ops_.attention_forward(stream_, s.attn.data(), s.lse.as<float>(), s.q.data(), s.k.data(), s.v.data(),
-                           opts_.micro_batch, opts_.seq_len, cfg_.num_heads, cfg_.num_kv_heads, D, scale, mask, dt);
+    ops_.attention_forward(stream_, a, mask, a.inputs(dt, s.q.data(), s.k.data(), s.v.data()),
+                           a.query_view(s.attn.data(), dt), a.lse_view(s.lse.data()));
   } else {
     const int64_t kv_heads = cfg_.num_kv_heads * kv_copies_;
     scatter_heads(s.q_f.data(), s.q.data(), cfg_.num_heads);
@@ -611,9 +611,8 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
       }
       scatter_heads(full, local, kv_heads);
     }
-    ops_.attention_forward(stream_, s.attn_f.data(), s.lse.as<float>(), s.q_f.data(), s.k_f.data(), s.v_f.data(),
-                           opts_.micro_batch, opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, mask,
-                           dt);
+    ops_.attention_forward(stream_, a, mask, a.inputs(dt, s.q_f.data(), s.k_f.data(), s.v_f.data()),
+                           a.query_view(s.attn_f.data(), dt), a.lse_view(s.lse.data()));
     gather_heads(s.attn.data(), s.attn_f.data(), cfg_.num_heads);
   }
   backend_.copy_d2d(s.x_mid.data(), x_in, T * H * dtype_size(dt), stream_);
@@ -751,20 +750,21 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
   }
   linear_backward(dy, s.attn.data(), p.weight(w.o), a.dattn.data(), p.grad(w.o), T, H, qd, 0.0f,
                   grad_or_null(p, w.o_bias));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const AttentionMask mask = attention_mask(l, p);
   const int64_t P = sp_size();
+  const AttentionShape sh = attention_shape(cfg_, opts_, P);
   if (P == 1) {
-    ops_.attention_backward(stream_, a.dq.data(), a.dk.data(), a.dv.data(), a.dattn.data(), s.q.data(), s.k.data(),
-                            s.v.data(), s.attn.data(), s.lse.as<float>(), opts_.micro_batch, opts_.seq_len,
-                            cfg_.num_heads, cfg_.num_kv_heads, D, scale, mask, sinks_grad(l, p), dt);
+    ops_.attention_backward(stream_, sh, mask, sh.inputs(dt, s.q.data(), s.k.data(), s.v.data()),
+                            sh.query_view(s.attn.data(), dt), sh.lse_view(s.lse.data()),
+                            sh.query_view(a.dattn.data(), dt),
+                            sh.grads(dt, a.dq.data(), a.dk.data(), a.dv.data(), sinks_grad(l, p)));
   } else {
     const int64_t kv_heads = cfg_.num_kv_heads * kv_copies_;
     scatter_heads(a.dattn_f.data(), a.dattn.data(), cfg_.num_heads);
-    ops_.attention_backward(stream_, a.dq_f.data(), a.dk_f.data(), a.dv_f.data(), a.dattn_f.data(), s.q_f.data(),
-                            s.k_f.data(), s.v_f.data(), s.attn_f.data(), s.lse.as<float>(), opts_.micro_batch,
-                            opts_.seq_len * P, cfg_.num_heads / P, kv_heads / P, D, scale, mask, sinks_grad(l, p),
-                            dt);
+    ops_.attention_backward(stream_, sh, mask, sh.inputs(dt, s.q_f.data(), s.k_f.data(), s.v_f.data()),
+                            sh.query_view(s.attn_f.data(), dt), sh.lse_view(s.lse.data()),
+                            sh.query_view(a.dattn_f.data(), dt),
+                            sh.grads(dt, a.dq_f.data(), a.dk_f.data(), a.dv_f.data(), sinks_grad(l, p)));
     gather_heads(a.dq.data(), a.dq_f.data(), cfg_.num_heads);
     for (auto [local, full] : {std::pair{a.dk.data(), a.dk_f.data()}, std::pair{a.dv.data(), a.dv_f.data()}}) {
       if (kv_copies_ == 1) {

@@ -74,7 +74,6 @@ MoeBlock::MoeBlock(Backend& backend, const MoeSpec& spec, int64_t max_tokens, DT
     : backend_(backend), spec_(spec), dt_(dt), capacity_(max_tokens) {
   check_spec(spec);
   SO_CHECK(max_tokens > 0, "moe: max_tokens (", max_tokens, ") must be positive");
-  rows_.assign(spec.routing.experts, 0);
   DeviceBuffer* const kept[kKept] = {&logits_, &weights_, &experts_, &slot_of_, &row_of_, &offsets_,
                             &ones_,   &xs_,      &gate_,    &up_,      &act_,    &y_};
   visit_buffers(kept, nullptr, spec, max_tokens, dt, [&](DeviceBuffer* b, size_t bytes, const char* tag, bool) {
@@ -100,12 +99,18 @@ void MoeBlock::check_params(const MoeParams& w, const char* what) const {
            w.up.size(), " up, ", w.gate_up.size(), " gate_up, ", w.down.size(), " down)");
 }
 
-void MoeBlock::expert_gemm(Stream& s, void* out, const void* in, const std::vector<void*>& weight, bool linear,
-                           const std::vector<void*>& bias, int64_t N, int64_t K, float beta) {
+GroupedGemm MoeBlock::expert_groups() const {
   GroupedGemm g;
-  g.rows = rows_.data();
+  g.offsets = offsets_.as<int32_t>();  // moe_sort_slots' result, read on the device
+  g.max_rows = T_ * spec_.routing.top_k;
   g.groups = spec_.routing.experts;
   g.ab = g.c = dt_;
+  return g;
+}
+
+void MoeBlock::expert_gemm(Stream& s, void* out, const void* in, const std::vector<void*>& weight, bool linear,
+                           const std::vector<void*>& bias, int64_t N, int64_t K, float beta) {
+  GroupedGemm g = expert_groups();
   if (!bias.empty()) {  // out = beta * out + ones[rows, 1] @ bias_e[1, N]; the product adds onto it
     g.N = N, g.K = 1, g.A = ones_.data(), g.C = out, g.beta = beta, g.per_group = bias.data();
     backend_.ops().grouped_gemm(s, g);
@@ -118,11 +123,8 @@ void MoeBlock::expert_gemm(Stream& s, void* out, const void* in, const std::vect
 
 void MoeBlock::weight_grad(Stream& s, const std::vector<void*>& dweight, const void* a, int64_t M, const void* b,
                            int64_t N) {
-  GroupedGemm g;
+  GroupedGemm g = expert_groups();
   g.vary_k = true;
-  g.rows = rows_.data();
-  g.groups = spec_.routing.experts;
-  g.ab = g.c = dt_;
   g.M = M, g.N = N, g.A = a, g.B = b, g.per_group = dweight.data(), g.beta = 1.0f;
   backend_.ops().grouped_gemm(s, g);
 }
@@ -146,10 +148,6 @@ void MoeBlock::forward(Stream& s, void* out, const void* x, const MoeParams& w, 
   ops.moe_route(s, r, weights_.as<float>(), experts_.as<int32_t>(), logits_.as<float>(), T);
   ops.moe_sort_slots(s, slot_of_.as<int32_t>(), row_of_.as<int32_t>(), offsets_.as<int32_t>(),
                      experts_.as<int32_t>(), T, k, E);
-  std::vector<int32_t> offsets(E + 1);
-  backend_.copy_d2h(offsets.data(), offsets_.data(), offsets.size() * 4, s);
-  backend_.synchronize(s);
-  for (int64_t e = 0; e < E; ++e) rows_[e] = offsets[e + 1] - offsets[e];
 
   ops.moe_dispatch(s, xs_.data(), x, slot_of_.as<int32_t>(), T, k, H, dt_);
   if (spec_.experts == MoeSpec::Experts::SwiGLU) {

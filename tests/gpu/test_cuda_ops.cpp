@@ -15,6 +15,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -307,31 +308,65 @@ struct AttnShape {
   bool sinks = false;
   float dropout = 0.0f;
   bool padded = false;
+  // edge: row 0 has documents of one token ([1, 2) and the last token) and, padded, key_end 1
+  // (every document but its first lies wholly in the padding: its queries see no key); row 1 is
+  // unpadded. unknown_counts: the mask does not say how many documents the batch has or how long
+  // the longest is (cuDNN then lays out the most the shape allows).
+  bool edge = false;
+  bool unknown_counts = false;
 };
-
-std::string attention_refusal(AttnShape a, DType dt) {
-  const std::string k = forced_kernel_refuses(a.D, dt);
-  if (!k.empty()) return k;
-  const char* forced = std::getenv("SO_TEST_ATTENTION");
-  if (forced && std::string(forced) == "cudnn" && (a.docs > 0 || a.sinks || a.dropout > 0 || a.padded))
-    return "backend.attention=cudnn refuses packed and padded rows, sinks and dropout (the flash kernels take them)";
-  return forced_cudnn_refuses(a.S, a.D, dt);
-}
 
 std::string attn_name(const char* op, AttnShape a, DType dt) {
   return case_name(op, dn(dt), "B", a.B, "S", a.S, "Hq", a.Hq, "Hkv", a.Hkv, "D", a.D, a.docs ? "docs" : "",
                    a.docs ? std::to_string(a.docs) : "", a.window ? "window" : "",
                    a.window ? std::to_string(a.window) : "", a.sinks ? "sinks" : "", a.dropout > 0 ? "dropout" : "",
-                   a.padded ? "padded" : "");
+                   a.padded ? "padded" : "", a.edge ? "edge" : "", a.unknown_counts ? "unknowncounts" : "");
 }
 
-// doc_start of B rows with `docs` documents each, boundaries drawn at random (seeded), and the
-// sinks; null where the shape has none.
+// Under SO_TEST_ATTENTION=cudnn, the reason cuDNN does not take this shape and mask on this
+// machine (what backend.attention=auto prints: dropout always; sinks or documents where the loaded
+// cuDNN is too old or its deterministic backward has no such engine), so the case skips naming
+// it; "" where it does. The probe backend has the suite's deterministic setting (backend_of_type).
+std::string cudnn_mask_refusal(AttnShape a, DType dt) {
+  static std::unique_ptr<Backend> probe = [] {
+    BackendOptions o;
+    o.type = "cuda";
+    const char* d = std::getenv("SO_TEST_DETERMINISTIC_ATTENTION");
+    o.deterministic_attention = d == nullptr || std::string(d) != "0";
+    return cuda::device_count() > 0 ? create_backend(o) : nullptr;
+  }();
+  if (!probe || (a.docs == 0 && !a.sinks && a.dropout == 0 && !a.padded)) return "";
+  static const int32_t kPlaceholder = 0;
+  AttentionMask kind;
+  kind.window = a.window;
+  if (a.docs > 0) kind.doc_start = &kPlaceholder;
+  if (a.padded) kind.key_end = &kPlaceholder;
+  if (a.sinks) kind.sinks = &kPlaceholder;
+  kind.dropout.p = a.dropout;
+  const std::string runs = probe->ops().attention_implementation(
+      AttentionShape{a.B, a.S, a.Hq, a.Hkv, a.D, 1.0f / std::sqrt(static_cast<float>(a.D))}, kind, dt);
+  return runs.rfind("cuDNN", 0) == 0 ? "" : "backend.attention=cudnn cannot take this mask here: " + runs;
+}
+
+std::string attention_refusal(AttnShape a, DType dt) {
+  const std::string k = forced_kernel_refuses(a.D, dt);
+  if (!k.empty()) return k;
+  const std::string c = forced_cudnn_refuses(a.S, a.D, dt);
+  if (!c.empty()) return c;
+  const char* forced = std::getenv("SO_TEST_ATTENTION");
+  return forced && std::string(forced) == "cudnn" ? cudnn_mask_refusal(a, dt) : "";
+}
+
+// doc_start of B rows with `docs` documents each, boundaries drawn at random (seeded), key_end,
+// and the sinks; null where the shape has none.
 AttentionMask attention_mask_inputs(OpRun& r, AttnShape a, DType dt) {
   AttentionMask m;
   m.window = a.window;
   if (a.docs > 0) {
     std::vector<int32_t> cuts = uniform_ints(a.B * (a.docs - 1), 24, 1, static_cast<int32_t>(a.S));
+    if (a.edge) {  // row 0: documents [1, 2) and [S - 1, S) of one token
+      cuts[0] = 1, cuts[1] = 2, cuts[2] = static_cast<int32_t>(a.S - 1);
+    }
     std::vector<int32_t> doc_start(static_cast<size_t>(a.B * a.S));
     for (int64_t b = 0; b < a.B; ++b) {
       std::vector<int32_t> row_cuts(cuts.begin() + b * (a.docs - 1), cuts.begin() + (b + 1) * (a.docs - 1));
@@ -343,8 +378,20 @@ AttentionMask attention_mask_inputs(OpRun& r, AttnShape a, DType dt) {
       }
     }
     m.doc_start = r.ints(doc_start);
+    if (!a.unknown_counts) {
+      const AttentionDocuments d = count_attention_documents(doc_start.data(), a.B, a.S);
+      m.documents = d.documents;
+      m.longest_document = d.longest;
+    }
   }
-  if (a.padded) m.key_end = r.ints(uniform_ints(a.B, 27, 1, static_cast<int32_t>(a.S) + 1));
+  if (a.padded) {
+    std::vector<int32_t> key_end = uniform_ints(a.B, 27, 1, static_cast<int32_t>(a.S) + 1);
+    if (a.edge) {
+      key_end[0] = 1;
+      if (a.B > 1) key_end[1] = static_cast<int32_t>(a.S);
+    }
+    m.key_end = r.ints(key_end);
+  }
   if (a.sinks) m.sinks = r.in(normal(a.Hq, 25, 2.0f), dt);
   m.dropout.p = a.dropout;
   m.dropout.key = dropout_key(26, 3, 2);
@@ -353,50 +400,136 @@ AttentionMask attention_mask_inputs(OpRun& r, AttnShape a, DType dt) {
   return m;
 }
 // q is drawn wider than k so that softmax rows are far from uniform.
-struct AttnInputs {
-  void *q, *k, *v;
-  float scale;
-};
-AttnInputs attention_inputs(OpRun& r, AttnShape a, DType dt) {
-  return {r.in(normal(a.B * a.S * a.Hq * a.D, 16, 2.0f), dt), r.in(normal(a.B * a.S * a.Hkv * a.D, 17), dt),
-          r.in(normal(a.B * a.S * a.Hkv * a.D, 18), dt), 1.0f / std::sqrt(static_cast<float>(a.D))};
+AttentionInputs attention_inputs(OpRun& r, const AttentionShape& sh, DType dt) {
+  return sh.inputs(dt, r.in(normal(sh.B * sh.S * sh.Hq * sh.D, 16, 2.0f), dt),
+                   r.in(normal(sh.B * sh.S * sh.Hkv * sh.D, 17), dt), r.in(normal(sh.B * sh.S * sh.Hkv * sh.D, 18), dt));
 }
+
+AttentionShape op_shape(AttnShape a) { return {a.B, a.S, a.Hq, a.Hkv, a.D, 1.0f / std::sqrt(static_cast<float>(a.D))}; }
 
 OpCase attention_forward_case(AttnShape a, DType dt) {
   return {attn_name("attention_forward", a, dt), [=](OpRun& r) {
-            const AttnInputs in = attention_inputs(r, a, dt);
+            const AttentionShape sh = op_shape(a);
+            const AttentionInputs in = attention_inputs(r, sh, dt);
             const AttentionMask mask = attention_mask_inputs(r, a, dt);
             void* out = r.out(a.B * a.S * a.Hq * a.D, dt);
-            auto* lse = static_cast<float*>(r.out(a.B * a.Hq * a.S, DType::F32));
-            r.ops().attention_forward(r.s(), out, lse, in.q, in.k, in.v, a.B, a.S, a.Hq, a.Hkv, a.D, in.scale, mask,
-                                      dt);
+            void* lse = r.out(a.B * a.Hq * a.S, DType::F32);
+            r.ops().attention_forward(r.s(), sh, mask, in, sh.query_view(out, dt), sh.lse_view(lse));
             r.expect("out", out, a.B * a.S * a.Hq * a.D, dt, OpClass::AttentionFwd);
             r.expect("lse", lse, a.B * a.Hq * a.S, DType::F32, OpClass::AttentionFwd);
           },
           [=] { return attention_refusal(a, dt); }};
 }
 
-// out and lse come from the same backend's forward, as in training.
+// out and lse come from the same backend's forward, as in training (dq/dk/dv start as NaN: a row an
+// implementation leaves unwritten shows).
 OpCase attention_backward_case(AttnShape a, DType dt) {
   return {attn_name("attention_backward", a, dt), [=](OpRun& r) {
-            const AttnInputs in = attention_inputs(r, a, dt);
+            const AttentionShape sh = op_shape(a);
+            const AttentionInputs in = attention_inputs(r, sh, dt);
             const AttentionMask mask = attention_mask_inputs(r, a, dt);
             const int64_t nq = a.B * a.S * a.Hq * a.D, nkv = a.B * a.S * a.Hkv * a.D;
             void* out = r.out(nq, dt);
-            auto* lse = static_cast<float*>(r.out(a.B * a.Hq * a.S, DType::F32));
-            r.ops().attention_forward(r.s(), out, lse, in.q, in.k, in.v, a.B, a.S, a.Hq, a.Hkv, a.D, in.scale, mask,
-                                      dt);
+            void* lse = r.out(a.B * a.Hq * a.S, DType::F32);
+            r.ops().attention_forward(r.s(), sh, mask, in, sh.query_view(out, dt), sh.lse_view(lse));
             void* dout = r.in(normal(nq, 19), dt);
             void *dq = r.out(nq, dt), *dk = r.out(nkv, dt), *dv = r.out(nkv, dt);
             void* dsinks = a.sinks ? r.in(normal(a.Hq, 26), dt) : nullptr;  // accumulated into
-            r.ops().attention_backward(r.s(), dq, dk, dv, dout, in.q, in.k, in.v, out, lse, a.B, a.S, a.Hq, a.Hkv,
-                                       a.D, in.scale, mask, dsinks, dt);
+            r.ops().attention_backward(r.s(), sh, mask, in, sh.query_view(out, dt), sh.lse_view(lse),
+                                       sh.query_view(dout, dt), sh.grads(dt, dq, dk, dv, dsinks));
             r.expect("dq", dq, nq, dt, OpClass::AttentionBwd);
             r.expect("dk", dk, nkv, dt, OpClass::AttentionBwd);
             r.expect("dv", dv, nkv, dt, OpClass::AttentionBwd);
             if (a.sinks) r.expect("dsinks", dsinks, a.Hq, dt, OpClass::AttentionBwd);
           },
           [=] { return attention_refusal(a, dt); }};
+}
+
+// Grouped GEMM with the group offsets on the device (moe_sort_slots' layout), each kind: rows
+// varying with nn.Linear weights (trans_b) or x @ W weights, per-group pointers or one strided
+// tensor, beta 0 (C starts NaN: an unread C) or 1; rows as the reduction (weight gradients: empty
+// groups leave beta * C). `rows` per group: experts with no tokens, tiles cut mid-group, all
+// tokens on one expert.
+struct GroupedShape {
+  std::vector<int32_t> rows;
+  bool vary_k, trans_b, per_group;
+  int64_t M, N, K;  // the fixed dimensions (vary_m: N, K; vary_k: M, N)
+  float beta;
+};
+
+OpCase grouped_gemm_case(GroupedShape g, DType ab, DType c) {
+  std::string dist;  // the rows per group, or their count and sum for many groups
+  for (int32_t n : g.rows) dist += str_cat(dist.empty() ? "" : "_", n);
+  if (g.rows.size() > 8)
+    dist = str_cat("groups_", g.rows.size(), "_total_", std::accumulate(g.rows.begin(), g.rows.end(), int64_t{0}));
+  return {case_name("grouped_gemm", dn(ab), "c", dn(c), g.vary_k ? "vary_k" : "vary_m", g.trans_b ? "t" : "n",
+                    g.per_group ? "per_group" : "strided", "M", g.M, "N", g.N, "K", g.K, g.beta != 0 ? "beta" : "",
+                    "rows", dist),
+          [=](OpRun& r) {
+            const int64_t G = static_cast<int64_t>(g.rows.size());
+            std::vector<int32_t> offsets(1, 0);
+            for (int32_t n : g.rows) offsets.push_back(offsets.back() + n);
+            const int64_t R = offsets.back();
+            GroupedGemm gg;
+            gg.vary_k = g.vary_k, gg.trans_b = g.trans_b, gg.offsets = r.ints(offsets), gg.max_rows = R + 5;
+            gg.groups = G, gg.M = g.M, gg.N = g.N, gg.K = g.K, gg.beta = g.beta, gg.alpha = 0.75f;
+            gg.ab = ab, gg.c = c;
+            const int64_t per_matrix = g.vary_k ? g.M * g.N : g.N * g.K;
+            void* matrices = nullptr;
+            int64_t c_elems = 0;
+            if (g.vary_k) {
+              gg.A = r.in(normal(std::max<int64_t>(R, 1) * g.M, 31), ab);
+              gg.B = r.in(normal(std::max<int64_t>(R, 1) * g.N, 32), ab);
+              c_elems = G * per_matrix;
+              matrices = g.beta != 0 ? r.in(normal(c_elems, 33), c) : r.out(c_elems, c);
+              gg.C = matrices;
+            } else {
+              gg.A = r.in(normal(std::max<int64_t>(R, 1) * g.K, 31), ab);
+              matrices = r.in(normal(G * per_matrix, 32), ab);
+              gg.B = matrices;
+              c_elems = std::max<int64_t>(R, 1) * g.N;
+              gg.C = g.beta != 0 ? r.in(normal(c_elems, 33), c) : r.out(R * g.N, c);
+            }
+            std::vector<void*> per_group;
+            if (g.per_group) {  // in reverse order: group g's matrix is not at base + g
+              for (int64_t i = 0; i < G; ++i)
+                per_group.push_back(static_cast<char*>(matrices) + (G - 1 - i) * per_matrix *
+                                                                      dtype_size(g.vary_k ? c : ab));
+              gg.per_group = per_group.data();
+            }
+            r.ops().grouped_gemm(r.s(), gg);
+            if (g.vary_k)
+              r.expect("C", gg.C, c_elems, c, OpClass::Gemm, std::max<int64_t>(R, 1));
+            else
+              r.expect("C", gg.C, R * g.N, c, OpClass::Gemm, g.K);
+          }};
+}
+
+// The load-balancing loss on the device: two layers' selections and router probabilities summed,
+// then the loss added to an accumulator and its gradient per probability (moe_expert_stats,
+// moe_aux_loss), and the per-expert token counts (int64, compared as bytes).
+OpCase moe_aux_case(int64_t T, std::vector<int32_t> rows) {
+  return {case_name("moe_aux_loss", "T", T, "E", rows.size()), [=](OpRun& r) {
+            const int64_t E = static_cast<int64_t>(rows.size());
+            std::vector<int32_t> offsets(1, 0);
+            for (int32_t n : rows) offsets.push_back(offsets.back() + n);
+            const int32_t* off = r.ints(offsets);
+            auto* counts = static_cast<int64_t*>(r.in(std::vector<float>(static_cast<size_t>(2 * E), 0.0f), DType::F32));
+            auto* sums = static_cast<double*>(r.in(std::vector<float>(static_cast<size_t>(4 * E), 0.0f), DType::F32));
+            auto* loss = static_cast<float*>(r.in(std::vector<float>{1.5f}, DType::F32));
+            auto* dprob = static_cast<float*>(r.out(E, DType::F32));
+            for (uint32_t layer = 0; layer < 2; ++layer) {
+              const auto* logits = static_cast<const float*>(r.in(normal(T * E, 34 + layer, 3.0f), DType::F32));
+              r.ops().moe_expert_stats(r.s(), counts, sums, sums + E, logits, off, T, E);
+            }
+            MoeAuxLoss a;
+            a.experts = E, a.weight = 0.37, a.rows = 2.0 * static_cast<double>(T);
+            r.ops().moe_aux_loss(r.s(), a, loss, dprob, sums, sums + E);
+            r.expect("loss", loss, 1, DType::F32, OpClass::Reduction);
+            r.expect("dprob", dprob, E, DType::F32, OpClass::Exact);
+            r.expect("counts", counts, 2 * E, DType::F32, OpClass::Exact);
+            r.expect("sums zeroed", sums, 4 * E, DType::F32, OpClass::Exact);
+          }};
 }
 
 // Residual dropout: the same keep bits (the shared hash) and the same fused multiply-add, so bit for
@@ -580,7 +713,10 @@ std::vector<OpCase> small_cases() {
       c.push_back(rope_case(37, 3, 128, 1000000.0f, 131071, inv, dt, true));
     }
     // Masks: documents (tile-skipping across 32- and 64-key tiles), windows shorter and longer than
-    // a tile, sinks, and all at once.
+    // a tile, sinks, padding, and their combinations; bf16 ones run through cuDNN where it takes
+    // them (packed rows as ragged sequences, padding as sequence lengths), so each kind is here with
+    // and without a window; edge cases (documents of one token, key_end 1, documents and windows
+    // wholly in the padding) and documents whose counts the mask does not give.
     for (AttnShape a : {AttnShape{1, 1, 4, 1, 64}, AttnShape{2, 70, 4, 4, 80}, AttnShape{1, 130, 8, 2, 128},
                         AttnShape{2, 200, 4, 2, 64, 4}, AttnShape{2, 200, 4, 2, 80, 0, 7},
                         AttnShape{1, 260, 4, 2, 128, 0, 100}, AttnShape{2, 150, 4, 1, 64, 0, 0, true},
@@ -588,9 +724,30 @@ std::vector<OpCase> small_cases() {
                         AttnShape{2, 200, 4, 2, 64, 0, 0, false, 0.2f}, AttnShape{1, 130, 8, 2, 80, 0, 0, false, 0.3f},
                         AttnShape{2, 300, 8, 2, 128, 5, 40, true, 0.1f}, AttnShape{3, 200, 4, 2, 64, 0, 0, false, 0, true},
                         AttnShape{2, 130, 8, 2, 80, 0, 7, false, 0, true},
-                        AttnShape{3, 300, 8, 2, 128, 5, 40, true, 0.1f, true}}) {
+                        AttnShape{3, 300, 8, 2, 128, 5, 40, true, 0.1f, true},
+                        // packed + padded, with and without a window and sinks
+                        AttnShape{3, 256, 8, 2, 128, 6, 0, false, 0, true}, AttnShape{3, 256, 8, 2, 64, 6, 48, false, 0, true},
+                        AttnShape{3, 300, 8, 2, 128, 5, 40, true, 0, true}, AttnShape{2, 130, 8, 2, 80, 0, 7, true, 0, true},
+                        AttnShape{2, 192, 4, 4, 64, 3, 0, false, 0, false, false, true},
+                        AttnShape{2, 192, 4, 2, 128, 4, 0, false, 0, true, false, true},
+                        // edges: one-token documents, key_end 1, documents wholly in the padding
+                        AttnShape{2, 160, 4, 2, 64, 5, 0, false, 0, true, true},
+                        AttnShape{2, 160, 4, 2, 64, 5, 16, true, 0, true, true},
+                        AttnShape{2, 160, 4, 2, 128, 5, 0, false, 0, false, true},
+                        AttnShape{3, 96, 4, 1, 64, 0, 24, false, 0, true, true}}) {
       c.push_back(attention_forward_case(a, dt));
       c.push_back(attention_backward_case(a, dt));
+    }
+    for (const std::vector<int32_t>& rows :
+         {std::vector<int32_t>{3, 0, 70, 1, 0, 130}, std::vector<int32_t>{0, 0, 200, 0}, std::vector<int32_t>{0, 0}}) {
+      for (bool per_group : {false, true}) {
+        c.push_back(grouped_gemm_case({rows, false, true, per_group, 0, 72, 40, 0.0f}, dt, dt));
+        c.push_back(grouped_gemm_case({rows, false, false, per_group, 0, 72, 40, 1.0f}, dt, dt));
+        c.push_back(grouped_gemm_case({rows, true, false, per_group, 40, 72, 0, 1.0f}, dt, dt));
+        c.push_back(grouped_gemm_case({rows, true, false, per_group, 40, 72, 0, 0.0f}, dt, dt));
+      }
+      c.push_back(grouped_gemm_case({rows, false, false, true, 0, 72, 1, 1.0f}, dt, dt));  // bias: ones @ b_e
+      c.push_back(grouped_gemm_case({rows, true, false, true, 1, 72, 0, 1.0f}, dt, dt));   // bias gradient
     }
     for (bool bwd : {false, true}) {
       c.push_back(swiglu_case(1, bwd, dt));
@@ -614,6 +771,9 @@ std::vector<OpCase> small_cases() {
     c.push_back(adam_case(AdamCall::Redo, true, false, 1001, dt, dt));
   }
   c.push_back(gemm_case({33, 65, 100, false, true}, DType::BF16, DType::F32));  // bf16 inputs, fp32 C
+  c.push_back(grouped_gemm_case({{5, 0, 64, 66}, false, true, true, 0, 40, 72, 0.0f}, DType::BF16, DType::F32));
+  c.push_back(moe_aux_case(37, {3, 0, 40, 1, 30}));
+  c.push_back(moe_aux_case(300, {0, 0, 600, 0}));
   return c;
 }
 
@@ -636,7 +796,9 @@ std::vector<OpCase> large_cases() {
     c.push_back(rope_case(70001, 1, 128, 10000.0f, 131071, true, dt));
     c.push_back(rope_case(1025, 4, 128, 500000.0f, (1 << 22) + 12345, false, dt));  // million-token positions
     for (AttnShape a : {AttnShape{2, 300, 8, 2, 64}, AttnShape{1, 1024, 8, 8, 128}, AttnShape{2, 333, 4, 1, 80},
-                        AttnShape{1, 1024, 8, 2, 128, 0, 0, false, 0.1f}}) {
+                        AttnShape{1, 1024, 8, 2, 128, 0, 0, false, 0.1f},
+                        AttnShape{4, 1024, 8, 2, 128, 12, 0, false, 0, true},
+                        AttnShape{2, 2048, 8, 1, 64, 9, 256, true, 0, true}}) {
       c.push_back(attention_forward_case(a, dt));
       c.push_back(attention_backward_case(a, dt));
     }
@@ -650,6 +812,12 @@ std::vector<OpCase> large_cases() {
     for (bool rev : {false, true}) c.push_back(replicate_heads_case(4099, 8, 2, 128, rev, dt));
     for (DType out : kDTypes) c.push_back(adam_case(AdamCall::Step, false, true, (1 << 22) + 3, dt, out));
     c.push_back(adam_case(AdamCall::Redo, false, true, (1 << 22) + 3, dt, dt));
+    // An MoE layer's expert GEMMs at Qwen3-MoE-like sizes (E 128, 8 of them per token, 1024 tokens),
+    // experts unevenly loaded and some idle.
+    std::vector<int32_t> rows(128);
+    for (size_t e = 0; e < rows.size(); ++e) rows[e] = e % 7 == 3 ? 0 : static_cast<int32_t>((e * 37) % 129);
+    c.push_back(grouped_gemm_case({rows, false, true, true, 0, 768, 2048, 0.0f}, dt, dt));
+    c.push_back(grouped_gemm_case({rows, true, false, true, 256, 512, 0, 1.0f}, dt, dt));
   }
   return c;
 }
@@ -776,16 +944,17 @@ TEST(AttentionChoice, ReportedPerShapeAndForcedModesHold) {
     o.attention = mode;
     return create_backend(o);
   };
-  const std::string fp32 = with("auto")->ops().attention_implementation(1, 128, 4, 2, 64, AttentionMask{}, DType::F32);
+  const AttentionShape small{1, 128, 4, 2, 64, 0.125f};
+  const std::string fp32 = with("auto")->ops().attention_implementation(small, AttentionMask{}, DType::F32);
   EXPECT_NE(fp32.find("flash kernels"), std::string::npos) << fp32;
   EXPECT_NE(fp32.find("takes bf16"), std::string::npos) << fp32;
-  const std::string auto_bf16 = with("auto")->ops().attention_implementation(1, 128, 4, 2, 64, AttentionMask{}, DType::BF16);
+  const std::string auto_bf16 = with("auto")->ops().attention_implementation(small, AttentionMask{}, DType::BF16);
   std::printf("  auto, bf16 B 1 S 128 Hq 4 Hkv 2 D 64: %s\n", auto_bf16.c_str());
   EXPECT_TRUE(auto_bf16.rfind("cuDNN", 0) == 0 || auto_bf16.find("not cuDNN: ") != std::string::npos) << auto_bf16;
-  const std::string flash = with("flash")->ops().attention_implementation(1, 128, 4, 2, 64, AttentionMask{}, DType::BF16);
+  const std::string flash = with("flash")->ops().attention_implementation(small, AttentionMask{}, DType::BF16);
   EXPECT_NE(flash.find("backend.attention is flash"), std::string::npos) << flash;
   try {
-    with("cudnn")->ops().attention_implementation(1, 128, 4, 2, 64, AttentionMask{}, DType::F32);
+    with("cudnn")->ops().attention_implementation(small, AttentionMask{}, DType::F32);
     ADD_FAILURE() << "backend.attention=cudnn accepted fp32";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("backend.attention is cudnn"), std::string::npos) << e.what();
@@ -806,13 +975,14 @@ TEST(AttentionWorkspace, OneKeptHoweverFarTheHostRunsAhead) {
   o.deterministic_attention = true;
   std::unique_ptr<Backend> be = create_backend(o);
   const int64_t B = 1, S = 4096, Hq = 16, Hkv = 4, D = 128;
+  const AttentionShape a{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
   Ops& ops = be->ops();
   try {
-    std::printf("  %s\n", ops.attention_implementation(B, S, Hq, Hkv, D, AttentionMask{}, DType::BF16).c_str());
+    std::printf("  %s\n", ops.attention_implementation(a, AttentionMask{}, DType::BF16).c_str());
   } catch (const Error& e) {
     GTEST_SKIP() << e.what();  // no cuDNN on this machine
   }
-  const size_t ws = ops.attention_workspace_bytes(B, S, Hq, Hkv, D, AttentionMask{}, DType::BF16);
+  const size_t ws = ops.attention_workspace_bytes(a, AttentionMask{}, DType::BF16);
   ASSERT_GE(ws, size_t{16} << 20) << "the shape was chosen for a large workspace; got " << ws << " bytes";
   const size_t qb = static_cast<size_t>(B * S * Hq * D) * 2, kb = static_cast<size_t>(B * S * Hkv * D) * 2;
   std::vector<DeviceBuffer> t;
@@ -821,14 +991,13 @@ TEST(AttentionWorkspace, OneKeptHoweverFarTheHostRunsAhead) {
   Stream& s = be->stream(StreamKind::Compute);
   be->synchronize(s);
   const size_t tensors = be->memory_stats().in_use;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  ops.attention_forward(s, t[3].data(), t[8].as<float>(), t[0].data(), t[1].data(), t[2].data(), B, S, Hq, Hkv, D,
-                        scale, AttentionMask{}, DType::BF16);
+  const DType bf = DType::BF16;
+  const AttentionInputs in = a.inputs(bf, t[0].data(), t[1].data(), t[2].data());
+  ops.attention_forward(s, a, AttentionMask{}, in, a.query_view(t[3].data(), bf), a.lse_view(t[8].data()));
   constexpr int kCalls = 40;
   for (int i = 0; i < kCalls; ++i)
-    ops.attention_backward(s, t[5].data(), t[6].data(), t[7].data(), t[4].data(), t[0].data(), t[1].data(),
-                           t[2].data(), t[3].data(), t[8].as<float>(), B, S, Hq, Hkv, D, scale, AttentionMask{},
-                           nullptr, DType::BF16);
+    ops.attention_backward(s, a, AttentionMask{}, in, a.query_view(t[3].data(), bf), a.lse_view(t[8].data()),
+                           a.query_view(t[4].data(), bf), a.grads(bf, t[5].data(), t[6].data(), t[7].data(), nullptr));
   be->synchronize(s);
   const MemoryStats m = be->memory_stats();
   const size_t kept = (ws + be->allocation_granularity() - 1) / be->allocation_granularity() * be->allocation_granularity();
@@ -844,6 +1013,7 @@ TEST(AttentionWorkspace, OneKeptHoweverFarTheHostRunsAhead) {
 TEST(AttentionLongContext, CudnnMatchesFlashAtAMillionTokens) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const int64_t B = 1, S = int64_t{1} << 20, Hq = 17, Hkv = 1, D = 128;
+  const AttentionShape a{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
   const size_t nq = static_cast<size_t>(B * S * Hq * D), nk = static_cast<size_t>(B * S * Hkv * D),
                nl = static_cast<size_t>(B * Hq * S);
   ASSERT_GT(nq, size_t{1} << 31);
@@ -855,7 +1025,7 @@ TEST(AttentionLongContext, CudnnMatchesFlashAtAMillionTokens) {
   };
   std::unique_ptr<Backend> cudnn = backend("cudnn"), flash = backend("flash");
   try {
-    std::printf("  %s\n", cudnn->ops().attention_implementation(B, S, Hq, Hkv, D, AttentionMask{}, DType::BF16).c_str());
+    std::printf("  %s\n", cudnn->ops().attention_implementation(a, AttentionMask{}, DType::BF16).c_str());
   } catch (const Error& e) {
     GTEST_SKIP() << e.what();  // no cuDNN on this machine
   }
@@ -883,15 +1053,15 @@ TEST(AttentionLongContext, CudnnMatchesFlashAtAMillionTokens) {
       }
     }
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const DType bf = DType::BF16;
   for (int i = 0; i < 2; ++i) {
     Stream& s = be[i]->stream(StreamKind::Compute);
     std::vector<DeviceBuffer>& x = t[i];
-    be[i]->ops().attention_forward(s, x[3].data(), x[8].as<float>(), x[0].data(), x[1].data(), x[2].data(), B, S, Hq,
-                                   Hkv, D, scale, AttentionMask{}, DType::BF16);
-    be[i]->ops().attention_backward(s, x[5].data(), x[6].data(), x[7].data(), x[4].data(), x[0].data(), x[1].data(),
-                                    x[2].data(), x[3].data(), x[8].as<float>(), B, S, Hq, Hkv, D, scale, AttentionMask{},
-                                    nullptr, DType::BF16);
+    const AttentionInputs in = a.inputs(bf, x[0].data(), x[1].data(), x[2].data());
+    be[i]->ops().attention_forward(s, a, AttentionMask{}, in, a.query_view(x[3].data(), bf), a.lse_view(x[8].data()));
+    be[i]->ops().attention_backward(s, a, AttentionMask{}, in, a.query_view(x[3].data(), bf), a.lse_view(x[8].data()),
+                                    a.query_view(x[4].data(), bf),
+                                    a.grads(bf, x[5].data(), x[6].data(), x[7].data(), nullptr));
     be[i]->synchronize(s);
   }
   // ||cudnn - flash|| / ||flash|| per output, read back in chunks; bf16 outputs of two fp32-accumulating

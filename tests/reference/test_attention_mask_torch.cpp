@@ -55,10 +55,12 @@ TEST(AttentionMaskVsTorch, OutputAndGradientsOfEveryCase) {
     const int64_t nq = B * S * Hq * D, nkv = B * S * Hkv * D;
     auto out = be->alloc(nq * 4, "out"), lse = be->alloc(B * Hq * S * 4, "lse");
     auto dq = be->alloc(nq * 4, "dq"), dk = be->alloc(nkv * 4, "dk"), dv = be->alloc(nkv * 4, "dv");
-    be->ops().attention_forward(s, out.data(), lse.as<float>(), q.data(), k.data(), v.data(), B, S, Hq, Hkv, D, scale,
-                                mask, DType::F32);
-    be->ops().attention_backward(s, dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
-                                 out.data(), lse.as<float>(), B, S, Hq, Hkv, D, scale, mask, dsk.data(), DType::F32);
+    const AttentionShape a{B, S, Hq, Hkv, D, scale};
+    const AttentionInputs in = a.inputs(DType::F32, q.data(), k.data(), v.data());
+    be->ops().attention_forward(s, a, mask, in, a.query_view(out.data(), DType::F32), a.lse_view(lse.data()));
+    be->ops().attention_backward(s, a, mask, in, a.query_view(out.data(), DType::F32), a.lse_view(lse.data()),
+                                 a.query_view(dout.data(), DType::F32),
+                                 a.grads(DType::F32, dq.data(), dk.data(), dv.data(), dsk.data()));
     std::vector<std::pair<std::string, double>> errors = {
         {"out", test::rel_error(test::download(*be, out.data(), nq, DType::F32), read("out"))},
         {"lse", test::rel_error(test::download(*be, lse.data(), B * Hq * S, DType::F32), read("lse"))},
@@ -103,6 +105,47 @@ TEST(AttentionMask, KeyEndOutsideTheRowIsRefused) {
                                 std::pair{std::vector<int32_t>{7, 6}, "key_end of row 0 is 7"}}) {
     try {
       check_attention_key_end(v.data(), 2, 6);
+      ADD_FAILURE() << "accepted: " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The host-side counts cuDNN's ragged layout is sized by: documents across rows (a row's padding
+// tail belongs to its last), the longest in tokens, one-token documents included.
+TEST(AttentionMask, DocumentsAreCountedAcrossRows) {
+  const std::vector<int32_t> doc_start = {0, 1, 2, 2, 2, 5,  // row 0: [0,1) [1,2) [2,5) [5,6)
+                                          0, 0, 0, 0, 0, 0};  // row 1: one document of 6
+  const AttentionDocuments d = count_attention_documents(doc_start.data(), 2, 6);
+  EXPECT_EQ(d.documents, 5);
+  EXPECT_EQ(d.longest, 6);
+  const AttentionDocuments one = count_attention_documents(doc_start.data(), 1, 6);
+  EXPECT_EQ(one.documents, 4);
+  EXPECT_EQ(one.longest, 3);
+}
+
+// The attention ops' typed arguments: a tensor whose dtype or shape disagrees with the
+// AttentionShape is refused naming it, on every backend, before any kernel runs.
+TEST(AttentionTensors, WrongShapeOrDtypeIsRefusedByName) {
+  std::unique_ptr<Backend> be = create_backend(test::cpu_backend_options());
+  Stream& s = be->stream(StreamKind::Compute);
+  const AttentionShape a{1, 8, 4, 2, 8, 0.35f};
+  auto q = be->alloc(8 * 4 * 8 * 4, "q"), kv = be->alloc(8 * 2 * 8 * 4, "kv"), out = be->alloc(8 * 4 * 8 * 4, "out"),
+       lse = be->alloc(4 * 8 * 4, "lse");
+  const AttentionInputs good = a.inputs(DType::F32, q.data(), kv.data(), kv.data());
+  EXPECT_NO_THROW(be->ops().attention_forward(s, a, AttentionMask{}, good, a.query_view(out.data(), DType::F32),
+                                              a.lse_view(lse.data())));
+  be->synchronize(s);
+  AttentionInputs swapped = good;
+  swapped.k = ConstTensorView{q.data(), DType::F32, a.queries()};  // q passed as k
+  AttentionInputs wrong_dtype = good;
+  wrong_dtype.v.dtype = DType::BF16;
+  for (const auto& [in, want] : {std::pair{swapped, "k has shape [8, 32]; B=1 S=8 Hq=4 Hkv=2 D=8 needs [8, 16]"},
+                                 std::pair{wrong_dtype, "v is bf16, q is fp32"}}) {
+    try {
+      be->ops().attention_forward(s, a, AttentionMask{}, in, a.query_view(out.data(), DType::F32),
+                                  a.lse_view(lse.data()));
       ADD_FAILURE() << "accepted: " << want;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();

@@ -39,8 +39,9 @@ class AttentionDropout : public testing::Test {
     Stream& s = be->stream(StreamKind::Compute);
     auto Q = test::upload(*be, q, DType::F32), K = test::upload(*be, k, DType::F32), V = test::upload(*be, v, DType::F32);
     auto O = be->alloc(q.size() * 4, "o"), L = be->alloc(static_cast<size_t>(B * Hq * S) * 4, "lse");
-    be->ops().attention_forward(s, O.data(), L.as<float>(), Q.data(), K.data(), V.data(), B, S, Hq, Hkv, D,
-                                1.0f / std::sqrt(static_cast<float>(D)), m, DType::F32);
+    const AttentionShape a{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
+    be->ops().attention_forward(s, a, m, a.inputs(DType::F32, Q.data(), K.data(), V.data()),
+                                a.query_view(O.data(), DType::F32), a.lse_view(L.data()));
     return {test::download(*be, O.data(), q.size(), DType::F32),
             test::download(*be, L.data(), static_cast<size_t>(B * Hq * S), DType::F32)};
   }

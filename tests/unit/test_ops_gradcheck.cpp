@@ -154,7 +154,7 @@ TEST_F(GradCheck, RopeAnglesExactPastAMillionPositions) {
 TEST_F(GradCheck, GroupedQueryCausalAttention) {
   // S = 70 crosses the CPU kernel's 64-row query block boundary.
   const int64_t B = 2, S = 70, Hq = 4, Hkv = 2, D = 8;
-  const float scale = 1.0f / std::sqrt(float(D));
+  const AttentionShape sh{B, S, Hq, Hkv, D, 1.0f / std::sqrt(float(D))};
   std::vector<int32_t> doc_start(B * S);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < S; ++i) doc_start[b * S + i] = i < 23 + 17 * b ? 0 : static_cast<int32_t>(23 + 17 * b);
@@ -192,8 +192,8 @@ TEST_F(GradCheck, GroupedQueryCausalAttention) {
       auto Q = test::upload(*be, x[0], DType::F32), K = test::upload(*be, x[1], DType::F32),
            V = test::upload(*be, x[2], DType::F32), Sk = test::upload(*be, masked ? x[3] : x[0], DType::F32);
       auto O = be->alloc(x[0].size() * 4, "o"), L = be->alloc(B * Hq * S * 4, "lse");
-      ops.attention_forward(s, O.data(), L.as<float>(), Q.data(), K.data(), V.data(), B, S, Hq, Hkv, D, scale,
-                            mask_of(&Sk), DType::F32);
+      ops.attention_forward(s, sh, mask_of(&Sk), sh.inputs(DType::F32, Q.data(), K.data(), V.data()),
+                            sh.query_view(O.data(), DType::F32), sh.lse_view(L.data()));
       return test::download(*be, O.data(), x[0].size(), DType::F32);
     };
     auto Q = test::upload(*be, in[0], DType::F32), K = test::upload(*be, in[1], DType::F32),
@@ -203,10 +203,11 @@ TEST_F(GradCheck, GroupedQueryCausalAttention) {
     auto dQ = be->alloc(in[0].size() * 4, "dq"), dK = be->alloc(in[1].size() * 4, "dk"),
          dV = be->alloc(in[2].size() * 4, "dv");
     auto dSk = test::upload(*be, std::vector<float>(Hq, 0.0f), DType::F32);
-    ops.attention_forward(s, O.data(), L.as<float>(), Q.data(), K.data(), V.data(), B, S, Hq, Hkv, D, scale,
-                          mask_of(&Sk), DType::F32);
-    ops.attention_backward(s, dQ.data(), dK.data(), dV.data(), dO.data(), Q.data(), K.data(), V.data(), O.data(),
-                           L.as<float>(), B, S, Hq, Hkv, D, scale, mask_of(&Sk), dSk.data(), DType::F32);
+    const AttentionInputs qkv = sh.inputs(DType::F32, Q.data(), K.data(), V.data());
+    ops.attention_forward(s, sh, mask_of(&Sk), qkv, sh.query_view(O.data(), DType::F32), sh.lse_view(L.data()));
+    ops.attention_backward(s, sh, mask_of(&Sk), qkv, sh.query_view(O.data(), DType::F32), sh.lse_view(L.data()),
+                           sh.query_view(dO.data(), DType::F32),
+                           sh.grads(DType::F32, dQ.data(), dK.data(), dV.data(), dSk.data()));
     check(in, 0, f, test::download(*be, dQ.data(), in[0].size(), DType::F32), R);
     check(in, 1, f, test::download(*be, dK.data(), in[1].size(), DType::F32), R);
     check(in, 2, f, test::download(*be, dV.data(), in[2].size(), DType::F32), R);

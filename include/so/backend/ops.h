@@ -7,7 +7,10 @@
 // Gradient outputs named d*_acc are accumulated into (+=); others are overwritten unless an
 // explicit `accumulate` flag says otherwise. This lets weight gradients accumulate over layers
 // (tied embeddings) and micro-batches without extra buffers.
+#include <array>
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 
 #include "so/backend/dropout_mask.h"
 #include "so/core/dtype.h"
@@ -44,12 +47,88 @@ struct AttentionMask {
   // DropoutMask fields are unused: attention sees whole sequences).
   DropoutMask dropout;
   int64_t first_head = 0;
+  // Host-side facts about doc_start, for implementations that lay documents out as sequences of
+  // their own (cuDNN's ragged layout sizes its launch by them): how many documents the batch has
+  // (a row's padding tail belongs to its last document) and the longest, in tokens. Upper bounds
+  // are enough; 0 = unknown (the most the shape allows is assumed, which costs launch overhead).
+  int64_t documents = 0, longest_document = 0;
 };
+
+// The logical shape of a tensor an op reads or writes (row-major, up to 4 dimensions).
+struct TensorShape {
+  std::array<int64_t, 4> dims{};
+  int rank = 0;
+  TensorShape() = default;
+  TensorShape(std::initializer_list<int64_t> d);
+  int64_t numel() const;
+  bool operator==(const TensorShape& o) const { return rank == o.rank && dims == o.dims; }
+  std::string text() const;  // "[a, b, c]"
+};
+
+// A tensor in backend memory handed to an op: where it is, its storage dtype, its shape.
+// TensorView is written (or read and written); ConstTensorView is only read.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  TensorShape shape;
+};
+struct ConstTensorView {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  TensorShape shape;
+  ConstTensorView() = default;
+  ConstTensorView(const void* p, DType dt, TensorShape s) : data(p), dtype(dt), shape(s) {}
+  ConstTensorView(const TensorView& v) : data(v.data), dtype(v.dtype), shape(v.shape) {}  // NOLINT: a written view reads too
+};
+
+struct AttentionInputs {
+  ConstTensorView q, k, v;
+};
+// The backward's outputs: dq, dk, dv overwritten; dsinks_acc [Hq] (dtype of q; only with
+// mask.sinks, else empty) accumulated into.
+struct AttentionGrads {
+  TensorView dq, dk, dv, dsinks_acc;
+};
+// Causal grouped-query attention over B sequences of S tokens: Hq query heads, Hkv key/value
+// heads (Hq a multiple of Hkv), head dimension D, scores scaled by `scale`. The layouts of its
+// tensors: queries (q, out, dout, dq) [B*S, Hq*D], keys and values (k, v, dk, dv) [B*S, Hkv*D],
+// the saved log-sum-exp [B, Hq, S] fp32.
+struct AttentionShape {
+  int64_t B = 0, S = 0, Hq = 0, Hkv = 0, D = 0;
+  float scale = 0.0f;
+  TensorShape queries() const { return {B * S, Hq * D}; }
+  TensorShape keys() const { return {B * S, Hkv * D}; }
+  TensorShape lse() const { return {B, Hq, S}; }
+  std::string text() const;  // "B=.. S=.. Hq=.. Hkv=.. D=.."
+  // Views in these layouts: a query-shaped tensor (out, dout), the lse, q/k/v, and the backward's
+  // outputs (dsinks_acc [Hq], or none).
+  TensorView query_view(void* p, DType dt) const { return {p, dt, queries()}; }
+  TensorView lse_view(void* p) const { return {p, DType::F32, lse()}; }
+  AttentionInputs inputs(DType dt, const void* q, const void* k, const void* v) const {
+    return {{q, dt, queries()}, {k, dt, keys()}, {v, dt, keys()}};
+  }
+  AttentionGrads grads(DType dt, void* dq, void* dk, void* dv, void* dsinks_acc) const {
+    return {{dq, dt, queries()}, {dk, dt, keys()}, {dv, dt, keys()},
+            {dsinks_acc, dt, dsinks_acc != nullptr ? TensorShape{Hq} : TensorShape{}}};
+  }
+};
+// Refuses views whose pointer is null, dtype differs from q's or shape from `a`'s layouts, naming
+// the op and the tensor; returns q's dtype. dout may be an empty view (the forward's: not checked).
+DType check_attention_tensors(const char* op, const AttentionShape& a, const AttentionInputs& in,
+                              const ConstTensorView& out, const ConstTensorView& lse, const ConstTensorView& dout);
+// The same for the backward's outputs (dsinks_acc only with mask.sinks).
+void check_attention_grads(const char* op, const AttentionShape& a, const AttentionMask& mask,
+                           const AttentionGrads& g, DType dt);
 
 // Refuses doc_start [B*S] (host memory) that breaks AttentionMask's contract, naming row and token.
 void check_attention_doc_start(const int32_t* doc_start, int64_t B, int64_t S);
 // Refuses key_end [B] (host memory) outside [1, S], naming the row.
 void check_attention_key_end(const int32_t* key_end, int64_t B, int64_t S);
+// AttentionMask::documents and longest_document of a valid doc_start [B*S] (host memory).
+struct AttentionDocuments {
+  int64_t documents = 0, longest = 0;
+};
+AttentionDocuments count_attention_documents(const int32_t* doc_start, int64_t B, int64_t S);
 
 // The three AdamW calls of speculation-then-validation (optim::AdamKernels): a step, its undo,
 // and its undo followed by a step with another grad_scale, in one pass.
@@ -68,18 +147,22 @@ struct MoeRouting {
   DType weight_dtype = DType::F32;
 };
 
-// Grouped GEMM over G groups of consecutive rows; group g has rows[g] rows of the varying
-// dimension, starting at the sum of the earlier ones. Row-major, as Ops::gemm.
+// Grouped GEMM over G groups of consecutive rows: group g has the rows [offsets[g], offsets[g + 1])
+// of the varying dimension. offsets (int32, G + 1 entries) are backend memory, read in stream
+// order, so they may come from an op enqueued just before (moe_sort_slots): no size needs to come
+// back to the host. max_rows bounds offsets[G] (it sizes the launch). Row-major, as Ops::gemm.
 //   vary_m (trans_a false): C_g[m_g, N] = alpha op(A_g)[m_g, K] op(B_g) + beta C_g, with A_g and
 //     C_g the group's rows of A [sum m, K] and C [sum m, N]; B_g one matrix per group.
 //   vary_k (trans_a true, trans_b false): C_g[M, N] = alpha A_g^T B_g + beta C_g with A_g, B_g the
-//     group's rows of A [sum k, M] and B [sum k, N]; C_g one matrix per group (a weight gradient).
+//     group's rows of A [sum k, M] and B [sum k, N]; C_g one matrix per group (a weight gradient);
+//     an empty group leaves beta * C_g.
 // The per-group matrix is per_group[g] (host array of G pointers: experts' weights need not be
 // adjacent), or, when per_group is null, B + g * N * K (vary_m) / C + g * M * N (vary_k).
 struct GroupedGemm {
   bool vary_k = false;
   bool trans_b = false;
-  const int64_t* rows = nullptr;
+  const int32_t* offsets = nullptr;
+  int64_t max_rows = 0;
   int64_t groups = 0;
   int64_t M = 0, N = 0, K = 0;  // the fixed dimensions (the varying one is ignored)
   float alpha = 1.0f, beta = 0.0f;
@@ -89,6 +172,17 @@ struct GroupedGemm {
   void* C = nullptr;
   DType c = DType::F32;
   void* const* per_group = nullptr;
+};
+
+// The load-balancing loss of transformers' load_balancing_loss_func (no attention mask), summed
+// over a micro-batch's MoE layers on the device: moe_expert_stats adds each layer's selections and
+// router probabilities to fp64 accumulators `tokens` and `probs` [E]; moe_aux_loss then adds
+// weight * E * sum_e tokens_e probs_e / rows^2 to the loss accumulator (fp32 [1]), writes the
+// gradient per token's probability of e, dprob_e = weight * E * tokens_e / rows^2 (fp32 [E]), and
+// zeroes the accumulators (rows: the (layer, token) rows summed).
+struct MoeAuxLoss {
+  int64_t experts = 0;
+  double weight = 0.0, rows = 0.0;
 };
 
 class Ops {
@@ -122,25 +216,21 @@ class Ops {
   virtual void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
                     const double* inv_freq, float attention_scale, bool inverse, DType dt) = 0;
 
-  // Causal grouped-query attention over B sequences of S tokens, computed tile by tile (memory
-  // O(S)), narrowed by `mask` (AttentionMask). q/out: [B*S, Hq*D]; k, v: [B*S, Hkv*D]; lse:
-  // [B, Hq, S] fp32 saved for backward (the log-sum-exp of each row's softmax, sink included).
-  virtual void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
-                                 int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
-                                 const AttentionMask& mask, DType dt) = 0;
+  // Causal grouped-query attention (AttentionShape), computed tile by tile (memory O(S)),
+  // narrowed by `mask` (AttentionMask); lse is saved for backward (the log-sum-exp of each row's
+  // softmax, sink included).
+  virtual void attention_forward(Stream& s, const AttentionShape& a, const AttentionMask& mask,
+                                 const AttentionInputs& in, TensorView out, TensorView lse) = 0;
   // Which implementation attention_forward/backward use for this shape and kind of mask (which of
   // its fields are set; the pointers are not read), and why (printed at start-up).
-  virtual std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                                               const AttentionMask& mask, DType dt) = 0;
+  virtual std::string attention_implementation(const AttentionShape& a, const AttentionMask& mask, DType dt) = 0;
   // The most device memory attention_forward/backward draw from the pool at once for this shape
   // and kind of mask (the memory planner's term).
-  virtual size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                                           const AttentionMask& mask, DType dt) = 0;
-  // dq, dk, dv are overwritten; dsinks_acc [Hq] (dt; only with mask.sinks) is accumulated into.
-  virtual void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
-                                  const void* k, const void* v, const void* out, const float* lse, int64_t B,
-                                  int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
-                                  const AttentionMask& mask, void* dsinks_acc, DType dt) = 0;
+  virtual size_t attention_workspace_bytes(const AttentionShape& a, const AttentionMask& mask, DType dt) = 0;
+  // out and lse are the forward's; see AttentionGrads for what is written.
+  virtual void attention_backward(Stream& s, const AttentionShape& a, const AttentionMask& mask,
+                                  const AttentionInputs& in, ConstTensorView out, ConstTensorView lse,
+                                  ConstTensorView dout, const AttentionGrads& g) = 0;
 
   // out = silu(gate) * up, elementwise over n.
   virtual void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) = 0;
@@ -187,9 +277,18 @@ class Ops {
   virtual void moe_combine_backward(Stream& s, void* dy, float* dweights, const void* dout, const void* y,
                                     const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
                                     DType dt) = 0;
-  // One GEMM per group of consecutive rows (an expert's tokens); group_rows (host, G entries)
-  // are the sizes of the varying dimension. See GroupedGemm for which operand is which.
+  // One GEMM per group of consecutive rows (an expert's tokens), sized by offsets on the device.
+  // See GroupedGemm for which operand is which.
   virtual void grouped_gemm(Stream& s, const GroupedGemm& g) = 0;
+  // Per expert e of one MoE forward: its selections (offsets[e + 1] - offsets[e], offsets from
+  // moe_sort_slots) added to counts_acc (int64, the run's metric) and tokens (fp64), and its router
+  // probability summed over the T tokens (softmax over all E of the fp32 logits [T, E], per token
+  // in fp32 as transformers) added to probs (fp64). Any of the three may be null.
+  virtual void moe_expert_stats(Stream& s, int64_t* counts_acc, double* tokens, double* probs, const float* logits,
+                                const int32_t* offsets, int64_t T, int64_t E) = 0;
+  // The load-balancing loss from the accumulators (MoeAuxLoss), which it zeroes.
+  virtual void moe_aux_loss(Stream& s, const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens,
+                            double* probs) = 0;
   // GPT-OSS's clamped GLU on its interleaved projection gate_up[2n] (gate at even, up at odd
   // positions): out[i] = g * sigmoid(alpha * g) * (u + 1) with g = min(gate_up[2i], limit),
   // u = clamp(gate_up[2i + 1], -limit, limit). Backward writes dgate_up[2n], interleaved alike.

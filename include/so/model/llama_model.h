@@ -67,9 +67,7 @@ class LlamaModel {
   static int64_t mlp_tile(const ModelOptions& opts);
   // The shape every attention call has: all tokens of a sequence, this rank's heads under Ulysses
   // with sp_size ranks (kv heads replicated when there are fewer than ranks).
-  struct AttentionShape {
-    int64_t B, S, Hq, Hkv, D;
-  };
+  using AttentionShape = so::AttentionShape;
   static AttentionShape attention_shape(const ModelConfig& cfg, const ModelOptions& opts, int64_t sp_size);
   // The most attention workspace any layer's mask (window or not, packed rows or not) draws (the
   // memory planner's term).
@@ -97,8 +95,8 @@ class LlamaModel {
   float read_loss();
   // Tokens each layer sent to each expert ([layer][expert], top-k choices: a token counts once
   // per chosen expert) over the forwards since zero_expert_tokens (recomputes not counted); a
-  // dense layer's list is empty.
-  const std::vector<std::vector<int64_t>>& expert_tokens() const { return expert_tokens_; }
+  // dense layer's list is empty. Counted on the device; this call synchronises once to read them.
+  const std::vector<std::vector<int64_t>>& expert_tokens();
   void zero_expert_tokens();
   // The final hidden states [B*S, H] after the last forward (for tests that compare logits).
   const void* final_hidden() const;
@@ -161,16 +159,15 @@ class LlamaModel {
   int64_t first_sample_ = 0;
   std::vector<std::unique_ptr<MoeBlock>> moe_;
   std::vector<int> moe_of_layer_;  // index into moe_, -1 for a dense layer
-  std::vector<std::vector<int64_t>> expert_tokens_;  // see expert_tokens()
+  DeviceBuffer expert_counts_;  // int64 [layer][E] on the device (dense layers' rows unused)
+  std::vector<std::vector<int64_t>> expert_tokens_;  // their last read (expert_tokens())
   // The load-balancing loss (ModelConfig::Moe::aux_loss) of each forward: transformers'
-  // load_balancing_loss_func over this micro-batch's MoE layers, its loss-scaled value summed
-  // into aux_loss_ (read_loss adds it) and its gradient per router probability, the same for every
-  // token and layer, in aux_dprob_ [E] for the layers' backward.
+  // load_balancing_loss_func over this micro-batch's MoE layers, computed on the device from the
+  // layers' selections and router probabilities (aux_sums_, fp64 [2][E]): its loss-scaled value
+  // added to the loss accumulator and its gradient per router probability, the same for every
+  // token and layer, in aux_dprob_ [E] for the layers' backward (Ops::moe_aux_loss).
   void aux_loss_forward(float loss_scale);
-  double aux_loss_ = 0.0;
-  std::vector<double> aux_tokens_, aux_probs_;  // per expert, over the micro-batch's MoE layers
-  std::vector<float> aux_logits_, aux_dprob_host_;
-  DeviceBuffer aux_dprob_;
+  DeviceBuffer aux_sums_, aux_dprob_;
   std::unique_ptr<MoeScratch> moe_scratch_;
 };
 

@@ -56,8 +56,8 @@ class MoeBlock {
   static std::vector<MoeBuffer> buffers(const MoeSpec& spec, int64_t max_tokens, DType dt);
 
   // out[T, H] = (out +, when accumulate) the block applied to x[T, H]; keeps what backward needs
-  // (one forward in flight per block). Synchronises the stream once: the experts' GEMM sizes
-  // are read on the host.
+  // (one forward in flight per block). Nothing comes back to the host: the experts' GEMMs read
+  // their row offsets on the device.
   void forward(Stream& s, void* out, const void* x, const MoeParams& w, int64_t T, bool accumulate = false);
   // dx[T, H] (+= when accumulate) and every gradient in g (+=) from dout[T, H], for the last
   // forward's x. aux_dprob [E] (fp32, or null): the load-balancing loss's gradient per token and
@@ -65,8 +65,9 @@ class MoeBlock {
   void backward(Stream& s, MoeScratch& scratch, void* dx, const MoeParams& w, const MoeParams& g, const void* dout,
                 const void* x, bool accumulate, const float* aux_dprob = nullptr);
 
-  // Tokens each expert received in the last forward (for the metrics and the aux loss).
-  const std::vector<int64_t>& tokens_per_expert() const { return rows_; }
+  // Where each expert's rows start in the last forward ([E + 1] int32, backend memory): the tokens
+  // each expert received (moe_expert_stats: the metrics and the aux loss).
+  const int32_t* expert_offsets() const { return offsets_.as<int32_t>(); }
   // Router logits [T, E] (fp32) of the last forward.
   const float* router_logits() const { return logits_.as<float>(); }
 
@@ -80,12 +81,13 @@ class MoeBlock {
   // dbias_e[N] += the sum of dout_e's rows [rows, N], per expert.
   void bias_grad(Stream& s, const std::vector<void*>& dbias, const void* dout, int64_t N);
   void check_params(const MoeParams& w, const char* what) const;
+  // A GroupedGemm over the experts' rows of the last forward (offsets_ on the device).
+  GroupedGemm expert_groups() const;
 
   Backend& backend_;
   MoeSpec spec_;
   DType dt_;
   int64_t T_ = 0, capacity_ = 0;
-  std::vector<int64_t> rows_;  // tokens per expert (host): the grouped GEMMs' sizes
   DeviceBuffer logits_, weights_, experts_, slot_of_, row_of_, offsets_, ones_;
   DeviceBuffer xs_, gate_, up_, act_, y_;  // [T*k, *] in expert order
 };

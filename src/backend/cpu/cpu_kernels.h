@@ -65,15 +65,14 @@ template <typename T>
 void moe_combine_backward(T* dy, float* dweights, const T* dout, const T* y, const float* weights,
                           const int32_t* slot_of, int64_t T_, int64_t k, int64_t H);
 void grouped_gemm(const GroupedGemm& g);
+void moe_expert_stats(int64_t* counts_acc, double* tokens, double* probs, const float* logits, const int32_t* offsets,
+                      int64_t T, int64_t E);
+void moe_aux_loss(const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens, double* probs);
 template <typename T>
 void clamped_swiglu_forward(T* out, const T* gate_up, int64_t n, float alpha, float limit);
 template <typename T>
 void clamped_swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t n, float alpha, float limit);
 
-struct AttentionShape {
-  int64_t B, S, Hq, Hkv, D;
-  float scale;
-};
 template <typename T>
 void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& sh,
                        const AttentionMask& mask);

@@ -8,6 +8,7 @@
 
 #include "cpu_kernels.h"
 #include "src/backend/grouped_gemm.h"
+#include "src/backend/moe_aux_loss.h"
 #include "so/core/error.h"
 
 namespace so::cpu {
@@ -162,6 +163,27 @@ void grouped_gemm(const GroupedGemm& g) {
         gemm(ta, tb, M, N, K, g.alpha, A, B, g.ab, g.beta, C, g.c);
       },
       [](void* C, size_t bytes) { std::memset(C, 0, bytes); });
+}
+
+void moe_expert_stats(int64_t* counts_acc, double* tokens, double* probs, const float* logits, const int32_t* offsets,
+                      int64_t T, int64_t E) {
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = offsets[e + 1] - offsets[e];
+    if (counts_acc != nullptr) counts_acc[e] += n;
+    if (tokens != nullptr) tokens[e] += static_cast<double>(n);
+  }
+  if (probs == nullptr) return;
+  for (int64_t t = 0; t < T; ++t) {  // softmax over all experts, in fp32 as transformers
+    const float* z = logits + t * E;
+    const float mx = *std::max_element(z, z + E);
+    float denom = 0.0f;
+    for (int64_t e = 0; e < E; ++e) denom += std::exp(z[e] - mx);
+    for (int64_t e = 0; e < E; ++e) probs[e] += std::exp(z[e] - mx) / denom;
+  }
+}
+
+void moe_aux_loss(const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens, double* probs) {
+  apply_moe_aux_loss(a, loss_acc, dprob, tokens, probs);
 }
 
 template <typename T>

@@ -72,34 +72,32 @@ void CpuOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64
   }));
 }
 
-std::string CpuOps::attention_implementation(int64_t, int64_t, int64_t, int64_t, int64_t, const AttentionMask&,
-                                             DType) {
+std::string CpuOps::attention_implementation(const AttentionShape&, const AttentionMask&, DType) {
   return "CPU tiled attention (the reference)";
 }
 
-size_t CpuOps::attention_workspace_bytes(int64_t, int64_t, int64_t, int64_t, int64_t, const AttentionMask&, DType) {
-  return 0;
-}
+size_t CpuOps::attention_workspace_bytes(const AttentionShape&, const AttentionMask&, DType) { return 0; }
 
-void CpuOps::attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
-                               int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
-                               const AttentionMask& mask, DType dt) {
-  const AttentionShape sh{B, S, Hq, Hkv, D, scale};
+void CpuOps::attention_forward(Stream& s, const AttentionShape& a, const AttentionMask& mask,
+                               const AttentionInputs& in, TensorView out, TensorView lse) {
+  const DType dt = check_attention_tensors("attention_forward", a, in, out, lse, ConstTensorView{});
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
-    cpu::attention_forward(typed<X>(out), lse, typed<X>(q), typed<X>(k), typed<X>(v), sh, mask);
+    cpu::attention_forward(typed<X>(out.data), static_cast<float*>(lse.data), typed<X>(in.q.data), typed<X>(in.k.data),
+                           typed<X>(in.v.data), a, mask);
   }));
 }
 
-void CpuOps::attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
-                                const void* k, const void* v, const void* out, const float* lse, int64_t B,
-                                int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask,
-                                void* dsinks_acc, DType dt) {
-  const AttentionShape sh{B, S, Hq, Hkv, D, scale};
+void CpuOps::attention_backward(Stream& s, const AttentionShape& a, const AttentionMask& mask,
+                                const AttentionInputs& in, ConstTensorView out, ConstTensorView lse,
+                                ConstTensorView dout, const AttentionGrads& g) {
+  const DType dt = check_attention_tensors("attention_backward", a, in, out, lse, dout);
+  check_attention_grads("attention_backward", a, mask, g, dt);
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
-    cpu::attention_backward(typed<X>(dq), typed<X>(dk), typed<X>(dv), typed<X>(dout), typed<X>(q), typed<X>(k),
-                            typed<X>(v), typed<X>(out), lse, sh, mask, typed<X>(dsinks_acc));
+    cpu::attention_backward(typed<X>(g.dq.data), typed<X>(g.dk.data), typed<X>(g.dv.data), typed<X>(dout.data),
+                            typed<X>(in.q.data), typed<X>(in.k.data), typed<X>(in.v.data), typed<X>(out.data),
+                            static_cast<const float*>(lse.data), a, mask, typed<X>(g.dsinks_acc.data));
   }));
 }
 
@@ -183,16 +181,25 @@ void CpuOps::moe_combine_backward(Stream& s, void* dy, float* dweights, const vo
 }
 
 void CpuOps::grouped_gemm(Stream& s, const GroupedGemm& g) {
-  // The group sizes and matrices are the caller's host arrays: copied, the call runs later.
-  std::vector<int64_t> rows(g.rows, g.rows + g.groups);
+  // The per-group matrices are the caller's host array: copied, the call runs later (and reads
+  // the offsets then, in stream order).
   std::vector<void*> per_group;
   if (g.per_group) per_group.assign(g.per_group, g.per_group + g.groups);
   SO_ENQUEUE(s, {
     GroupedGemm call = g;
-    call.rows = rows.data();
     if (call.per_group) call.per_group = per_group.data();
     cpu::grouped_gemm(call);
   });
+}
+
+void CpuOps::moe_expert_stats(Stream& s, int64_t* counts_acc, double* tokens, double* probs, const float* logits,
+                              const int32_t* offsets, int64_t T, int64_t E) {
+  SO_ENQUEUE(s, cpu::moe_expert_stats(counts_acc, tokens, probs, logits, offsets, T, E));
+}
+
+void CpuOps::moe_aux_loss(Stream& s, const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens,
+                          double* probs) {
+  SO_ENQUEUE(s, cpu::moe_aux_loss(a, loss_acc, dprob, tokens, probs));
 }
 
 void CpuOps::clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,

@@ -22,17 +22,13 @@ class CpuOps final : public Ops {
                         const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) override;
   void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
             const double* inv_freq, float attention_scale, bool inverse, DType dt) override;
-  void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v, int64_t B,
-                         int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask,
-                         DType dt) override;
-  std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                                       const AttentionMask& mask, DType dt) override;
-  size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, const AttentionMask& mask,
-                                   DType dt) override;
-  void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
-                          const void* v, const void* out, const float* lse, int64_t B, int64_t S, int64_t Hq,
-                          int64_t Hkv, int64_t D, float scale, const AttentionMask& mask, void* dsinks_acc,
-                          DType dt) override;
+  void attention_forward(Stream& s, const AttentionShape& a, const AttentionMask& mask, const AttentionInputs& in,
+                         TensorView out, TensorView lse) override;
+  std::string attention_implementation(const AttentionShape& a, const AttentionMask& mask, DType dt) override;
+  size_t attention_workspace_bytes(const AttentionShape& a, const AttentionMask& mask, DType dt) override;
+  void attention_backward(Stream& s, const AttentionShape& a, const AttentionMask& mask, const AttentionInputs& in,
+                          ConstTensorView out, ConstTensorView lse, ConstTensorView dout,
+                          const AttentionGrads& g) override;
   void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) override;
   void dropout_add(Stream& s, void* x, const void* y, int64_t rows, int64_t cols, const DropoutMask& m,
                    DType dt) override;
@@ -56,6 +52,10 @@ class CpuOps final : public Ops {
                             const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
                             DType dt) override;
   void grouped_gemm(Stream& s, const GroupedGemm& g) override;
+  void moe_expert_stats(Stream& s, int64_t* counts_acc, double* tokens, double* probs, const float* logits,
+                        const int32_t* offsets, int64_t T, int64_t E) override;
+  void moe_aux_loss(Stream& s, const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens,
+                    double* probs) override;
   void clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,
                               DType dt) override;
   void clamped_swiglu_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t n,

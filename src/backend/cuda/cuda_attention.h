@@ -14,18 +14,25 @@
 
 namespace so::cuda {
 
-void attention_forward(cudaStream_t stream, void* out, float* lse, const void* q, const void* k, const void* v,
-                       int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask,
-                       DType dt);
+void attention_forward(cudaStream_t stream, const AttentionShape& a, const AttentionMask& mask,
+                       const AttentionInputs& in, void* out, float* lse);
 
 // Scratch the backward pass needs (fp32 row sums of dout*out, fp32 dq/dk/dv accumulators, ...);
 // the caller allocates it from the backend's caching allocator.
-size_t attention_backward_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, DType dt);
+size_t attention_backward_workspace_bytes(const AttentionShape& a, DType dt);
 
 // dq, dk, dv are overwritten; dsinks_acc [Hq] (with mask.sinks) is accumulated into.
-void attention_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const void* dout, const void* q,
-                        const void* k, const void* v, const void* out, const float* lse, int64_t B, int64_t S,
-                        int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask, void* dsinks_acc,
-                        DType dt, void* workspace, size_t workspace_bytes);
+struct AttentionWorkspace {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+void attention_backward(cudaStream_t stream, const AttentionShape& a, const AttentionMask& mask,
+                        const AttentionInputs& in, const void* out, const float* lse, const void* dout,
+                        const AttentionGrads& g, AttentionWorkspace ws);
+
+// dsinks_acc[h] -= sum over rows of exp(sinks[h] - lse) * rowsum(dout * out): the sinks' gradient,
+// which needs the forward's lse and output only (any implementation's). drow: B*Hq*S floats.
+void attention_sink_grad(cudaStream_t stream, const AttentionShape& a, const void* sinks, void* dsinks_acc,
+                         const float* lse, const void* dout, const void* out, float* drow, DType dt);
 
 }  // namespace so::cuda

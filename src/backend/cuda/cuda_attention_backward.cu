@@ -17,6 +17,7 @@
 
 #include "cuda_attention.h"
 #include "cuda_attention_common.cuh"
+#include "cuda_launch.cuh"
 
 namespace so::cuda {
 
@@ -88,21 +89,40 @@ void launch_row_dot(cudaStream_t stream, float* drow, const void* dout, const vo
 
 // ---- variant 1: fp32 math from shared-memory tiles ----
 
-// Query and key tiles of 32 (aligned and equal, so query tile qt needs key tiles 0..qt and key
-// tile kt needs query tiles kt..); 128 threads. Row stride D+1 (odd): the score loops read
-// K/V rows lane by lane without bank conflicts.
-constexpr int kRefTile = 32;
-constexpr int kRefThreads = 128;
+// Query and key tiles of kRefTile (aligned and equal, so query tile qt needs key tiles 0..qt and
+// key tile kt needs query tiles kt..). Row stride D+1 (odd): the score loops read K/V rows lane by
+// lane without bank conflicts.
 constexpr int kRefLdp = kRefTile + 1;
 
-// sK, sV, sQ, sdO, sdK, sdV [32][D+1]; sP, sdS [32][33]; sLse, sDrow [32].
-size_t ref_dkdv_smem(int64_t D) {
-  return sizeof(float) * (6 * kRefTile * (D + 1) + 2 * kRefTile * kRefLdp + 2 * kRefTile);
+// The shared memory of both backward kernels: Q, dO, K, V tiles and `accumulators` more [32][D+1]
+// (dK and dV, or dQ); the dS tile [32][33] and, with `probabilities` (dK/dV), P; the tile rows'
+// lse and Drow [32]. With smem null only the size (the launch's) is computed.
+struct RefBackwardTiles {
+  float *q, *dout, *k, *v, *acc0, *acc1, *p, *ds, *lse, *drow;
+  size_t bytes;
+};
+__host__ __device__ inline RefBackwardTiles ref_backward_tiles(unsigned char* smem, int64_t D, int accumulators,
+                                                               bool probabilities) {
+  RefBackwardTiles t{};
+  float* at = reinterpret_cast<float*>(smem);
+  size_t used = 0;
+  const auto take = [&](size_t n) {
+    float* p = at != nullptr ? at + used : nullptr;
+    used += n;
+    return p;
+  };
+  const size_t tile = static_cast<size_t>(kRefTile) * static_cast<size_t>(D + 1);
+  t.q = take(tile), t.dout = take(tile), t.k = take(tile), t.v = take(tile);
+  t.acc0 = take(tile);
+  if (accumulators > 1) t.acc1 = take(tile);
+  if (probabilities) t.p = take(kRefTile * kRefLdp);
+  t.ds = take(kRefTile * kRefLdp);
+  t.lse = take(kRefTile), t.drow = take(kRefTile);
+  t.bytes = used * sizeof(float);
+  return t;
 }
-// sQ, sdO, sK, sV, sdQ [32][D+1]; sdS [32][33]; sLse, sDrow [32].
-size_t ref_dq_smem(int64_t D) {
-  return sizeof(float) * (5 * kRefTile * (D + 1) + kRefTile * kRefLdp + 2 * kRefTile);
-}
+size_t ref_dkdv_smem(int64_t D) { return ref_backward_tiles(nullptr, D, 2, true).bytes; }
+size_t ref_dq_smem(int64_t D) { return ref_backward_tiles(nullptr, D, 1, false).bytes; }
 
 // Loads rows [s0, s0 + 32) of head h into a [32][ld] fp32 tile, zero at or beyond S.
 template <typename T>
@@ -151,16 +171,9 @@ __global__ void __launch_bounds__(kRefThreads)
                     const float* drow, int S, int Hq, int Hkv, int D, float scale, DeviceMask mask) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int ld = D + 1;
-  float* sK = reinterpret_cast<float*>(smem);
-  float* sV = sK + kRefTile * ld;
-  float* sQ = sV + kRefTile * ld;
-  float* sdO = sQ + kRefTile * ld;
-  float* sdK = sdO + kRefTile * ld;
-  float* sdV = sdK + kRefTile * ld;
-  float* sP = sdV + kRefTile * ld;
-  float* sdS = sP + kRefTile * kRefLdp;
-  float* sLse = sdS + kRefTile * kRefLdp;
-  float* sDrow = sLse + kRefTile;
+  const RefBackwardTiles tiles = ref_backward_tiles(smem, D, 2, true);
+  float *sK = tiles.k, *sV = tiles.v, *sQ = tiles.q, *sdO = tiles.dout, *sdK = tiles.acc0, *sdV = tiles.acc1,
+        *sP = tiles.p, *sdS = tiles.ds, *sLse = tiles.lse, *sDrow = tiles.drow;
 
   const int kt = blockIdx.x;  // low key tiles see the most queries and start first
   const int kvh = blockIdx.y;
@@ -222,14 +235,9 @@ __global__ void __launch_bounds__(kRefThreads)
                   int S, int Hq, int Hkv, int D, float scale, DeviceMask mask) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int ld = D + 1;
-  float* sQ = reinterpret_cast<float*>(smem);
-  float* sdO = sQ + kRefTile * ld;
-  float* sK = sdO + kRefTile * ld;
-  float* sV = sK + kRefTile * ld;
-  float* sdQ = sV + kRefTile * ld;
-  float* sdS = sdQ + kRefTile * ld;
-  float* sLse = sdS + kRefTile * kRefLdp;
-  float* sDrow = sLse + kRefTile;
+  const RefBackwardTiles tiles = ref_backward_tiles(smem, D, 1, false);
+  float *sQ = tiles.q, *sdO = tiles.dout, *sK = tiles.k, *sV = tiles.v, *sdQ = tiles.acc0, *sdS = tiles.ds,
+        *sLse = tiles.lse, *sDrow = tiles.drow;
 
   const int qt = gridDim.x - 1 - blockIdx.x;  // longest causal rows first
   const int h = blockIdx.y;
@@ -274,29 +282,20 @@ template <typename T>
 void launch_ref_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const void* dout, const void* q,
                          const void* k, const void* v, const float* lse, const float* drow, int64_t B, int64_t S,
                          int64_t Hq, int64_t Hkv, int64_t D, float scale, DeviceMask mask) {
-  static const size_t dkdv_limit = raise_smem_limit(ref_dkdv_kernel<T>);
-  static const size_t dq_limit = raise_smem_limit(ref_dq_kernel<T>);
-  check_smem(ref_dkdv_smem(D), dkdv_limit, "attention backward dK/dV (reference)", D);
-  check_smem(ref_dq_smem(D), dq_limit, "attention backward dQ (reference)", D);
-  const unsigned tiles = static_cast<unsigned>((S + kRefTile - 1) / kRefTile);
-  const int s = static_cast<int>(S), hq = static_cast<int>(Hq), hkv = static_cast<int>(Hkv), d = static_cast<int>(D);
-  ref_dkdv_kernel<T><<<dim3(tiles, hkv, static_cast<unsigned>(B)), kRefThreads, ref_dkdv_smem(D), stream>>>(
-      static_cast<T*>(dk), static_cast<T*>(dv), static_cast<const T*>(dout), static_cast<const T*>(q),
-      static_cast<const T*>(k), static_cast<const T*>(v), lse, drow, s, hq, hkv, d, scale, mask);
-  SO_CUDA_CHECK(cudaGetLastError());
-  ref_dq_kernel<T><<<dim3(tiles, hq, static_cast<unsigned>(B)), kRefThreads, ref_dq_smem(D), stream>>>(
-      static_cast<T*>(dq), static_cast<const T*>(dout), static_cast<const T*>(q), static_cast<const T*>(k),
-      static_cast<const T*>(v), lse, drow, s, hq, hkv, d, scale, mask);
-  SO_CUDA_CHECK(cudaGetLastError());
+  const auto *tq = static_cast<const T*>(q), *tk = static_cast<const T*>(k), *tv = static_cast<const T*>(v),
+             *tdout = static_cast<const T*>(dout);
+  launch_tiles(ref_dkdv_kernel<T>, "attention backward dK/dV (reference)", kRefTile, kRefThreads, ref_dkdv_smem(D),
+               stream, S, Hkv, B, D, static_cast<T*>(dk), static_cast<T*>(dv), tdout, tq, tk, tv, lse, drow, S, Hq, Hkv,
+               D, scale, mask);
+  launch_tiles(ref_dq_kernel<T>, "attention backward dQ (reference)", kRefTile, kRefThreads, ref_dq_smem(D), stream,
+               S, Hq, B, D, static_cast<T*>(dq), tdout, tq, tk, tv, lse, drow, S, Hq, Hkv, D, scale, mask);
 }
 
 // ---- variant 2: bf16 tensor cores (wmma 16x16x16, fp32 accumulate) ----
 
-// Tiles of 64 queries and 64 keys, 4 warps; each warp owns 16 rows of the block's tile (keys in
-// the dK/dV kernel, queries in the dQ kernel) and walks the other side in 16-wide chunks, so
-// only its dK+dV (or dQ) accumulators stay in registers.
-constexpr int kTcTile = 64;
-constexpr int kTcThreads = 128;
+// Tiles of kTcTile (64) queries and 64 keys, 4 warps; each warp owns 16 rows of the block's tile
+// (keys in the dK/dV kernel, queries in the dQ kernel) and walks the other side in 16-wide chunks,
+// so only its dK+dV (or dQ) accumulators stay in registers.
 
 template <int D>
 struct TcBackwardLayout {
@@ -530,44 +529,40 @@ void launch_tc_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const
                         const void* k, const void* v, const float* lse, const float* drow, int64_t B, int64_t S,
                         int64_t Hq, int64_t Hkv, float scale, DeviceMask mask) {
   using L = TcBackwardLayout<D>;
-  static const size_t dkdv_limit = raise_smem_limit(tc_dkdv_kernel<D>);
-  static const size_t dq_limit = raise_smem_limit(tc_dq_kernel<D>);
-  check_smem(L::kBytes, dkdv_limit, "attention backward dK/dV (tensor core)", D);
-  check_smem(L::kBytes, dq_limit, "attention backward dQ (tensor core)", D);
-  const unsigned tiles = static_cast<unsigned>((S + kTcTile - 1) / kTcTile);
-  const int s = static_cast<int>(S), hq = static_cast<int>(Hq), hkv = static_cast<int>(Hkv);
-  tc_dkdv_kernel<D><<<dim3(tiles, hkv, static_cast<unsigned>(B)), kTcThreads, L::kBytes, stream>>>(
-      static_cast<bf16*>(dk), static_cast<bf16*>(dv), static_cast<const bf16*>(dout), static_cast<const bf16*>(q),
-      static_cast<const bf16*>(k), static_cast<const bf16*>(v), lse, drow, s, hq, hkv, scale, mask);
-  SO_CUDA_CHECK(cudaGetLastError());
-  tc_dq_kernel<D><<<dim3(tiles, hq, static_cast<unsigned>(B)), kTcThreads, L::kBytes, stream>>>(
-      static_cast<bf16*>(dq), static_cast<const bf16*>(dout), static_cast<const bf16*>(q),
-      static_cast<const bf16*>(k), static_cast<const bf16*>(v), lse, drow, s, hq, hkv, scale, mask);
-  SO_CUDA_CHECK(cudaGetLastError());
+  const auto *tq = static_cast<const bf16*>(q), *tk = static_cast<const bf16*>(k), *tv = static_cast<const bf16*>(v),
+             *tdout = static_cast<const bf16*>(dout);
+  launch_tiles(tc_dkdv_kernel<D>, "attention backward dK/dV (tensor core)", kTcTile, kTcThreads, L::kBytes, stream, S,
+               Hkv, B, D, static_cast<bf16*>(dk), static_cast<bf16*>(dv), tdout, tq, tk, tv, lse, drow, S, Hq, Hkv,
+               scale, mask);
+  launch_tiles(tc_dq_kernel<D>, "attention backward dQ (tensor core)", kTcTile, kTcThreads, L::kBytes, stream, S, Hq,
+               B, D, static_cast<bf16*>(dq), tdout, tq, tk, tv, lse, drow, S, Hq, Hkv, scale, mask);
 }
 
 }  // namespace
 
-size_t attention_backward_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t /*Hkv*/, int64_t /*D*/,
-                                          DType /*dt*/) {
+size_t attention_backward_workspace_bytes(const AttentionShape& a, DType /*dt*/) {
   // Drow only: both variants accumulate dQ/dK/dV on chip.
-  return static_cast<size_t>(B) * static_cast<size_t>(Hq) * static_cast<size_t>(S) * sizeof(float);
+  return static_cast<size_t>(a.B) * static_cast<size_t>(a.Hq) * static_cast<size_t>(a.S) * sizeof(float);
 }
 
-void attention_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const void* dout, const void* q,
-                        const void* k, const void* v, const void* out, const float* lse, int64_t B, int64_t S,
-                        int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask, void* dsinks_acc,
-                        DType dt, void* workspace, size_t workspace_bytes) {
+void attention_backward(cudaStream_t stream, const AttentionShape& a, const AttentionMask& mask,
+                        const AttentionInputs& in, const void* out, const float* lse, const void* dout,
+                        const AttentionGrads& g, AttentionWorkspace ws) {
   constexpr const char* kWhat = "attention_backward";
   const DeviceMask dm = device_mask(mask);
+  const int64_t B = a.B, S = a.S, Hq = a.Hq, Hkv = a.Hkv, D = a.D;
+  const float scale = a.scale;
+  const DType dt = in.q.dtype;
+  const void *q = in.q.data, *k = in.k.data, *v = in.v.data;
+  void *dq = g.dq.data, *dk = g.dk.data, *dv = g.dv.data, *dsinks_acc = g.dsinks_acc.data;
   SO_CHECK(mask.sinks == nullptr || dsinks_acc != nullptr, kWhat, ": sinks without a dsinks_acc buffer");
   check_shape(kWhat, B, S, Hq, Hkv, D);
   if (B == 0 || S == 0) return;
-  const size_t needed = attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
-  SO_CHECK(workspace != nullptr && workspace_bytes >= needed, kWhat, ": workspace of ", workspace_bytes,
-           " bytes, need ", needed, " (attention_backward_workspace_bytes)");
-  SO_CHECK(reinterpret_cast<uintptr_t>(workspace) % alignof(float) == 0, kWhat, ": workspace is not fp32-aligned");
-  float* drow = static_cast<float*>(workspace);
+  const size_t needed = attention_backward_workspace_bytes(a, dt);
+  SO_CHECK(ws.data != nullptr && ws.bytes >= needed, kWhat, ": workspace of ", ws.bytes, " bytes, need ", needed,
+           " (attention_backward_workspace_bytes)");
+  SO_CHECK(reinterpret_cast<uintptr_t>(ws.data) % alignof(float) == 0, kWhat, ": workspace is not fp32-aligned");
+  float* drow = static_cast<float*>(ws.data);
   const int variant = select_variant(kWhat, D, dt);
   if (dt == DType::BF16)
     launch_row_dot<bf16>(stream, drow, dout, out, B, S, Hq, D);
@@ -592,6 +587,15 @@ void attention_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const
   } else {
     launch_ref_backward<float>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, D, scale, dm);
   }
+}
+
+void attention_sink_grad(cudaStream_t stream, const AttentionShape& a, const void* sinks, void* dsinks_acc,
+                         const float* lse, const void* dout, const void* out, float* drow, DType dt) {
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    launch_row_dot<T>(stream, drow, dout, out, a.B, a.S, a.Hq, a.D);
+    launch_sink_grad<T>(stream, dsinks_acc, sinks, lse, drow, a.B, a.S, a.Hq);
+  });
 }
 
 }  // namespace so::cuda

@@ -14,6 +14,8 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "cuda_bf16.cuh"
@@ -92,6 +94,14 @@ __device__ __forceinline__ float add_sink(float& lse, float sink) {
   lse = with_sink;
   return factor;
 }
+
+// Tile geometry shared by each variant's forward and backward kernels. Variant 1: query rows and
+// keys per tile (32 keys make a score row one warp wide, lane = key); variant 2: 64 queries and 64
+// keys, 4 warps of 16 rows each. 128 threads per block in both.
+constexpr int kRefTile = 32;
+constexpr int kRefThreads = 128;
+constexpr int kTcTile = 64;
+constexpr int kTcThreads = 128;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -225,6 +235,27 @@ size_t raise_smem_limit(void (*kernel)(Args...)) {
 inline void check_smem(size_t needed, size_t limit, const char* kernel, int64_t D) {
   SO_CHECK(needed <= limit, kernel, " needs ", needed, " bytes of shared memory per block at D=", D,
            "; the device allows ", limit);
+}
+
+// Launches an attention kernel over (tiles of `tile` rows along S, heads, B) with `smem` bytes of
+// dynamic shared memory: the kernel's limit is raised to the device's opt-in on its first launch,
+// a layout the device cannot hold is refused (naming `name` and D), the launch is checked.
+template <typename... Params, typename... Args>
+void launch_tiles(void (*kernel)(Params...), const char* name, int tile, int threads, size_t smem,
+                  cudaStream_t stream, int64_t S, int64_t heads, int64_t B, int64_t D, Args... args) {
+  static std::mutex mu;
+  static std::map<const void*, size_t> limits;  // per kernel (each rank drives one device)
+  size_t limit = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = limits.find(reinterpret_cast<const void*>(kernel));
+    if (it == limits.end()) it = limits.emplace(reinterpret_cast<const void*>(kernel), raise_smem_limit(kernel)).first;
+    limit = it->second;
+  }
+  check_smem(smem, limit, name, D);
+  const dim3 grid(static_cast<unsigned>((S + tile - 1) / tile), static_cast<unsigned>(heads), static_cast<unsigned>(B));
+  kernel<<<grid, threads, smem, stream>>>(static_cast<Params>(args)...);
+  SO_CUDA_CHECK(cudaGetLastError());
 }
 
 inline void check_aligned16(const void* p, const char* what, const char* name) {

@@ -19,10 +19,8 @@ namespace wmma = nvcuda::wmma;
 
 // ---- variant 1: fp32 math from shared-memory tiles ----
 
-// Query rows and keys per tile. 32 keys make a score row one warp wide (lane = key) for the
-// softmax. With documents or a window a row can see no key of a visited tile (guarded below).
-constexpr int kRefTile = 32;
-constexpr int kRefThreads = 128;
+// kRefTile query rows and keys per tile (cuda_attention_common.cuh). With documents or a window a
+// row can see no key of a visited tile (guarded below).
 
 // sQ, sK, sV, sO [32][D+1] (odd stride: the score loop reads K rows lane by lane without bank
 // conflicts), sS [32][33], sM, sL, sCorr [32].
@@ -134,22 +132,14 @@ template <typename T>
 void launch_ref_forward(cudaStream_t stream, void* out, float* lse, const void* q, const void* k, const void* v,
                         int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, DeviceMask mask,
                         const void* sinks) {
-  static const size_t smem_limit = raise_smem_limit(ref_forward_kernel<T>);
-  check_smem(ref_forward_smem(D), smem_limit, "attention forward (reference)", D);
-  const dim3 grid(static_cast<unsigned>((S + kRefTile - 1) / kRefTile), static_cast<unsigned>(Hq),
-                  static_cast<unsigned>(B));
-  ref_forward_kernel<T><<<grid, kRefThreads, ref_forward_smem(D), stream>>>(
-      static_cast<T*>(out), lse, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-      static_cast<int>(S), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), scale, mask,
-      static_cast<const T*>(sinks));
-  SO_CUDA_CHECK(cudaGetLastError());
+  launch_tiles(ref_forward_kernel<T>, "attention forward (reference)", kRefTile, kRefThreads, ref_forward_smem(D),
+               stream, S, Hq, B, D, static_cast<T*>(out), lse, static_cast<const T*>(q), static_cast<const T*>(k),
+               static_cast<const T*>(v), S, Hq, Hkv, D, scale, mask, static_cast<const T*>(sinks));
 }
 
 // ---- variant 2: bf16 tensor cores (wmma 16x16x16, fp32 accumulate) ----
 
-// 64 query rows per block, 4 warps of 16 rows each; K/V tiles of 64 keys.
-constexpr int kTcTile = 64;
-constexpr int kTcThreads = 128;
+// kTcTile (64) query rows per block, 4 warps of 16 rows each; K/V tiles of 64 keys.
 
 template <int D>
 struct TcForwardLayout {
@@ -297,24 +287,21 @@ void launch_tc_forward(cudaStream_t stream, void* out, float* lse, const void* q
                        int64_t B, int64_t S, int64_t Hq, int64_t Hkv, float scale, DeviceMask mask,
                        const void* sinks) {
   using L = TcForwardLayout<D>;
-  static const size_t smem_limit = raise_smem_limit(tc_forward_kernel<D>);
-  check_smem(L::kBytes, smem_limit, "attention forward (tensor core)", D);
-  const dim3 grid(static_cast<unsigned>((S + kTcTile - 1) / kTcTile), static_cast<unsigned>(Hq),
-                  static_cast<unsigned>(B));
-  tc_forward_kernel<D><<<grid, kTcThreads, L::kBytes, stream>>>(
-      static_cast<bf16*>(out), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
-      static_cast<const bf16*>(v), static_cast<int>(S), static_cast<int>(Hq), static_cast<int>(Hkv),
-      scale * kLog2e, mask, static_cast<const bf16*>(sinks));
-  SO_CUDA_CHECK(cudaGetLastError());
+  launch_tiles(tc_forward_kernel<D>, "attention forward (tensor core)", kTcTile, kTcThreads, L::kBytes, stream, S, Hq,
+               B, D, static_cast<bf16*>(out), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+               static_cast<const bf16*>(v), S, Hq, Hkv, scale * kLog2e, mask, static_cast<const bf16*>(sinks));
 }
 
 }  // namespace
 
-void attention_forward(cudaStream_t stream, void* out, float* lse, const void* q, const void* k, const void* v,
-                       int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask,
-                       DType dt) {
+void attention_forward(cudaStream_t stream, const AttentionShape& a, const AttentionMask& mask,
+                       const AttentionInputs& in, void* out, float* lse) {
   constexpr const char* kWhat = "attention_forward";
   const DeviceMask dm = device_mask(mask);
+  const int64_t B = a.B, S = a.S, Hq = a.Hq, Hkv = a.Hkv, D = a.D;
+  const float scale = a.scale;
+  const DType dt = in.q.dtype;
+  const void *q = in.q.data, *k = in.k.data, *v = in.v.data;
   check_shape(kWhat, B, S, Hq, Hkv, D);
   if (B == 0 || S == 0) return;
   if (select_variant(kWhat, D, dt) == 2) {

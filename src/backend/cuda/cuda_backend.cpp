@@ -221,6 +221,15 @@ void CudaBackend::check_after_sync(cudaError_t sync_result, const std::string& w
         SO_FAIL("embedding: token id ", value, " at position ", index, " is outside the vocabulary [0, ", limit, ")");
       if (code == kTargetOutOfRange)
         SO_FAIL("cross_entropy: target id ", value, " at row ", index, " is outside the vocabulary [0, ", limit, ")");
+      if (code == kAttentionDocuments)
+        SO_FAIL("attention: the batch has ", value, " documents, more than the ", limit,
+                " its mask's `documents` allowed for (its attention is wrong; the mask must count them)");
+      if (code == kGroupedGemmOffsets)
+        SO_FAIL("grouped_gemm: the offsets of group ", index, " end at ", value,
+                ", before its start or past the call's max_rows ", limit);
+      if (code == kAttentionLongestDocument)
+        SO_FAIL("attention: the document at token ", index, " has ", value, " tokens, more than the ", limit,
+                " its mask's `longest_document` allowed for (its attention is wrong)");
       SO_FAIL("a CUDA kernel reported error code ", code, " (index ", index, ", value ", value, ", limit ", limit,
               ") found while ", what);
     }

@@ -11,6 +11,12 @@ enum DeviceErrorCode : int {
   kDeviceErrorNone = 0,
   kTokenOutOfRange = 1,   // embedding_forward/backward: tokens[index] = value not in [0, limit)
   kTargetOutOfRange = 2,  // cross_entropy: targets[index] = value >= limit (negatives are ignored)
+  // cuDNN attention over packed rows: the batch has `value` documents, more than the `limit` its
+  // AttentionMask::documents promised (index 0) / one at token `index` of `value` tokens, longer
+  // than AttentionMask::longest_document's bucket `limit`.
+  kAttentionDocuments = 3,
+  kAttentionLongestDocument = 4,
+  kGroupedGemmOffsets = 5,  // grouped_gemm: offsets[index + 1] = value decreases or passes max_rows = limit
 };
 
 struct DeviceError {

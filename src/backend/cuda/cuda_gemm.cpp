@@ -90,6 +90,8 @@ struct Plan {
 
 }  // namespace
 
+constexpr size_t kMaxPlans = 1024;
+
 struct CublasLtGemm::Impl {
   std::mutex mu;  // guards everything below, and each matmul (it uses a stream's workspace)
   LtHandle handle;
@@ -184,6 +186,10 @@ void CublasLtGemm::gemm(cudaStream_t stream, bool trans_a, bool trans_b, int64_t
              ": cuBLASLt has no algorithm for this shape, dtype combination and alignment (A ", key.align_a,
              " B ", key.align_b, " C ", key.align_c, " bytes)");
     p.algo = result.algo;
+    // Bounded: a model has a few dozen shapes, but a caller whose sizes vary (a new M per call)
+    // would grow the cache without end. Past the bound it starts over (plans are host-side
+    // descriptors; launches already made do not read them again).
+    if (impl_->plans.size() >= kMaxPlans) impl_->plans.clear();
     it = impl_->plans.emplace(key, std::move(p)).first;
   }
   const Plan& p = it->second;

@@ -1,7 +1,8 @@
 #pragma once
 // GEMMs through cuBLASLt: bf16 (or fp32) inputs, fp32 accumulation (CUBLAS_COMPUTE_32F), C in
 // bf16 or fp32. The algorithm for each (shape, transposes, dtypes, beta != 0) is chosen once by
-// cublasLtMatmulAlgoGetHeuristic and cached; the workspace is allocated once at construction.
+// cublasLtMatmulAlgoGetHeuristic and cached (at most 1024 plans, then the cache starts over); the
+// workspace is allocated once at construction.
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -72,6 +72,12 @@ void launch_moe_dispatch(cudaStream_t stream, void* dst, const void* x, const in
                          int64_t H, DType dt);
 void launch_moe_combine(cudaStream_t stream, void* out, const void* y, const float* weights, const int32_t* row_of,
                         int64_t T, int64_t k, int64_t H, bool accumulate, DType dt);
+// moe_expert_stats' per-token softmax statistics: T float2s of workspace.
+size_t moe_expert_stats_workspace_bytes(int64_t T);
+void launch_moe_expert_stats(cudaStream_t stream, int64_t* counts_acc, double* tokens, double* probs,
+                             const float* logits, const int32_t* offsets, int64_t T, int64_t E, void* workspace);
+void launch_moe_aux_loss(cudaStream_t stream, const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens,
+                         double* probs);
 void launch_moe_combine_backward(cudaStream_t stream, void* dy, float* dweights, const void* dout, const void* y,
                                  const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
                                  DType dt);

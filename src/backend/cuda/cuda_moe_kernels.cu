@@ -8,6 +8,7 @@
 #include "cuda_kernels.h"
 #include "cuda_launch.cuh"
 #include "cuda_reduce.cuh"
+#include "src/backend/moe_aux_loss.h"
 
 namespace so::cuda {
 
@@ -300,6 +301,67 @@ void launch_clamped_swiglu_backward(cudaStream_t stream, void* dgate_up, const v
         static_cast<X*>(dgate_up), static_cast<const X*>(dout), static_cast<const X*>(gate_up), n, alpha, limit);
     SO_CUDA_CHECK(cudaGetLastError());
   });
+}
+
+namespace {
+
+// Per token: the max and the normaliser of its softmax over E (one thread, experts in order, fp32).
+__global__ void softmax_stats_kernel(float2* stats, const float* logits, int64_t T, int E) {
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < T;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float* z = logits + t * E;
+    float mx = z[0];
+    for (int e = 1; e < E; ++e) mx = fmaxf(mx, z[e]);
+    float denom = 0.0f;
+    for (int e = 0; e < E; ++e) denom += expf(z[e] - mx);
+    stats[t] = make_float2(mx, denom);
+  }
+}
+
+// One block per expert: its selections, and its probability summed over the tokens in fp64 in a
+// fixed order (each thread a strided run, then the block's tree).
+__global__ void expert_stats_kernel(int64_t* counts_acc, double* tokens, double* probs, const float* logits,
+                                    const float2* stats, const int32_t* offsets, int64_t T, int E) {
+  const int e = blockIdx.x;
+  if (threadIdx.x == 0) {
+    const int64_t n = offsets[e + 1] - offsets[e];
+    if (counts_acc != nullptr) counts_acc[e] += n;
+    if (tokens != nullptr) tokens[e] += static_cast<double>(n);
+  }
+  if (probs == nullptr) return;
+  double acc = 0.0;
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
+    const float2 st = stats[t];
+    acc += static_cast<double>(expf(logits[t * E + e] - st.x) / st.y);
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) probs[e] += acc;
+}
+
+__global__ void aux_loss_kernel(MoeAuxLoss a, float* loss_acc, float* dprob, double* tokens, double* probs) {
+  apply_moe_aux_loss(a, loss_acc, dprob, tokens, probs);
+}
+
+}  // namespace
+
+size_t moe_expert_stats_workspace_bytes(int64_t T) { return static_cast<size_t>(T) * sizeof(float2); }
+
+void launch_moe_expert_stats(cudaStream_t stream, int64_t* counts_acc, double* tokens, double* probs,
+                             const float* logits, const int32_t* offsets, int64_t T, int64_t E, void* workspace) {
+  auto* stats = static_cast<float2*>(workspace);
+  if (probs != nullptr) {
+    softmax_stats_kernel<<<grid_for_elements(T, 1), kBlockThreads, 0, stream>>>(stats, logits, T, static_cast<int>(E));
+    SO_CUDA_CHECK(cudaGetLastError());
+  }
+  expert_stats_kernel<<<static_cast<unsigned>(E), kBlockThreads, 0, stream>>>(counts_acc, tokens, probs, logits, stats,
+                                                                               offsets, T, static_cast<int>(E));
+  SO_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_moe_aux_loss(cudaStream_t stream, const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens,
+                         double* probs) {
+  aux_loss_kernel<<<1, 1, 0, stream>>>(a, loss_acc, dprob, tokens, probs);
+  SO_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace so::cuda

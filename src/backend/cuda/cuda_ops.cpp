@@ -3,14 +3,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "cuda_attention.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
-#include "cudnn_sdpa.h"
+#include "cudnn_attention.h"
 #include "cuda_gemm.h"
-#include "src/backend/grouped_gemm.h"
+#include "cuda_grouped_gemm.h"
 #include "cuda_kernels.h"
 #include "cuda_stream.h"
 #include "src/optim/adam_constants.h"
@@ -76,42 +77,28 @@ void CudaOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int6
   launch_rope(raw(s), x, positions, T, heads, head_dim, inv_freq, attention_scale, inverse, dt);
 }
 
-const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                                                          const AttentionMask& mask, DType dt) {
+const CudaOps::AttentionChoice& CudaOps::attention_choice(const AttentionShape& a, const AttentionMask& mask,
+                                                          DType dt) {
   std::lock_guard<std::mutex> lock(attention_mu_);
   const bool documents = mask.doc_start != nullptr, padded = mask.key_end != nullptr, sinks = mask.sinks != nullptr,
              dropout = mask.dropout.p > 0.0f;
-  const auto key = std::tuple{B, S, Hq, Hkv, D, documents, padded, mask.window, sinks, dropout, dt};
+  uint32_t scale_bits = 0;
+  std::memcpy(&scale_bits, &a.scale, sizeof scale_bits);
+  const auto key = std::tuple{a.B, a.S, a.Hq, a.Hkv, a.D, scale_bits, documents, padded, mask.window, sinks, dropout, dt};
   if (auto it = attention_choices_.find(key); it != attention_choices_.end()) return it->second;
   const char* forced = std::getenv("SO_ATTENTION_KERNEL");  // a flash variant forced (tests, benchmarks)
   const std::string flash = "flash kernels (ours)";
-  const SdpaShape shape{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)), mask.window};
   std::string why;
   if (attention_mode_ == "flash" || (forced != nullptr && *forced != '\0')) {
     why = attention_mode_ == "flash" ? "backend.attention is flash" : "SO_ATTENTION_KERNEL is set";
-  } else if (dt != DType::BF16) {
-    why = str_cat("cuDNN's fused attention takes bf16, this run is ", dtype_name(dt));
-  } else if (documents) {
-    // cuDNN expresses documents only as ragged (varlen) sequences, another layout than ours.
-    why = "packed rows (documents within a row) are not a mask cuDNN's SDPA takes in this layout";
-  } else if (padded) {
-    // cuDNN's padding mask (seq_len_q = seq_len_kv) zeroes padding queries; transformers' padding
-    // queries attend to the row's tokens, which the flash kernels do.
-    why = "padded rows' padding queries see the row's tokens, which cuDNN's padding mask does not give";
-  } else if (sinks) {
-    why = "attention sinks are not wired to cuDNN's SDPA";
-  } else if (dropout) {
-    // cuDNN's dropout draws Philox bits of its own, which the CPU reference, recompute and Ulysses
-    // shards could not reproduce (docs/architecture.md, attention).
-    why = "attention dropout uses our counter-based masks, not cuDNN's Philox dropout";
   } else {
-    if (!sdpa_) sdpa_ = std::make_unique<CudnnSdpa>(deterministic_attention_);
-    why = sdpa_->check_support(shape);
+    if (!cudnn_) cudnn_ = std::make_unique<CudnnAttention>(deterministic_attention_, device_error_);
+    why = cudnn_->refusal(a, mask, dt);
     if (why.empty()) {
       // Held for the whole run (attention_workspace): one that cannot fit the pool is refused here,
       // named, rather than failing at the first backward.
       const MemoryStats m = backend_.memory_stats();
-      const size_t ws = std::max(sdpa_->forward_workspace(shape), sdpa_->backward_workspace(shape));
+      const size_t ws = cudnn_->workspace_bytes(a, mask);
       if (m.capacity > 0 && ws > m.capacity - std::min(m.capacity, m.in_use))
         why = str_cat("its workspace of ", ws >> 20, " MiB does not fit the ", (m.capacity - std::min(m.capacity, m.in_use)) >> 20,
                       " MiB left of the device pool");
@@ -121,63 +108,61 @@ const CudaOps::AttentionChoice& CudaOps::attention_choice(int64_t B, int64_t S, 
       // device, the flash kernels (deterministic and O(S)) serve instead.
       size_t free_bytes = 0, total_bytes = 0;
       SO_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-      const size_t ws = sdpa_->backward_workspace(shape);
+      const size_t ws = cudnn_->cudnn_backward_workspace(a, mask);
       if (ws > total_bytes / kDeterministicAttentionShare)
-        why = str_cat("cuDNN's deterministic backward needs ", ws >> 20, " MiB of workspace at S=", S,
+        why = str_cat("cuDNN's deterministic backward needs ", ws >> 20, " MiB of workspace at S=", a.S,
                       " (backend.deterministic_attention=false runs cuDNN's backward with atomics)");
     }
   }
   AttentionChoice c;
   if (why.empty()) {
     c.cudnn = true;
-    c.description = str_cat("cuDNN ", sdpa_->version(), " fused SDPA (", deterministic_attention_ ? "deterministic" : "atomic",
-                            " backward", mask.window > 0 ? str_cat(", sliding window ", mask.window) : std::string(), ")");
+    const std::string parts = CudnnAttention::mask_text(mask);
+    c.description = str_cat("cuDNN ", cudnn_->version(), " fused SDPA (", deterministic_attention_ ? "deterministic" : "atomic",
+                            " backward", parts.empty() ? std::string() : ", " + parts, ")");
   } else {
-    SO_CHECK(attention_mode_ != "cudnn", "backend.attention is cudnn, but cuDNN cannot take attention over B=", B,
-             " S=", S, " Hq=", Hq, " Hkv=", Hkv, " D=", D, " ", dtype_name(dt), ": ", why);
+    SO_CHECK(attention_mode_ != "cudnn", "backend.attention is cudnn, but cuDNN cannot take attention over ", a.text(), " ",
+             dtype_name(dt), ": ", why);
     c.description = str_cat(flash, " — not cuDNN: ", why);
   }
   return attention_choices_.emplace(key, std::move(c)).first->second;
 }
 
-std::string CudaOps::attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                                              const AttentionMask& mask, DType dt) {
-  return attention_choice(B, S, Hq, Hkv, D, mask, dt).description;
+std::string CudaOps::attention_implementation(const AttentionShape& a, const AttentionMask& mask, DType dt) {
+  return attention_choice(a, mask, dt).description;
 }
 
-size_t CudaOps::attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                                          const AttentionMask& mask, DType dt) {
-  if (!attention_choice(B, S, Hq, Hkv, D, mask, dt).cudnn)
-    return attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
-  const SdpaShape shape{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)), mask.window};
-  return std::max(sdpa_->forward_workspace(shape), sdpa_->backward_workspace(shape));
+size_t CudaOps::attention_workspace_bytes(const AttentionShape& a, const AttentionMask& mask, DType dt) {
+  if (!attention_choice(a, mask, dt).cudnn) return attention_backward_workspace_bytes(a, dt);
+  return cudnn_->workspace_bytes(a, mask);
 }
 
-void CudaOps::attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v,
-                                int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
-                                const AttentionMask& mask, DType dt) {
-  if (attention_choice(B, S, Hq, Hkv, D, mask, dt).cudnn) {
-    const SdpaShape shape{B, S, Hq, Hkv, D, scale, mask.window};
-    sdpa_->forward(raw(s), shape, out, lse, q, k, v, attention_workspace(s, sdpa_->forward_workspace(shape)));
+void CudaOps::attention_forward(Stream& s, const AttentionShape& a, const AttentionMask& mask,
+                                const AttentionInputs& in, TensorView out, TensorView lse) {
+  const DType dt = check_attention_tensors("attention_forward", a, in, out, lse, ConstTensorView{});
+  if (attention_choice(a, mask, dt).cudnn) {
+    cudnn_->forward(raw(s), a, mask, in, out.data, static_cast<float*>(lse.data),
+                    attention_workspace(s, cudnn_->forward_workspace(a, mask)));
     return;
   }
-  cuda::attention_forward(raw(s), out, lse, q, k, v, B, S, Hq, Hkv, D, scale, mask, dt);
+  cuda::attention_forward(raw(s), a, mask, in, out.data, static_cast<float*>(lse.data));
 }
 
-void CudaOps::attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
-                                 const void* k, const void* v, const void* out, const float* lse, int64_t B,
-                                 int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
-                                 const AttentionMask& mask, void* dsinks_acc, DType dt) {
-  if (attention_choice(B, S, Hq, Hkv, D, mask, dt).cudnn) {
-    const SdpaShape shape{B, S, Hq, Hkv, D, scale, mask.window};
-    sdpa_->backward(raw(s), shape, dq, dk, dv, dout, q, k, v, out, lse,
-                    attention_workspace(s, sdpa_->backward_workspace(shape)));
+void CudaOps::attention_backward(Stream& s, const AttentionShape& a, const AttentionMask& mask,
+                                 const AttentionInputs& in, ConstTensorView out, ConstTensorView lse,
+                                 ConstTensorView dout, const AttentionGrads& g) {
+  const DType dt = check_attention_tensors("attention_backward", a, in, out, lse, dout);
+  check_attention_grads("attention_backward", a, mask, g, dt);
+  const auto* lse_data = static_cast<const float*>(lse.data);
+  if (attention_choice(a, mask, dt).cudnn) {
+    cudnn_->backward(raw(s), a, mask, in, out.data, lse_data, dout.data, g,
+                     attention_workspace(s, cudnn_->backward_workspace(a, mask)));
     return;
   }
   // rowsum(dout * out) in fp32, B*Hq*S floats.
-  const size_t bytes = attention_backward_workspace_bytes(B, S, Hq, Hkv, D, dt);
-  cuda::attention_backward(raw(s), dq, dk, dv, dout, q, k, v, out, lse, B, S, Hq, Hkv, D, scale, mask, dsinks_acc, dt,
-                           attention_workspace(s, bytes), bytes);
+  const size_t bytes = attention_backward_workspace_bytes(a, dt);
+  cuda::attention_backward(raw(s), a, mask, in, out.data, lse_data, dout.data, g,
+                           AttentionWorkspace{attention_workspace(s, bytes), bytes});
 }
 
 void CudaOps::swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) {
@@ -239,15 +224,21 @@ void CudaOps::moe_combine_backward(Stream& s, void* dy, float* dweights, const v
   launch_moe_combine_backward(raw(s), dy, dweights, dout, y, weights, slot_of, T, k, H, dt);
 }
 
-// One cuBLASLt call per non-empty group (its plan cached by shape like every GEMM's). cuBLAS's
-// grouped batched GEMM would make it one launch; it is the thing to measure on a GPU.
+// Our kernels, the group offsets read on the device (cuda_grouped_gemm.h): no host round trip.
 void CudaOps::grouped_gemm(Stream& s, const GroupedGemm& g) {
-  walk_grouped_gemm(
-      g,
-      [&](bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, const void* B, void* C) {
-        gemm_.gemm(raw(s), ta, tb, M, N, K, g.alpha, A, B, g.ab, g.beta, C, g.c);
-      },
-      [&](void* C, size_t bytes) { SO_CUDA_CHECK(cudaMemsetAsync(C, 0, bytes, raw(s))); });
+  const size_t bytes = grouped_gemm_workspace_bytes(g);
+  launch_grouped_gemm(raw(s), g, bytes > 0 ? scratch(s, bytes) : nullptr, device_error_);
+}
+
+void CudaOps::moe_expert_stats(Stream& s, int64_t* counts_acc, double* tokens, double* probs, const float* logits,
+                               const int32_t* offsets, int64_t T, int64_t E) {
+  launch_moe_expert_stats(raw(s), counts_acc, tokens, probs, logits, offsets, T, E,
+                          probs != nullptr ? scratch(s, moe_expert_stats_workspace_bytes(T)) : nullptr);
+}
+
+void CudaOps::moe_aux_loss(Stream& s, const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens,
+                           double* probs) {
+  launch_moe_aux_loss(raw(s), a, loss_acc, dprob, tokens, probs);
 }
 
 void CudaOps::clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,

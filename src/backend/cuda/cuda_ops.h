@@ -20,7 +20,7 @@ namespace so::cuda {
 
 class CublasLtGemm;
 class CudaBackend;
-class CudnnSdpa;
+class CudnnAttention;
 
 class CudaOps final : public Ops {
  public:
@@ -42,17 +42,13 @@ class CudaOps final : public Ops {
                         const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) override;
   void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
             const double* inv_freq, float attention_scale, bool inverse, DType dt) override;
-  void attention_forward(Stream& s, void* out, float* lse, const void* q, const void* k, const void* v, int64_t B,
-                         int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, const AttentionMask& mask,
-                         DType dt) override;
-  std::string attention_implementation(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                                       const AttentionMask& mask, DType dt) override;
-  size_t attention_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, const AttentionMask& mask,
-                                   DType dt) override;
-  void attention_backward(Stream& s, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
-                          const void* v, const void* out, const float* lse, int64_t B, int64_t S, int64_t Hq,
-                          int64_t Hkv, int64_t D, float scale, const AttentionMask& mask, void* dsinks_acc,
-                          DType dt) override;
+  void attention_forward(Stream& s, const AttentionShape& a, const AttentionMask& mask, const AttentionInputs& in,
+                         TensorView out, TensorView lse) override;
+  std::string attention_implementation(const AttentionShape& a, const AttentionMask& mask, DType dt) override;
+  size_t attention_workspace_bytes(const AttentionShape& a, const AttentionMask& mask, DType dt) override;
+  void attention_backward(Stream& s, const AttentionShape& a, const AttentionMask& mask, const AttentionInputs& in,
+                          ConstTensorView out, ConstTensorView lse, ConstTensorView dout,
+                          const AttentionGrads& g) override;
   void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) override;
   void dropout_add(Stream& s, void* x, const void* y, int64_t rows, int64_t cols, const DropoutMask& m,
                    DType dt) override;
@@ -76,6 +72,10 @@ class CudaOps final : public Ops {
                             const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
                             DType dt) override;
   void grouped_gemm(Stream& s, const GroupedGemm& g) override;
+  void moe_expert_stats(Stream& s, int64_t* counts_acc, double* tokens, double* probs, const float* logits,
+                        const int32_t* offsets, int64_t T, int64_t E) override;
+  void moe_aux_loss(Stream& s, const MoeAuxLoss& a, float* loss_acc, float* dprob, double* tokens,
+                    double* probs) override;
   void clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,
                               DType dt) override;
   void clamped_swiglu_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t n,
@@ -102,14 +102,14 @@ class CudaOps final : public Ops {
   // (attention_workspace_bytes). A per-call allocation would leave one alive per queued call.
   void* attention_workspace(Stream& s, size_t bytes);
 
-  // Attention by cuDNN's fused SDPA or our flash kernels, decided per shape and kind of mask
-  // (documents, window, sinks) on first use and kept, so that a forward and its backward agree.
+  // Attention by cuDNN's fused SDPA (cudnn_attention.h) or our flash kernels, decided per shape
+  // and kind of mask (documents, padding, window, sinks, dropout) on first use and kept, so that a
+  // forward and its backward agree.
   struct AttentionChoice {
     bool cudnn = false;
     std::string description;  // what runs, and why when it is not cuDNN
   };
-  const AttentionChoice& attention_choice(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                                          const AttentionMask& mask, DType dt);
+  const AttentionChoice& attention_choice(const AttentionShape& a, const AttentionMask& mask, DType dt);
 
   CudaBackend& backend_;
   CublasLtGemm& gemm_;
@@ -117,9 +117,10 @@ class CudaOps final : public Ops {
   std::array<DeviceBuffer, kNumStreamKinds> scratch_, attention_workspace_;
   std::string attention_mode_;  // auto | cudnn | flash
   bool deterministic_attention_;
-  std::unique_ptr<CudnnSdpa> sdpa_;
+  std::unique_ptr<CudnnAttention> cudnn_;
   std::mutex attention_mu_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t, bool, bool, DType>, AttentionChoice>
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, bool, int64_t, bool, bool, DType>,
+           AttentionChoice>
       attention_choices_;
 };
 
