@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs a CUDA-enabled build made on this machine for a GPU machine that has the CUDA runtime,
 # cuBLAS, cuDNN and NCCL (the toolkit, or PyTorch's NVIDIA wheels) but none of our Debian
-# libraries and no package access — the lent GPU machines (docs/perf.md, "GPU runs").
+# libraries and no package access — the lent GPU machines (docs/perf.md, "CUDA backend on a GPU").
 #   jobs/local/gpu_pack.sh [BUILD_DIR]      (default: build)  ->  .gpu/bundle.tar.xz + .gpu/run.sh
 # The bundle holds the build tree's executables and CTest files (no objects, not the sanitizer
 # tree; debug info stripped), every shared library they need except those the GPU machine

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# gpu_measure_dry_run.sh BUILD_DIR: jobs/local/gpu_measure.py --dry-run runs every part on the CPU
+# backend with tiny shapes through the commands a GPU run uses (so_bench gpu-peaks, attention and
+# step, so_train, the torch peers with --device cpu, the gate's ctest selection, whose gpu tests
+# skip here) and writes the one table with every row measured, its date, card and commit, and
+# each row's commands. Then the ways a part can give no result: a command past its timeout is
+# killed with its children and its row says so, the parts after it still run; parts the budget
+# has no time left for say "not started"; bench_json.py reads so_bench's compact JSON.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=$(cd "$1" && pwd)
+python=${SO_PYTHON:?SO_PYTHON: the project interpreter (ctest sets it)}
+cd "$root"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+BUILD=$build OUT=$work/full "$python" jobs/local/gpu_measure.py --dry-run > "$work/full.out"
+"$python" - "$work/full" <<'PY'
+import json, sys
+d = sys.argv[1]
+doc = json.load(open(f"{d}/measure.json"))
+md = open(f"{d}/measure.md").read()
+assert doc["dry_run"] and doc["date"] and doc["card"] and doc["commit"], doc
+parts = {r["part"] for r in doc["rows"]}
+assert parts == {"gate", "peaks", "attention", "train-1b", "train-3b", "moe", "step"}, parts
+for r in doc["rows"]:
+    assert r["status"] == "measured", f"{r['measurement']}: {r['why']}"
+    assert r["commands"], r
+    assert all(1 <= c <= len(doc["commands"]) for c in r["commands"]), r
+    if r["part"] not in ("gate", "peaks") and not r["key"].endswith("packed"):
+        assert isinstance(r["ratio"], float) and r["ratio"] > 0, r  # ours and the baseline both measured
+gate = next(r for r in doc["rows"] if r["key"] == "gate")
+assert " 0 failed" in gate["ours"] and " of 0" not in gate["ours"] and "not run" not in gate["ours"], gate
+for p, v in doc["parts"].items():
+    assert v["status"] == "measured" and not v["why"], (p, v)
+assert f"commit: {doc['commit']}" in md and "not measured" not in md, md
+print(f"dry run table: {len(doc['rows'])} rows, {len(doc['commands'])} commands; gate: {gate['ours']}")
+PY
+peak=$("$python" jobs/local/bench_json.py nominal-peak "$work/full/measure.log")
+"$python" -c "import sys; assert float(sys.argv[1]) > 0, sys.argv[1]" "$peak"
+
+# A peer that hangs (an interpreter that sleeps, with a child) is killed at the part's timeout; the
+# row names the timeout; the part after it runs.
+printf '#!/bin/sh\nsleep 300 & sleep 300\n' > "$work/hang"
+chmod +x "$work/hang"
+start=$SECONDS
+SO_PYTHON=$work/hang BUILD=$build OUT=$work/cut "$python" jobs/local/gpu_measure.py --dry-run --parts train-1b,peaks \
+  --part-budget train-1b=40 > "$work/cut.out"
+[ $((SECONDS - start)) -lt 120 ] || { echo "the hung peer was not stopped at its timeout" >&2; exit 1; }
+"$python" - "$work/cut" <<'PY'
+import json, sys
+doc = json.load(open(f"{sys.argv[1]}/measure.json"))
+rows = {r["key"]: r for r in doc["rows"]}
+t = rows["train-1b-tokens"]
+assert t["status"] == "measured" and t["baseline"] == "not measured" and "timed out after" in t["note"], t
+assert rows["gemm"]["status"] == "measured", rows["gemm"]
+PY
+if pgrep -f "$work/hang" >/dev/null; then echo "the hung peer's processes outlived its timeout" >&2; exit 1; fi
+
+# No time left: every part says it was not started, and why.
+BUILD=$build OUT=$work/none "$python" jobs/local/gpu_measure.py --dry-run --budget-s 5 > "$work/none.out"
+"$python" - "$work/none" <<'PY'
+import json, sys
+doc = json.load(open(f"{sys.argv[1]}/measure.json"))
+assert all(r["status"] == "not measured" and "not started" in r["why"] for r in doc["rows"]), doc["rows"]
+assert open(f"{sys.argv[1]}/measure.md").count("not measured: not started") == len(doc["rows"])
+PY
+echo "gpu measure dry run ok"
