@@ -8,7 +8,8 @@
 
 Parts, in this order (--parts picks some), each under its own timeout within --budget-s (480 s in
 all; a part that would start with under 10 s left is not started):
-  gate       ctest -L gpu over $SO_MEASURE_GATE (default: the attention and MoE op cases and the
+  gate       ctest -L gpu over $SO_MEASURE_GATE (default: the small attention op cases, plain,
+             cuDNN required and cuDNN with atomics, the MoE block against transformers and the
              Transformers fixtures on the GPU), -j 8: pass/fail/skip counts
   peaks      so_bench gpu-peaks: bf16 GEMM 8192^3 on random operands (and on constant ones, and the
              backend's start-up measurement), device copy GB/s
@@ -47,7 +48,7 @@ PARTS = ["gate", "peaks", "attention", "train-1b", "train-3b", "moe", "step"]
 PART_BUDGET_S = {"gate": 120, "peaks": 30, "attention": 100, "train-1b": 100, "train-3b": 130, "moe": 120,
                  "step": 100}
 MIN_START_S = 10
-DEFAULT_GATE = (r"^(Small/CudaOps\.MatchesCpu/attention|attention_cudnn\.Small/CudaOps\.MatchesCpu/attention"
+DEFAULT_GATE = (r"^(Small/CudaOps\.MatchesCpu/attention|attention_cudnn(_atomic)?\.Small/CudaOps\.MatchesCpu/attention"
                 r"|Cuda/MoeVsTransformers|TransformersCuda/)")
 DEFAULT_GATE_EXCLUDE = r"memcheck|racecheck|LongContext"
 
@@ -96,8 +97,11 @@ def mean(xs):
     return statistics.fmean(xs) if xs else None
 
 
-def fmt(x, digits=1):
-    return "—" if x is None else f"{x:,.{digits}f}"
+def fmt(x):
+    """A rate as the table shows it: thousands separated, else four significant digits."""
+    if x is None:
+        return "—"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
 class Table:
@@ -492,8 +496,8 @@ def part_train(ctx, part):
         note.append(f"torch not measured: {why_peer}")
     ratio = ours["tokens_per_s"] / peer["tokens_per_s"] if peer else None
     target = 1.0 if part == "moe" else 1.2
-    ctx.table.fill(f"{part}-tokens", f"{fmt(ours['tokens_per_s'], 0)}",
-                   fmt(peer["tokens_per_s"], 0) if peer else "not measured", ratio,
+    ctx.table.fill(f"{part}-tokens", f"{fmt(ours['tokens_per_s'])}",
+                   fmt(peer["tokens_per_s"]) if peer else "not measured", ratio,
                    None if ratio is None else ratio >= target, "; ".join(note), cmds)
     if part != "moe":
         peer_mfu = peer.get("mfu") if peer else None

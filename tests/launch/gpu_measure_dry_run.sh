@@ -41,7 +41,7 @@ peak=$("$python" jobs/local/bench_json.py nominal-peak "$work/full/measure.log")
 
 # A peer that hangs (an interpreter that sleeps, with a child) is killed at the part's timeout; the
 # row names the timeout; the part after it runs.
-printf '#!/bin/sh\nsleep 300 & sleep 300\n' > "$work/hang"
+printf '#!/bin/sh\necho $$ >> %s/hang.pids\nsleep 300 &\necho $! >> %s/hang.pids\nsleep 300\n' "$work" "$work" > "$work/hang"
 chmod +x "$work/hang"
 start=$SECONDS
 SO_PYTHON=$work/hang BUILD=$build OUT=$work/cut "$python" jobs/local/gpu_measure.py --dry-run --parts train-1b,peaks \
@@ -55,7 +55,9 @@ t = rows["train-1b-tokens"]
 assert t["status"] == "measured" and t["baseline"] == "not measured" and "timed out after" in t["note"], t
 assert rows["gemm"]["status"] == "measured", rows["gemm"]
 PY
-if pgrep -f "$work/hang" >/dev/null; then echo "the hung peer's processes outlived its timeout" >&2; exit 1; fi
+for pid in $(cat "$work/hang.pids"); do
+  if kill -0 "$pid" 2>/dev/null; then echo "the hung peer's process $pid outlived its timeout" >&2; exit 1; fi
+done
 
 # No time left: every part says it was not started, and why.
 BUILD=$build OUT=$work/none "$python" jobs/local/gpu_measure.py --dry-run --budget-s 5 > "$work/none.out"
