@@ -131,7 +131,7 @@ def measure(args, device, dtype, timer, backend, d, docs):
         try:
             with sdpa_kernel([BACKENDS[backend]]):
                 call(q, k, v)
-        except RuntimeError as e:  # a backend without GQA: the key/value heads repeated
+        except (RuntimeError, TypeError) as e:  # a backend (or a torch) without GQA: the key/value heads repeated
             notes.append(f"key/value heads repeated ({str(e).splitlines()[0][:120]})")
             k, v = repeat_kv(k, args.gqa, 1), repeat_kv(v, args.gqa, 1)
 
@@ -207,10 +207,13 @@ def main():
             for backend in backends:
                 try:
                     row = measure(args, device, dtype, timer, backend, d, docs)
-                except RuntimeError as e:  # the backend refuses the shape: a result, said in the row
+                except Exception as e:  # noqa: BLE001 — the row says what failed; the other rows still run
                     row = {"peer": "torch-sdpa", "backend": backend, "D": d, "docs": docs,
-                           "error": str(e).splitlines()[0][:300]}
-                    failed += "No available kernel" not in str(e)
+                           "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+                    # A backend that refuses the shape is a result; anything else fails the run.
+                    refused = isinstance(e, RuntimeError) and any(
+                        m in str(e) for m in ("No available kernel", "No viable backend"))
+                    failed += not refused
                 print(json.dumps(row), flush=True)
     return 1 if failed else 0
 

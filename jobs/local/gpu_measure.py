@@ -133,6 +133,12 @@ class Table:
                   "note": note})
         r["commands"] = sorted(set(r["commands"]) | set(commands))
 
+    def skip(self, key, why, commands=()):
+        """One row not measured, and why."""
+        r = self.row(key)
+        r["why"] = why
+        r["commands"] = sorted(set(r["commands"]) | set(commands))
+
     def not_measured(self, part, why, commands=()):
         """Every row of part not yet filled: not measured, and why."""
         for r in self.rows:
@@ -222,7 +228,8 @@ class Runner:
             f.write(line + "\n")
 
     def run(self, argv, timeout_s, ours=True):
-        """(number in the command list, exit status or None on timeout, output text, seconds)."""
+        """Runs argv from the project root (ours: with our binaries' libraries) for at most
+        timeout_s and what is left of the run's budget."""
         n = self.table.command(argv)
         timeout_s = max(1, int(min(timeout_s, self.left())))
         self.log(f"c{n} (timeout {timeout_s} s): {' '.join(shlex.quote(a) for a in argv)}")
@@ -234,7 +241,7 @@ class Runner:
                                      env=self.ours_env if ours else os.environ, start_new_session=True)
             except OSError as e:
                 log.write(f"cannot start: {e}\n")
-                return n, 127, f"cannot start {argv[0]}: {e}", 0.0
+                return Result(n, 127, f"cannot start {argv[0]}: {e}", timeout_s)
             try:
                 rc = p.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -254,17 +261,23 @@ class Runner:
             f.seek(start)
             text = f.read()
         self.log(f"c{n}: {'timed out' if rc is None else f'exit {rc}'} after {seconds:.1f} s")
-        return n, rc, text, seconds
+        return Result(n, rc, text, timeout_s)
 
 
-def failure(rc, text, timeout_s):
-    """Why a command gave no result: its timeout, or its exit and its last error line."""
-    if rc is None:
-        return f"timed out after {timeout_s:.0f} s"
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
-    err = next((l for l in reversed(lines) if "error" in l.lower() or "Error" in l or "Traceback" in l), None)
-    err = err or (lines[-1] if lines else "no output")
-    return f"exit {rc}: {err[:300]}"
+class Result:
+    """A command's number in the table's list, exit status (None: stopped at its timeout), output."""
+
+    def __init__(self, n, rc, text, timeout_s):
+        self.n, self.rc, self.text, self.timeout_s = n, rc, text, timeout_s
+
+    def why(self):
+        """Why it gave no result: its timeout, or its exit and its last error line."""
+        if self.rc is None:
+            return f"timed out after {self.timeout_s:.0f} s"
+        lines = [l.strip() for l in self.text.splitlines() if l.strip()]
+        err = next((l for l in reversed(lines) if "error" in l.lower() or "Traceback" in l), None)
+        err = err or (lines[-1] if lines else "no output")
+        return f"exit {self.rc}: {err[:300]}"
 
 
 # ---- the parts ----------------------------------------------------------------------------------
@@ -311,9 +324,10 @@ def part_gate(ctx):
     budget = ctx.budget("gate")
     argv = ["ctest", "--test-dir", build, "-L", "gpu", "-R", sel, "-j", jobs, "--timeout", str(max(10, budget - 10)),
             "--output-on-failure"] + (["-E", excl] if excl else [])
-    n, rc, text, _ = ctx.runner.run(argv, budget)
+    res = ctx.runner.run(argv, budget)
+    n = res.n
     counts, failed, total = {"passed": 0, "failed": 0, "skipped": 0}, [], None
-    for line in text.splitlines():
+    for line in res.text.splitlines():
         # "  3/120 Test  #17: Name ......   Passed    0.52 sec"  /  "***Failed", "***Skipped", "***Not Run", "***Timeout"
         parts = line.split()
         if len(parts) < 5 or parts[1] != "Test" or "/" not in parts[0]:
@@ -332,29 +346,30 @@ def part_gate(ctx):
             counts["failed"] += 1
             failed.append(f"{name} ({status.split()[0] if status else '?'})")
     if total is None:
-        if "No tests were found" in text:
+        if "No tests were found" in res.text:
             ctx.table.fill("gate", "no test matches the selection", meets=None, commands=[n])
             return "measured", ""
-        why = failure(rc, text, budget)
+        why = res.why()
         ctx.table.not_measured("gate", why, [n])
         return "not measured", why
     done = sum(counts.values())
     summary = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped of {total}"
     if done < total:
-        summary += f"; {total - done} not run ({'the part timed out' if rc is None else 'ctest stopped'})"
+        summary += f"; {total - done} not run ({'the part timed out' if res.rc is None else 'ctest stopped'})"
     note = ("failed: " + ", ".join(failed[:10]) + (f" and {len(failed) - 10} more" if len(failed) > 10 else "")
             if failed else "")
     ctx.table.fill("gate", summary, meets=counts["failed"] == 0 and done == total, note=note, commands=[n])
-    return "measured", "" if rc is not None else f"timed out after {budget} s"
+    return "measured", "" if res.rc is not None else res.why()
 
 
 def part_peaks(ctx):
     argv = [ctx.so_bench, "gpu-peaks"] + ctx.mode.peaks_args
     budget = ctx.budget("peaks")
-    n, rc, text, _ = ctx.runner.run(argv, budget)
-    p = first(json_lines(text), bench="gpu-peaks")
-    if rc != 0 or p is None:
-        why = failure(rc, text, budget)
+    res = ctx.runner.run(argv, budget)
+    n = res.n
+    p = first(json_lines(res.text), bench="gpu-peaks")
+    if res.rc != 0 or p is None:
+        why = res.why()
         ctx.table.not_measured("peaks", why, [n])
         return "not measured", why
     ctx.peaks = p
@@ -383,21 +398,24 @@ def part_attention(ctx):
     json_path = os.path.join(ctx.work, "attention.jsonl")
     ours_argv = [ctx.so_bench, "attention", "--backend", "cpu" if mode.dry else "cuda", "--impls", "flash,cudnn",
                  "--json", json_path] + attention_args(mode)
-    n_ours, rc_ours, text_ours, _ = ctx.runner.run(ours_argv, budget / 2)
+    res_ours = ctx.runner.run(ours_argv, budget / 2)
+    n_ours = res_ours.n
     ours = []
     if os.path.exists(json_path):
         with open(json_path) as f:
             ours = json_lines(f.read())
     peer_argv = [ctx.python, "bench/peers/sdpa_attention.py", "--device", "cpu" if mode.dry else "cuda",
                  "--backends", mode.torch_backends] + attention_args(mode)
-    n_peer, rc_peer, text_peer, _ = ctx.runner.run(peer_argv, budget - (time.monotonic() - t0), ours=False)
-    peer = [r for r in json_lines(text_peer) if r.get("peer") == "torch-sdpa"]
+    res_peer = ctx.runner.run(peer_argv, budget - (time.monotonic() - t0), ours=False)
+    n_peer = res_peer.n
+    peer = [r for r in json_lines(res_peer.text) if r.get("peer") == "torch-sdpa"]
     ctx.raw["attention"] = {"ours": ours, "torch": peer}
-    why_ours = "" if ours else failure(rc_ours, text_ours, budget / 2)
-    why_peer = "" if peer else failure(rc_peer, text_peer, budget / 2)
+    why_ours = "" if ours else res_ours.why()
+    why_peer = "" if peer else res_peer.why()
     measured_any = False
 
-    def best(rows, d, docs, key, name_key):
+    def best(rows, d, docs, key):
+        """The row of the fastest implementation at this shape, and the rows that did not run."""
         ok = [r for r in rows if r.get("D") == d and r.get("docs") == docs and r.get(key)]
         return max(ok, key=lambda r: r[key], default=None), \
             [r for r in rows if r.get("D") == d and r.get("docs") == docs and not r.get(key)]
@@ -406,11 +424,11 @@ def part_attention(ctx):
         for docs in a["docs"]:
             for pas, key in (("forward", "fwd_tflops"), ("backward", "bwd_tflops")):
                 row_key = f"attn-{d}-{docs}-{pas}"
-                o, o_missing = best(ours, d, docs, key, "impl")
-                t, _ = best(peer, d, docs, key, "backend")
+                o, o_missing = best(ours, d, docs, key)
+                t, _ = best(peer, d, docs, key)
                 if o is None:
                     refused = "; ".join(f"{r['impl']}: {r.get('not_run') or r.get('error')}" for r in o_missing)
-                    ctx.table.not_measured("attention", f"ours: {refused or why_ours or 'no row'}", [n_ours, n_peer])
+                    ctx.table.skip(row_key, f"ours: {refused or why_ours or 'no row'}", [n_ours, n_peer])
                     continue
                 all_ours = ", ".join(f"{r['impl']} {fmt(r[key])}" for r in ours
                                      if r.get("D") == d and r.get("docs") == docs and r.get(key))
@@ -431,15 +449,15 @@ def part_attention(ctx):
         if len(a["docs"]) > 1:
             ratios = []
             for key in ("fwd_tflops", "bwd_tflops"):
-                unpacked, _ = best(ours, d, 1, key, "impl")
-                packed, _ = best(ours, d, max(a["docs"]), key, "impl")
+                unpacked, _ = best(ours, d, 1, key)
+                packed, _ = best(ours, d, max(a["docs"]), key)
                 ratios.append(packed[key] / unpacked[key] if packed and unpacked else None)
             if None not in ratios:
                 ctx.table.fill(f"attn-{d}-packed", f"{ratios[0]:.2f}x / {ratios[1]:.2f}x", ratio=min(ratios),
                                meets=min(ratios) >= 0.9, note="FLOPs counted within documents", commands=[n_ours])
             else:
-                ctx.table.not_measured("attention", f"ours: {why_ours or 'a packed or unpacked row did not run'}",
-                                       [n_ours])
+                ctx.table.skip(f"attn-{d}-packed", f"ours: {why_ours or 'a packed or unpacked row did not run'}",
+                               [n_ours])
     if not measured_any:
         return "not measured", f"ours: {why_ours or 'no row'}; torch: {why_peer or 'ok'}"
     return "measured", "; ".join(w for w in (why_ours and f"ours: {why_ours}", why_peer and f"torch: {why_peer}") if w)
@@ -465,26 +483,26 @@ def part_train(ctx, part):
     metrics = os.path.join(ctx.work, f"{part}.jsonl")
     ours_argv = [ctx.so_train, "--config", config, "--steps", str(mode.train_steps), "--metrics", metrics] + \
         mode.so_train_sets(part)
-    n_ours, rc_ours, text_ours, _ = ctx.runner.run(ours_argv, budget / 2)
+    res_ours = ctx.runner.run(ours_argv, budget / 2)
+    # Steps that finished before a failure or the timeout are measured; the note says it stopped.
     ours = so_train_means(metrics, mode.skip_steps)
-    why_ours = "" if ours and rc_ours == 0 else failure(rc_ours, text_ours, budget / 2)
-    if ours and rc_ours != 0:
-        why_ours = ""  # the steps that finished are measured; the note says it stopped
-    attention = next((l.split("attention:", 1)[1].strip() for l in text_ours.splitlines() if "attention:" in l), "")
+    why_ours = "" if ours else res_ours.why()
+    attention = next((l.split("attention:", 1)[1].strip() for l in res_ours.text.splitlines() if "attention:" in l),
+                     "")
     peak = (ctx.peaks or {}).get("nominal_tflops") or (ours["tflops"] / ours["mfu"] if ours and ours["mfu"] else 0)
     peer_argv = [ctx.python, "bench/peers/torch_train.py", "--config", config, "--steps",
                  str(mode.train_steps - mode.skip_steps), "--warmup", str(mode.skip_steps),
                  "--peak-tflops", f"{peak:.6g}"] + mode.peer_args(part)
-    n_peer, rc_peer, text_peer, _ = ctx.runner.run(peer_argv, budget - (time.monotonic() - t0), ours=False)
-    peer = first(json_lines(text_peer), peer="torch")
-    why_peer = "" if peer else failure(rc_peer, text_peer, budget / 2)
+    res_peer = ctx.runner.run(peer_argv, budget - (time.monotonic() - t0), ours=False)
+    peer = first(json_lines(res_peer.text), peer="torch")
+    why_peer = "" if peer else res_peer.why()
     ctx.raw[part] = {"ours": ours, "torch": peer}
-    cmds = [n_ours, n_peer]
+    cmds = [res_ours.n, res_peer.n]
     if not ours:
         ctx.table.not_measured(part, f"so_train: {why_ours}", cmds)
         return "not measured", f"so_train: {why_ours}" + (f"; torch: {why_peer}" if why_peer else "")
     note = [f"so_train means over steps {mode.skip_steps + 1}..{mode.skip_steps + ours['steps']}"
-            + ("" if rc_ours == 0 else f" (it stopped: {failure(rc_ours, text_ours, budget / 2)})"),
+            + ("" if res_ours.rc == 0 else f" (it stopped: {res_ours.why()})"),
             f"peak memory {ours['peak_mem_mib']:.0f} MiB"]
     if attention:
         note.append(f"attention: {attention[:160]}")
@@ -518,13 +536,14 @@ def part_step(ctx):
         sets += mode.so_train_sets("train-1b")
     argv = [ctx.so_bench, "step", "--config", STEP_CONFIG, "--steps", str(mode.step_bench_steps), "--modes",
             "zero-offload:1,superoffload:1", "--clip", "always", "--json", json_path] + sets
-    n, rc, text, _ = ctx.runner.run(argv, budget)
+    res = ctx.runner.run(argv, budget)
+    n = res.n
     doc = None
-    if rc == 0 and os.path.exists(json_path):
+    if res.rc == 0 and os.path.exists(json_path):
         with open(json_path) as f:
             doc = json.load(f)
     if not doc:
-        why = failure(rc, text, budget)
+        why = res.why()
         ctx.table.not_measured("step", why, [n])
         return "not measured", why
     ctx.raw["step"] = doc
