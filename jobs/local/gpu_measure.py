@@ -31,6 +31,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -316,6 +317,33 @@ def declare_rows(table, mode, parts):
                           "SuperOffload vs ZeRO-Offload", "<= 0.5x")
 
 
+def ctest_counts(text):
+    """(tests selected or None when ctest listed none, {passed, failed, skipped}, failed names
+    with their status) from ctest's progress lines, which are there even when ctest is killed."""
+    counts, failed, total = {"passed": 0, "failed": 0, "skipped": 0}, [], None
+    for line in text.splitlines():
+        # "  3/120 Test  #17: Name [# GetParam() = ...] ......   Passed    0.52 sec", or after the
+        # dots "***Failed ...", "***Skipped", "***Not Run (Disabled)", "***Timeout", "***Exception: ..."
+        m = re.match(r"\s*\d+/(\d+) Test\s+#\d+: (\S+)", line)
+        if not m:
+            continue
+        total, name, tail = int(m.group(1)), m.group(2), line[m.end():]
+        if "***" in tail:
+            status = tail.rsplit("***", 1)[1].strip()
+        elif re.search(r"\sPassed\s+[\d.]+ sec\s*$", tail):
+            status = "Passed"
+        else:
+            status = tail.strip() or "?"
+        if status.startswith("Passed"):
+            counts["passed"] += 1
+        elif status.startswith("Skipped") or "Disabled" in status:
+            counts["skipped"] += 1
+        else:
+            counts["failed"] += 1
+            failed.append(f"{name} ({status.split()[0]})")
+    return total, counts, failed
+
+
 def part_gate(ctx):
     build = ctx.build
     sel = os.environ.get("SO_MEASURE_GATE", DEFAULT_GATE)
@@ -326,25 +354,7 @@ def part_gate(ctx):
             "--output-on-failure"] + (["-E", excl] if excl else [])
     res = ctx.runner.run(argv, budget)
     n = res.n
-    counts, failed, total = {"passed": 0, "failed": 0, "skipped": 0}, [], None
-    for line in res.text.splitlines():
-        # "  3/120 Test  #17: Name ......   Passed    0.52 sec"  /  "***Failed", "***Skipped", "***Not Run", "***Timeout"
-        parts = line.split()
-        if len(parts) < 5 or parts[1] != "Test" or "/" not in parts[0]:
-            continue
-        try:
-            total = int(parts[0].split("/")[1])
-        except ValueError:
-            continue
-        name = parts[3]
-        status = line.split(name, 1)[1].lstrip(" .*").split("  ")[0].strip()
-        if status.startswith("Passed"):
-            counts["passed"] += 1
-        elif status.startswith("Skipped") or "Disabled" in status:
-            counts["skipped"] += 1
-        else:
-            counts["failed"] += 1
-            failed.append(f"{name} ({status.split()[0] if status else '?'})")
+    total, counts, failed = ctest_counts(res.text)
     if total is None:
         if "No tests were found" in res.text:
             ctx.table.fill("gate", "no test matches the selection", meets=None, commands=[n])
@@ -358,7 +368,8 @@ def part_gate(ctx):
         summary += f"; {total - done} not run ({'the part timed out' if res.rc is None else 'ctest stopped'})"
     note = ("failed: " + ", ".join(failed[:10]) + (f" and {len(failed) - 10} more" if len(failed) > 10 else "")
             if failed else "")
-    ctx.table.fill("gate", summary, meets=counts["failed"] == 0 and done == total, note=note, commands=[n])
+    ctx.table.fill("gate", summary, meets=counts["failed"] == 0 and done == total and counts["passed"] > 0, note=note,
+                   commands=[n])
     return "measured", "" if res.rc is not None else res.why()
 
 

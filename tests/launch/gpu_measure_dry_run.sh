@@ -36,6 +36,26 @@ for p, v in doc["parts"].items():
 assert f"commit: {doc['commit']}" in md and "not measured" not in md, md
 print(f"dry run table: {len(doc['rows'])} rows, {len(doc['commands'])} commands; gate: {gate['ours']}")
 PY
+# The gate's reading of ctest's progress lines: every status ctest prints, parameterised names.
+"$python" - <<'PY'
+import sys
+sys.path.insert(0, "jobs/local")
+from gpu_measure import ctest_counts
+text = """Test project /b
+        Start  445: Small/CudaOps.MatchesCpu/attention_forward  # GetParam() = attention_forward
+  1/7 Test  #445: Small/CudaOps.MatchesCpu/attention_forward  # GetParam() = x ..........   Passed    0.52 sec
+  2/7 Test    #3: a ...................................***Failed  Required regular expression not found. Regex=[ok]  0.50 sec
+  3/7 Test  #117: b/c  # GetParam() = 40-byte object <A0-D3 10-E4> ..........***Skipped   0.66 sec
+  4/7 Test   #12: d ...................................***Not Run (Disabled)   0.00 sec
+  5/7 Test   #13: e ...................................***Timeout 100.01 sec
+  6/7 Test   #14: f ...................................***Exception: SegFault  0.12 sec
+some output of a failed test: 1/1 Test #1: inner .... Passed 0.1 sec
+"""
+total, counts, failed = ctest_counts(text)
+assert (total, counts) == (7, {"passed": 1, "failed": 3, "skipped": 2}), (total, counts)
+assert failed == ["a (Failed)", "e (Timeout)", "f (Exception:)"], failed
+assert ctest_counts("No tests were found!!!")[0] is None
+PY
 peak=$("$python" jobs/local/bench_json.py nominal-peak "$work/full/measure.log")
 "$python" -c "import sys; assert float(sys.argv[1]) > 0, sys.argv[1]" "$peak"
 
