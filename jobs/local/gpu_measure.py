@@ -246,6 +246,8 @@ class Runner:
             try:
                 rc = p.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
+                # The whole group: SIGTERM (so_train and the peers exit cleanly), then SIGKILL for
+                # whatever of it is left, children that outlived their parent included.
                 rc = None
                 for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
                     try:
@@ -254,9 +256,8 @@ class Runner:
                         break
                     try:
                         p.wait(timeout=grace)
-                        break
                     except subprocess.TimeoutExpired:
-                        continue
+                        pass
         seconds = time.monotonic() - t0
         with open(self.log_path, errors="replace") as f:
             f.seek(start)

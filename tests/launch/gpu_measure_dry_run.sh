@@ -65,7 +65,7 @@ printf '#!/bin/sh\necho $$ >> %s/hang.pids\nsleep 300 &\necho $! >> %s/hang.pids
 chmod +x "$work/hang"
 start=$SECONDS
 SO_PYTHON=$work/hang BUILD=$build OUT=$work/cut "$python" jobs/local/gpu_measure.py --dry-run --parts train-1b,peaks \
-  --part-budget train-1b=40 > "$work/cut.out"
+  --part-budget train-1b=20 > "$work/cut.out"
 [ $((SECONDS - start)) -lt 120 ] || { echo "the hung peer was not stopped at its timeout" >&2; exit 1; }
 "$python" - "$work/cut" <<'PY'
 import json, sys
@@ -75,8 +75,11 @@ t = rows["train-1b-tokens"]
 assert t["status"] == "measured" and t["baseline"] == "not measured" and "timed out after" in t["note"], t
 assert rows["gemm"]["status"] == "measured", rows["gemm"]
 PY
+alive() {  # running, not a zombie waiting for a parent to reap it
+  [ -r "/proc/$1/stat" ] && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]
+}
 for pid in $(cat "$work/hang.pids"); do
-  if kill -0 "$pid" 2>/dev/null; then echo "the hung peer's process $pid outlived its timeout" >&2; exit 1; fi
+  if alive "$pid"; then echo "the hung peer's process $pid outlived its timeout" >&2; exit 1; fi
 done
 
 # No time left: every part says it was not started, and why.
