@@ -88,6 +88,6 @@ BUILD=$build OUT=$work/none "$python" jobs/local/gpu_measure.py --dry-run --budg
 import json, sys
 doc = json.load(open(f"{sys.argv[1]}/measure.json"))
 assert all(r["status"] == "not measured" and "not started" in r["why"] for r in doc["rows"]), doc["rows"]
-assert open(f"{sys.argv[1]}/measure.md").count("not measured: not started") == len(doc["rows"])
+assert open(f"{sys.argv[1]}/measure.md").read().count("not measured: not started") == len(doc["rows"])
 PY
 echo "gpu measure dry run ok"
