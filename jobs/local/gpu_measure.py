@@ -621,8 +621,10 @@ def parse_args():
     p.add_argument("--render", metavar="MEASURE_JSON", help="print the markdown table of a measure.json and exit")
     p.add_argument("--template", action="store_true",
                    help="print the table of a GPU run with every row not measured (for docs/perf.md) and exit")
+    p.add_argument("--print-gate", action="store_true",
+                   help="print the gate's ctest -R selection and exit (for SO_PACK_TESTS of jobs/local/gpu_pack.sh)")
     args = p.parse_args()
-    if args.render or args.template:
+    if args.render or args.template or args.print_gate:
         return args
     args.parts = [x for x in args.parts.split(",") if x]
     for x in args.parts:
@@ -647,6 +649,9 @@ def main():
     if args.render:
         with open(args.render) as f:
             sys.stdout.write(render(json.load(f)))
+        return 0
+    if args.print_gate:
+        print(os.environ.get("SO_MEASURE_GATE", DEFAULT_GATE))
         return 0
     if args.template:
         table = Table(None, {"date": "—", "card": "—", "driver": "—", "commit": "—", "budget_s": 480,
