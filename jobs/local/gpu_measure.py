@@ -121,11 +121,12 @@ class Table:
     def row(self, key):
         return next(r for r in self.rows if r["key"] == key)
 
-    def command(self, argv):
+    def command(self, argv, env=None):
         """Numbers a command for the table's command list (paths under the project root relative
-        to it, as the commands run from there); returns its number."""
+        to it, as the commands run from there; the variables it is given first); returns its number."""
         shown = [os.path.relpath(a, ROOT) if os.path.isabs(a) and a.startswith(ROOT + os.sep) else a for a in argv]
-        self.commands.append(" ".join(shlex.quote(a) for a in shown))
+        self.commands.append(" ".join([f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()] +
+                                      [shlex.quote(a) for a in shown]))
         return len(self.commands)
 
     def fill(self, key, ours, baseline=None, ratio=None, meets=None, note="", commands=()):
@@ -228,18 +229,19 @@ class Runner:
         with open(self.log_path, "a") as f:
             f.write(line + "\n")
 
-    def run(self, argv, timeout_s, ours=True):
-        """Runs argv from the project root (ours: with our binaries' libraries) for at most
-        timeout_s and what is left of the run's budget."""
-        n = self.table.command(argv)
+    def run(self, argv, timeout_s, ours=True, env=None):
+        """Runs argv from the project root (ours: with our binaries' libraries; env: more
+        variables) for at most timeout_s and what is left of the run's budget."""
+        n = self.table.command(argv, env)
         timeout_s = max(1, int(min(timeout_s, self.left())))
-        self.log(f"c{n} (timeout {timeout_s} s): {' '.join(shlex.quote(a) for a in argv)}")
+        self.log(f"c{n} (timeout {timeout_s} s): {self.table.commands[-1]}")
         t0 = time.monotonic()
         with open(self.log_path, "a") as log:
             start = log.tell()
             try:
                 p = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=self.ours_env if ours else os.environ, start_new_session=True)
+                                     env=dict(self.ours_env if ours else os.environ, **(env or {})),
+                                     start_new_session=True)
             except OSError as e:
                 log.write(f"cannot start: {e}\n")
                 return Result(n, 127, f"cannot start {argv[0]}: {e}", timeout_s)
@@ -353,7 +355,11 @@ def part_gate(ctx):
     budget = ctx.budget("gate")
     argv = ["ctest", "--test-dir", build, "-L", "gpu", "-R", sel, "-j", jobs, "--timeout", str(max(10, budget - 10)),
             "--output-on-failure"] + (["-E", excl] if excl else [])
-    res = ctx.runner.run(argv, budget)
+    # Parallel singleton MPI processes (Open MPI's isolated singletons, as the stage runner sets them)
+    # share one session directory and race on creating and removing it: none is made (mpirun needs
+    # them: a selection with mpirun tests sets OMPI_MCA_orte_create_session_dirs=1).
+    env = {"OMPI_MCA_orte_create_session_dirs": os.environ.get("OMPI_MCA_orte_create_session_dirs", "0")}
+    res = ctx.runner.run(argv, budget, env=env)
     n = res.n
     total, counts, failed = ctest_counts(res.text)
     if total is None:
