@@ -181,7 +181,7 @@ def measure(args, device, dtype, timer, backend, d, docs):
         dout = torch.empty_like(out).uniform_(-1, 1)
         bwd_ms = timer.median_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
                                  args.warmup, args.iters)
-    row.update({"fwd_ms": round(fwd_ms, 4), "bwd_ms": round(bwd_ms, 4),
+    row.update({"fwd_ms": fwd_ms, "bwd_ms": bwd_ms,
                 "fwd_tflops": flop / (fwd_ms * 1e-3) / 1e12, "bwd_tflops": 2.5 * flop / (bwd_ms * 1e-3) / 1e12})
     if notes:
         row["note"] = "; ".join(notes)

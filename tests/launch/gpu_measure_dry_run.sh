@@ -34,6 +34,20 @@ assert " 0 failed" in gate["ours"] and " of 0" not in gate["ours"] and "not run"
 for p, v in doc["parts"].items():
     assert v["status"] == "measured" and not v["why"], (p, v)
 assert f"commit: {doc['commit']}" in md and "not measured" not in md, md
+# Both sides count attention FLOPs alike: causal within each row's equal documents (the last one
+# taking the remainder), forward 4*B*Hq*D*sum(L^2)/2, backward 2.5x.
+att = doc["raw"]["attention"]
+for side in ("ours", "torch"):
+    shapes = {(r["D"], r["docs"]) for r in att[side] if "fwd_ms" in r}
+    assert shapes == {(16, 1), (16, 4), (32, 1), (32, 4)}, (side, shapes)
+    for r in att[side]:
+        if "fwd_ms" not in r:
+            continue
+        n = r["S"] // r["docs"]
+        lengths = [n] * (r["docs"] - 1) + [r["S"] - (r["docs"] - 1) * n]
+        flop = 4 * r["B"] * r["Hq"] * r["D"] * sum(x * x for x in lengths) / 2
+        assert abs(r["fwd_tflops"] * r["fwd_ms"] * 1e9 / flop - 1) < 1e-6, (side, r)
+        assert abs(r["bwd_tflops"] * r["bwd_ms"] * 1e9 / (2.5 * flop) - 1) < 1e-6, (side, r)
 print(f"dry run table: {len(doc['rows'])} rows, {len(doc['commands'])} commands; gate: {gate['ours']}")
 PY
 # The gate's reading of ctest's progress lines: every status ctest prints, parameterised names.
