@@ -446,7 +446,13 @@ def part_attention(ctx):
                 t, _ = best(peer, d, docs, key)
                 if o is None:
                     refused = "; ".join(f"{r['impl']}: {r.get('not_run') or r.get('error')}" for r in o_missing)
-                    ctx.table.skip(row_key, f"ours: {refused or why_ours or 'no row'}", [n_ours, n_peer])
+                    why = refused or why_ours or "no row"
+                    if t is None:
+                        ctx.table.skip(row_key, f"ours: {why}; torch: {why_peer or 'no row for this shape'}",
+                                       [n_ours, n_peer])
+                    else:  # the baseline's number kept beside the reason ours has none
+                        ctx.table.fill(row_key, f"not measured: {why[:300]}", f"{fmt(t[key])} ({t['backend']})",
+                                       note=f"torch via {t.get('path', '?')}", commands=[n_ours, n_peer])
                     continue
                 all_ours = ", ".join(f"{r['impl']} {fmt(r[key])}" for r in ours
                                      if r.get("D") == d and r.get("docs") == docs and r.get(key))
@@ -517,8 +523,16 @@ def part_train(ctx, part):
     ctx.raw[part] = {"ours": ours, "torch": peer}
     cmds = [res_ours.n, res_peer.n]
     if not ours:
-        ctx.table.not_measured(part, f"so_train: {why_ours}", cmds)
-        return "not measured", f"so_train: {why_ours}" + (f"; torch: {why_peer}" if why_peer else "")
+        why = f"so_train: {why_ours}" + (f"; torch: {why_peer}" if why_peer else "")
+        if not peer:
+            ctx.table.not_measured(part, why, cmds)
+            return "not measured", why
+        # The baseline's number is kept beside the reason ours has none.
+        ctx.table.fill(f"{part}-tokens", f"not measured: {why_ours}", fmt(peer["tokens_per_s"]), commands=cmds)
+        if part != "moe":
+            ctx.table.fill(f"{part}-mfu", f"not measured: {why_ours}",
+                           f"{100 * peer['mfu']:.1f}%" if peer.get("mfu") else "—", commands=cmds)
+        return "not measured", why
     note = [f"so_train means over steps {mode.skip_steps + 1}..{mode.skip_steps + ours['steps']}"
             + ("" if res_ours.rc == 0 else f" (it stopped: {res_ours.why()})"),
             f"peak memory {ours['peak_mem_mib']:.0f} MiB"]

@@ -96,6 +96,20 @@ for pid in $(cat "$work/hang.pids"); do
   if alive "$pid"; then echo "the hung peer's process $pid outlived its timeout" >&2; exit 1; fi
 done
 
+# so_train failing: its error line stands in the row, the peer's number beside it.
+mkdir -p "$work/broken/launcher"
+printf '#!/bin/sh\necho "so_train: error: a crafted failure" >&2\nexit 1\n' > "$work/broken/launcher/so_train"
+chmod +x "$work/broken/launcher/so_train"
+BUILD=$work/broken OUT=$work/broken-out "$python" jobs/local/gpu_measure.py --dry-run --parts train-1b > "$work/broken.out"
+"$python" - "$work/broken-out" <<'PY'
+import json, sys
+doc = json.load(open(f"{sys.argv[1]}/measure.json"))
+rows = {r["key"]: r for r in doc["rows"]}
+t = rows["train-1b-tokens"]
+assert t["ours"] == "not measured: exit 1: so_train: error: a crafted failure" and float(t["baseline"].replace(",", "")) > 0, t
+assert doc["parts"]["train-1b"]["status"] == "not measured" and "crafted failure" in doc["parts"]["train-1b"]["why"]
+PY
+
 # No time left: every part says it was not started, and why.
 BUILD=$build OUT=$work/none "$python" jobs/local/gpu_measure.py --dry-run --budget-s 5 > "$work/none.out"
 "$python" - "$work/none" <<'PY'
