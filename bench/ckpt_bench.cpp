@@ -24,7 +24,7 @@
 #include "bench/device_timing.h"
 #include "so/io/direct_io_file.h"
 #include "so/model/param_layout.h"
-#include "so/train/checkpoint.h"
+#include "so/checkpoint/checkpoint.h"
 #include "so/train/trainer.h"
 
 namespace so::bench {
@@ -213,7 +213,7 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     comm.barrier();
     auto t0 = clock();
     state.iteration = state.steps_taken = 2 * r + 1;
-    path = save_checkpoint(engine, comm, cfg, state, dir, 1);
+    path = save_checkpoint(engine, comm, cfg.model, cfg.resolved, state, dir, 1);
     best_save = std::min(best_save, secs(t0, clock()));
     t0 = clock();
     wait_for_old_checkpoint_removal();  // in training it runs beside the next steps
@@ -223,7 +223,7 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     if (comm.rank() == 0) evict(path);
     comm.barrier();
     t0 = clock();
-    load_checkpoint(engine, comm, cfg, path);
+    load_checkpoint(engine, comm, cfg.model, path);
     comm.barrier();
     best_load = std::min(best_load, secs(t0, clock()));
     if (!async) continue;
@@ -232,7 +232,7 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
     comm.barrier();
     t0 = clock();
     state.iteration = state.steps_taken = 2 * r + 2;
-    CheckpointSave save(engine, comm, cfg, state, dir, 1, true);
+    CheckpointSave save(engine, comm, cfg.model, cfg.resolved, state, dir, 1, true);
     const double call = secs(t0, clock());
     const double step = optimizer_step();
     save.commit();

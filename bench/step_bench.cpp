@@ -12,7 +12,7 @@
 
 #include "bench/bench_commands.h"
 #include "so/core/error.h"
-#include "so/train/checkpoint.h"
+#include "so/checkpoint/checkpoint.h"
 #include "so/train/trainer.h"
 
 namespace so::bench {

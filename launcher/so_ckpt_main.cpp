@@ -11,7 +11,7 @@
 #include "parallel/communicator.h"
 #include "so/core/error.h"
 #include "so/model/hf_model.h"
-#include "so/train/checkpoint.h"
+#include "so/checkpoint/checkpoint.h"
 
 namespace {
 

@@ -120,6 +120,11 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
     if (vm.count("seq-len")) so::apply_override(doc, "data.seq_len=" + std::to_string(seq_len));
     for (const std::string& s : sets) so::apply_override(doc, s);
     if (vm.count("steps")) so::apply_override(doc, "train.steps=" + std::to_string(steps));
+    // A plan does not depend on how long the run is: --plan needs no step count.
+    if (vm.count("plan") && doc.is_object() &&
+        !(doc.contains("train") && doc["train"].is_object() &&
+          (doc["train"].contains("steps") || doc["train"].contains("num_train_epochs"))))
+      so::apply_override(doc, "train.steps=1");
     if (!tensorboard.empty() && doc.is_object()) {
       if (!doc.contains("tensorboard") || !doc["tensorboard"].is_object()) doc["tensorboard"] = nlohmann::json::object();
       doc["tensorboard"]["enabled"] = true;
@@ -145,6 +150,7 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       backend = so::create_backend(cfg.backend);
       machine = so::machine_profile_of(*backend);
       machine.host_bytes = host_bytes;
+      so::measure_offload_link(machine, cfg, ranks, 0, {});
     } else {
       machine = so::machine_profile(plan_machine, host_bytes);
       machine.deterministic_attention = cfg.backend.deterministic_attention;

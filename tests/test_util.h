@@ -21,18 +21,6 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
-// Every parameter's master weights and both Adam moments equal bit for bit: the mode
-// equivalences (Run: anything with per-parameter master, exp_avg and exp_avg_sq vectors).
-template <typename Run>
-void expect_same_optimizer_state(const Run& got, const Run& ref, const std::string& name) {
-  ASSERT_EQ(got.master.size(), ref.master.size()) << name;
-  for (size_t p = 0; p < ref.master.size(); ++p) {
-    EXPECT_TRUE(same_bits(got.master[p], ref.master[p])) << name << ": master weights of parameter " << p;
-    EXPECT_TRUE(same_bits(got.exp_avg[p], ref.exp_avg[p])) << name << ": exp_avg of parameter " << p;
-    EXPECT_TRUE(same_bits(got.exp_avg_sq[p], ref.exp_avg_sq[p])) << name << ": exp_avg_sq of parameter " << p;
-  }
-}
-
 // The CPU backend whatever the machine has ("auto" takes a GPU where one is visible): for the
 // tests of CPU semantics. Their GPU counterparts live in tests/gpu/.
 inline BackendOptions cpu_backend_options() {

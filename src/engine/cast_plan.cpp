@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <functional>
 
+#include <numa.h>
+
 #include "so/backend/host_buffer.h"
 #include "so/core/clock.h"
 #include "so/core/error.h"
@@ -114,6 +116,23 @@ CastPlan plan_casts(Backend& be, GraceAdam& adam, const CastPlanRequest& r) {
                         "); weights cast on the ", cast_site_name(plan.weights), " (", why(r.weights),
                         "; device route ", ms(weights_device), ", host route ", ms(weights_host), ")");
   return plan;
+}
+
+int offload_numa_node(const std::vector<int>& cores) {
+  if (cores.empty() || numa_available() < 0) return -1;
+  return numa_node_of_cpu(cores.front());
+}
+
+CastPlan measure_casts(Backend& backend, const OffloadConfig& offload, DType model_dtype, int64_t largest_bucket,
+                       const std::vector<int>& optimizer_cores) {
+  GraceAdam adam(optimizer_cores, offload.simd == "auto" ? default_simd_isa() : parse_simd_isa(offload.simd));
+  CastPlanRequest r;
+  r.model_dtype = model_dtype;
+  r.grads = offload.cast_grads, r.weights = offload.cast_weights;
+  r.bucket_elements = largest_bucket;
+  r.numa_node = offload_numa_node(optimizer_cores);
+  r.pin_memory = offload.pin_memory;
+  return plan_casts(backend, adam, r);
 }
 
 }  // namespace so

@@ -1,7 +1,5 @@
 #include "so/engine/engine.h"
 
-#include <numa.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -19,11 +17,6 @@ std::string unit_name(int unit, int num_units) {
   if (unit == 0) return "embedding";
   if (unit == num_units - 1) return "head";
   return str_cat("layer ", unit - 1);
-}
-
-int numa_node_of(const std::vector<int>& cores) {
-  if (cores.empty() || numa_available() < 0) return -1;
-  return numa_node_of_cpu(cores.front());
 }
 
 }  // namespace
@@ -51,10 +44,44 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
   for (size_t b = 0; b < buckets_.size(); ++b)
     decay_runs_.push_back(decay_runs(layout, buckets_, shards_, b, opts.no_decay));
 
+  // The link is measured before this engine allocates anything: the probe's buffers come and go
+  // first (the memory planner's start-up term).
+  CastPlan cast;
+  if (off.mode != OffloadMode::None) {
+    const SimdIsa isa = off.simd == "auto" ? default_simd_isa() : parse_simd_isa(off.simd);
+    grace_ = std::make_unique<GraceAdam>(opts.optimizer_cores, isa);
+    numa_node_ = opts.numa_node >= 0 ? opts.numa_node : offload_numa_node(opts.optimizer_cores);
+    if (opts.cast) {
+      cast = *opts.cast;
+    } else {
+      CastPlanRequest cr;
+      cr.model_dtype = opts.dtype;
+      cr.grads = off.cast_grads, cr.weights = off.cast_weights;
+      for (size_t b = 0; b < first_device_bucket_; ++b)
+        cr.bucket_elements = std::max(cr.bucket_elements, shards_.buckets[b].shard_size);
+      cr.numa_node = numa_node_;
+      cr.pin_memory = off.pin_memory;
+      cast = plan_casts(backend, *grace_, cr);
+    }
+    cast_report_ = cast.report;
+  }
+
   const size_t n = static_cast<size_t>(shards_.total), nd = static_cast<size_t>(device_end_);
+  const size_t esz = dtype_size(opts.dtype);
   const char* suffix = shards_.sharded() ? " (shard)" : "";
-  weights_ = backend.alloc(n * dtype_size(opts.dtype), str_cat("weights", suffix).c_str());
-  grads_ = backend.alloc(n * dtype_size(opts.dtype), str_cat("gradients", suffix).c_str());
+  weights_ = backend.alloc(n * esz, str_cat("weights", suffix).c_str());
+  grads_ = backend.alloc(nd * esz, str_cat("gradients of the device-stepped buckets", suffix).c_str());
+  SO_CHECK(opts.accumulation >= 1, "engine: ", opts.accumulation, " micro-batches per step");
+  const std::vector<GradRingUse> uses = grad_ring_uses(layout, buckets_, shards_, first_device_bucket_, stage_, esz,
+                                                       backend.allocation_granularity());
+  ring_ = plan_grad_ring(uses, opts.grad_ring_depth);
+  ring_use_.assign(nb, SIZE_MAX);
+  for (size_t i = 0; i < uses.size(); ++i) ring_use_[uses[i].bucket] = i;
+  if (ring_.bytes > 0) ring_buf_ = backend.alloc(ring_.bytes, "gradients of offloaded buckets in flight (ring)");
+  accumulate_on_host_ = !uses.empty() && opts.accumulation > 1;
+  // Summed on the host, the step's gradients exist only there.
+  if (accumulate_on_host_) first_device_sum_ = first_device_bucket_;
+  grads_touched_.assign(nb, 0);
   master_ = backend.alloc(nd * sizeof(float), "fp32 master weights");
   exp_avg_ = backend.alloc(nd * sizeof(float), "adam exp_avg");
   exp_avg_sq_ = backend.alloc(nd * sizeof(float), "adam exp_avg_sq");
@@ -92,25 +119,14 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
   }
 
   if (off.mode != OffloadMode::None) {
-    const SimdIsa isa = off.simd == "auto" ? default_simd_isa() : parse_simd_isa(off.simd);
-    grace_ = std::make_unique<GraceAdam>(opts.optimizer_cores, isa);
-    const int numa_node = opts.numa_node >= 0 ? opts.numa_node : numa_node_of(opts.optimizer_cores);
-    CastPlanRequest cr;
-    cr.model_dtype = opts.dtype;
-    cr.grads = off.cast_grads, cr.weights = off.cast_weights;
-    for (size_t b = 0; b < first_device_bucket_; ++b)
-      cr.bucket_elements = std::max(cr.bucket_elements, shards_.buckets[b].shard_size);
-    cr.numa_node = numa_node;
-    cr.pin_memory = off.pin_memory;
-    const CastPlan cast = plan_casts(backend, *grace_, cr);
-    cast_report_ = cast.report;
     OffloadOptimizer::Options oo;
     oo.dtype = opts.dtype;
     oo.mode = off.mode;
     oo.rollback = off.rollback;
     oo.cast = cast;
     oo.pin_memory = off.pin_memory;
-    oo.numa_node = numa_node;
+    oo.numa_node = numa_node_;
+    oo.accumulate = accumulate_on_host_;
     oo.change_state = [this](size_t b, int64_t iteration, const AdamArrays& a, bool unconditional_step,
                              const AdamPass& pass) {  // offloaded bucket i is engine bucket i
       change_state(b, iteration, a, unconditional_step, nullptr, pass);
@@ -128,7 +144,7 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
       host.push_back(std::move(s));
     }
     offload_ = std::make_unique<OffloadOptimizer>(backend, std::move(host), device_end_, shards_.total,
-                                                  weights_.data(), grads_.data(), oo, *grace_, timeline_);
+                                                  weights_.data(), oo, *grace_, timeline_);
   }
 }
 
@@ -156,30 +172,62 @@ void* Engine::weight(int id) {
 void* Engine::grad(int id) {
   const ParamInfo& p = info(id);
   const size_t esz = dtype_size(opts_.dtype);
-  if (!shards_.sharded()) return static_cast<char*>(grads_.data()) + p.offset * esz;
+  const size_t b = units_.param_bucket[id];
+  Stream& compute = backend_.stream(StreamKind::Compute);
+  if (!shards_.sharded()) {
+    // Backward accumulates straight into the bucket's gradients, zeroed at its first write: an
+    // offloaded bucket's in the ring once the copies of what its range held last are done, a
+    // device bucket's once its last step (which read them) is done.
+    char* base = ring_range(b);
+    const int64_t first = base ? buckets_[b].begin : 0;
+    if (!base) base = grads_.as<char>();
+    if (!grads_touched_[b]) {
+      if (offloaded(b))
+        wait_ring_free(b, compute);
+      else
+        backend_.wait(compute, *stepped_ev_[b]);
+      backend_.memset_zero(base + (buckets_[b].begin - first) * esz, static_cast<size_t>(buckets_[b].size()) * esz,
+                           compute);
+      grads_touched_[b] = 1;
+    }
+    return base + (p.offset - first) * esz;
+  }
   // The full gradient buffer of a bucket exists from its first gradient to its reduce-scatter
   // (stages 2-3), or always (stage 1: zeroed at its first gradient of each step, once the last
   // step's all-reduce and shard copy are done with it).
-  const size_t b = units_.param_bucket[id];
   const size_t bytes = static_cast<size_t>(shards_.padded_size(b)) * esz;
-  Stream& compute = backend_.stream(StreamKind::Compute);
   if (!full_grads_[b]) {
     settle_releases();
     full_grads_[b] = backend_.alloc(bytes, "gradient bucket (full, until reduce-scatter)");
     backend_.memset_zero(full_grads_[b].data(), bytes, compute);
   } else if (keep_full_grads_ && !full_grads_zeroed_[b]) {
     backend_.wait(compute, *reduced_ev_[b]);
+    if (offloaded(b)) backend_.wait(compute, offload_->grads_copied(b));  // its shard went to the host from here
     backend_.memset_zero(full_grads_[b].data(), bytes, compute);
   }
   full_grads_zeroed_[b] = 1;
   return static_cast<char*>(full_grads_[b].data()) + (p.offset - buckets_[b].begin) * esz;
 }
 
+char* Engine::ring_range(size_t b) {
+  const size_t use = ring_use_[b];
+  return use == SIZE_MAX ? nullptr : ring_buf_.as<char>() + ring_.offset[use];
+}
+
+void Engine::wait_ring_free(size_t b, Stream& s) {
+  for (size_t use : ring_.waits_for[ring_use_[b]]) {
+    const size_t prior = ring_.bucket[use];
+    backend_.wait(s, offload_->grads_copied(prior));
+    if (prior >= first_device_sum_) backend_.wait(s, *reduced_ev_[prior]);  // and its sum on the device
+  }
+}
+
 size_t Engine::state_bytes() const {
   size_t kept = 0;
   for (size_t b = 0; b < gathered_.size(); ++b)
     kept += (keep_gathered_ ? gathered_[b].bytes() : 0) + (keep_full_grads_ ? full_grads_[b].bytes() : 0);
-  return weights_.bytes() + grads_.bytes() + master_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes() + kept;
+  return weights_.bytes() + grads_.bytes() + ring_buf_.bytes() + master_.bytes() + exp_avg_.bytes() +
+         exp_avg_sq_.bytes() + kept;
 }
 
 size_t Engine::host_state_bytes() const { return offload_ ? offload_->host_bytes() : 0; }
@@ -192,7 +240,9 @@ std::string Engine::describe() const {
                  "% of the parameters) stepped on the CPU by GraceAdam (", simd_isa_name(grace_->isa()), ", ",
                  grace_->threads(), " threads on cores ", format_core_list(grace_->pool().cores()),
                  grace_->pool().pinned() ? ", pinned" : ", not pinned", "), ", buckets_.size() - first_device_bucket_,
-                 " on the device; host state ", offload_->host_bytes() / (1024.0 * 1024.0), " MiB",
+                 " on the device; offloaded gradients through a ", ring_buf_.bytes() / (1024.0 * 1024.0),
+                 " MiB device ring (depth ", ring_.depth, ")", accumulate_on_host_ ? ", micro-batches summed on the host" : "",
+                 "; host state ", offload_->host_bytes() / (1024.0 * 1024.0), " MiB",
                  opts_.offload.pin_memory ? " pinned" : "", "; rollback ", rollback_mode_name(opts_.offload.rollback),
                  opts_.offload.mode == OffloadMode::SuperOffload && opts_.offload.rollback == RollbackMode::Inverse
                      ? " (undoing a step leaves last-bit differences, ~1e-7 relative, in the state of a skipped step; "
@@ -346,9 +396,17 @@ std::vector<float> Engine::read_state(int id, OptimState which) {
 std::vector<float> Engine::read_grad(int id) {
   SO_CHECK(!shards_.sharded(), "engine: read_grad reads the full gradients, which ZeRO stages 1-3 do not keep");
   const ParamInfo& p = info(id);
+  const size_t b = units_.param_bucket[id];
+  if (offloaded(b)) {  // gone from the device: the host's copy, as the optimizer read it
+    drain_optimizer();
+    const std::vector<float> all = offload_->read_grads(b);
+    const auto at = all.begin() + (p.offset - buckets_[b].begin);
+    return std::vector<float>(at, at + p.numel);
+  }
   Stream& s = backend_.stream(StreamKind::Compute);
   DeviceBuffer wide = backend_.alloc(p.numel * sizeof(float), "grad readback");
-  backend_.ops().cast(s, wide.data(), DType::F32, grad(id), opts_.dtype, p.numel);
+  backend_.ops().cast(s, wide.data(), DType::F32, grads_.as<char>() + p.offset * dtype_size(opts_.dtype), opts_.dtype,
+                      p.numel);
   std::vector<float> out(static_cast<size_t>(p.numel));
   backend_.copy_d2h(out.data(), wide.data(), out.size() * sizeof(float), s);
   backend_.synchronize(s);
@@ -532,13 +590,14 @@ void Engine::with_frozen(size_t b, const FrozenReader& read) {
 
 void Engine::begin_step(double lr, int micro_batches, std::optional<std::pair<double, double>> betas) {
   SO_CHECK(micro_batches > 0, "engine: a step needs at least one micro-batch, got ", micro_batches);
+  SO_CHECK(micro_batches == 1 || accumulate_on_host_ || ring_buf_.bytes() == 0, "engine: ", micro_batches,
+           " micro-batches in a step of an engine built for ", opts_.accumulation,
+           " (EngineOptions::accumulation: offloaded gradients are summed on the host)");
   ++iteration_;
   micro_batches_ = micro_batches;
   micro_done_ = 0;
   in_backward_ = false;
   timeline_.begin_forward(iteration_);
-  timeline_.mark_compute("zero gradients");
-  Stream& compute = backend_.stream(StreamKind::Compute);
   spec_hp_ = opts_.adam;
   spec_hp_.lr = lr;
   if (betas) spec_hp_.beta1 = betas->first, spec_hp_.beta2 = betas->second;
@@ -548,20 +607,13 @@ void Engine::begin_step(double lr, int micro_batches, std::optional<std::pair<do
   speculative_steps_ += speculating_;
   if (offload_) offload_->begin_step(iteration_, spec_hp_, speculating_);
   std::fill(weights_waited_.begin(), weights_waited_.end(), 0);
-  // Unsharded, backward accumulates straight into the gradient buffer: zero it once the last
-  // step's readers are done with it, the offloaded part (copied to the host) first, so that this
-  // overlaps the device buckets' steps, which read their part and bucket_sums_ (the guards).
-  // Sharded, full gradient buckets start zeroed when first touched.
-  const size_t esz = dtype_size(opts_.dtype);
-  if (!shards_.sharded() && offload_) {
-    for (size_t b = 0; b < first_device_bucket_; ++b) offload_->wait_grads_copied(b, compute);
-    backend_.memset_zero(static_cast<char*>(grads_.data()) + device_end_ * esz, (shards_.total - device_end_) * esz,
-                         compute);
-  }
-  for (size_t b = first_device_bucket_; b < buckets_.size(); ++b) backend_.wait(compute, *stepped_ev_[b]);
-  backend_.memset_zero(bucket_sums_.data(), (buckets_.size() - first_device_sum_) * sizeof(float), compute);
-  if (!shards_.sharded()) backend_.memset_zero(grads_.data(), device_end_ * esz, compute);
+  // Gradient buffers are zeroed at their first write (grad()), each after its own readers: nothing
+  // here waits for the last step's device updates. The validation sums are accumulated on the comm
+  // stream, behind the last step's device updates that read them.
+  backend_.memset_zero(bucket_sums_.data(), (buckets_.size() - first_device_sum_) * sizeof(float),
+                       backend_.stream(StreamKind::Comm));
   std::fill(full_grads_zeroed_.begin(), full_grads_zeroed_.end(), 0);
+  std::fill(grads_touched_.begin(), grads_touched_.end(), 0);
 }
 
 void Engine::wait_stepped_weights(size_t b) {
@@ -671,71 +723,92 @@ void Engine::after_backward(int unit) {
   const int units = static_cast<int>(units_.unit_buckets.size());
   in_backward_ = unit > 0;
   if (timeline_.tracing()) timeline_.mark_compute(unit > 0 ? str_cat("backward ", unit_name(unit - 1, units)) : "");
-  const bool last_micro = micro_done_ == micro_batches_ - 1;
+  const bool first_micro = micro_done_ == 0, last_micro = micro_done_ == micro_batches_ - 1;
   if (unit == 0) {
     ++micro_done_;
     if (shards_.sharded())
       for (size_t b = 0; b < buckets_.size(); ++b) release_gathered(b);
   }
-  if (!last_micro) return;
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    if (buckets_[b].ready_unit == unit && (last_micro || (offloaded(b) && accumulate_on_host_)))
+      complete_bucket(b, first_micro, last_micro);
+  if (unit == 0)  // the ring's buckets start again from zero in the next micro-batch
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      if (ring_use_[b] != SIZE_MAX) grads_touched_[b] = 0;
+}
+
+char* Engine::reduced_grads(size_t b) {
+  const size_t esz = dtype_size(opts_.dtype);
+  if (char* ring = ring_range(b)) return ring;
+  if (offloaded(b))  // stage 1: the rank's shard of the whole bucket, all-reduced in place
+    return full_grads_[b].as<char>() + static_cast<size_t>(shards_.rank * shards_.buckets[b].shard_size) * esz;
+  return grads_.as<char>() + shards_.buckets[b].shard_begin * esz;
+}
+
+void Engine::complete_bucket(size_t b, bool first_micro, bool last_micro) {
   Stream& compute = backend_.stream(StreamKind::Compute);
   Stream& comm = backend_.stream(StreamKind::Comm);
   const size_t esz = dtype_size(opts_.dtype);
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (buckets_[b].ready_unit != unit) continue;
-    Stream* producer = &compute;
-    if (comm_.size() > 1) {
-      const BucketShard& sh = shards_.buckets[b];
-      char* shard = static_cast<char*>(grads_.data()) + sh.shard_begin * esz;
-      if (shards_.sharded()) grad(buckets_[b].params.front());  // a bucket nobody wrote still reduces (zeros)
+  const BucketShard& sh = shards_.buckets[b];
+  grad(buckets_[b].params.front());  // a bucket nobody wrote still reduces, and is copied (zeros)
+  char* reduced = reduced_grads(b);
+  Stream* producer = &compute;
+  if (comm_.size() > 1) {
+    std::unique_ptr<Event> ready = backend_.create_event();
+    backend_.record(*ready, compute);
+    backend_.wait(comm, *ready);
+    if (shards_.sharded() && !keep_full_grads_ && offloaded(b)) wait_ring_free(b, comm);  // reduce-scattered into it
+    // Sum over every rank: into this rank's shard (stages 2-3: reduce-scatter, then the full
+    // bucket goes), or everywhere (stage 1: the device buckets' shards copied out for their
+    // optimizer; stage 0: in place, every rank steps everything).
+    const char* what = shards_.sharded() && !keep_full_grads_ ? "reduce-scatter b" : "all-reduce b";
+    timeline_.stream_span(comm, Lane::Comm, str_cat(what, b), iteration_, [&] {
+      if (!shards_.sharded()) {
+        comm_.all_reduce(comm, reduced, sh.shard_size, opts_.dtype, ReduceOp::Sum);
+      } else if (keep_full_grads_) {
+        comm_.all_reduce(comm, full_grads_[b].data(), shards_.padded_size(b), opts_.dtype, ReduceOp::Sum);
+        if (!offloaded(b))
+          backend_.copy_d2d(reduced, full_grads_[b].as<char>() + shards_.rank * sh.shard_size * esz,
+                            static_cast<size_t>(sh.shard_size) * esz, comm);
+      } else {
+        comm_.reduce_scatter(comm, reduced, full_grads_[b].data(), sh.shard_size, opts_.dtype, ReduceOp::Sum);
+      }
+    });
+    if (shards_.sharded() && !keep_full_grads_) release_stream_ordered(std::move(full_grads_[b]), comm);
+    producer = &comm;
+  }
+  if (b >= first_device_sum_) {
+    // Beside the compute stream (so it overlaps the rest of backward where the hardware can):
+    // the bucket's sum of squares for validation, and a device bucket's speculative step,
+    // guarded by that sum (a bucket with non-finite gradients is never applied).
+    if (producer == &compute) {
       std::unique_ptr<Event> ready = backend_.create_event();
       backend_.record(*ready, compute);
       backend_.wait(comm, *ready);
-      if (offload_ && b < first_device_bucket_) offload_->wait_grads_copied(b, comm);
-      // Sum over every rank: into this rank's shard (stages 2-3: reduce-scatter, then the full
-      // bucket goes), or everywhere (stage 1: the shard copied out for the optimizer; stage 0:
-      // in place, every rank steps everything).
-      const char* what = shards_.sharded() && !keep_full_grads_ ? "reduce-scatter b" : "all-reduce b";
-      timeline_.stream_span(comm, Lane::Comm, str_cat(what, b), iteration_, [&] {
-        if (!shards_.sharded()) {
-          comm_.all_reduce(comm, shard, sh.shard_size, opts_.dtype, ReduceOp::Sum);
-        } else if (keep_full_grads_) {
-          comm_.all_reduce(comm, full_grads_[b].data(), shards_.padded_size(b), opts_.dtype, ReduceOp::Sum);
-          backend_.copy_d2d(shard, full_grads_[b].as<char>() + shards_.rank * sh.shard_size * esz,
-                            static_cast<size_t>(sh.shard_size) * esz, comm);
-        } else {
-          comm_.reduce_scatter(comm, shard, full_grads_[b].data(), sh.shard_size, opts_.dtype, ReduceOp::Sum);
-        }
-      });
-      if (shards_.sharded() && !keep_full_grads_) release_stream_ordered(std::move(full_grads_[b]), comm);
-      producer = &comm;
     }
-    if (offload_ && b < first_device_bucket_) offload_->grads_ready(b, *producer);
-    if (b >= first_device_sum_) {
-      // Beside the compute stream (so it overlaps the rest of backward where the hardware can):
-      // the bucket's sum of squares for validation, and a device bucket's speculative step,
-      // guarded by that sum (a bucket with non-finite gradients is never applied).
-      if (producer == &compute) {
-        std::unique_ptr<Event> ready = backend_.create_event();
-        backend_.record(*ready, compute);
-        backend_.wait(comm, *ready);
-      }
-      float* sum = bucket_sums_.as<float>() + (b - first_device_sum_);
-      const BucketShard& sh = shards_.buckets[b];
-      backend_.ops().sum_squares(comm, sum, static_cast<char*>(grads_.data()) + sh.shard_begin * esz, sh.shard_size,
-                                 opts_.dtype);
-      if (b >= first_device_bucket_ && speculates_on_device(b)) {
-        change_state(b, iteration_, device_arrays(b, true), false, &comm, [&](const AdamArrays& a) {
-          timeline_.stream_span(comm, Lane::Comm, str_cat("adam (speculative, device) b", b), iteration_, [&] {
-            for_each_decay_run(decay_runs_[b], a, spec_hp_, [&](const AdamArrays& run, int64_t n, const AdamWParams& hp) {
-              backend_.ops().adam(comm, AdamCall::Step, run, n, hp, 1.0f, sum);
-            });
-          });
-        });
-      }
-    }
-    if (producer == &comm || b >= first_device_sum_) backend_.record(*reduced_ev_[b], comm);
+    float* sum = bucket_sums_.as<float>() + (b - first_device_sum_);
+    backend_.ops().sum_squares(comm, sum, reduced, sh.shard_size, opts_.dtype);
+    if (!offloaded(b) && speculates_on_device(b))
+      device_adam(b, AdamCall::Step, spec_hp_, 1.0f, sum, "adam (speculative, device) b");
   }
+  // The copy to the host starts beside the sum (a ring range is free once both are done).
+  if (offloaded(b)) offload_->grads_ready(b, *producer, reduced, first_micro, last_micro);
+  if (producer == &comm || b >= first_device_sum_) backend_.record(*reduced_ev_[b], comm);
+}
+
+void Engine::device_adam(size_t b, AdamCall call, const AdamWParams& hp, float final_scale, const float* guard,
+                         const char* what) {
+  Stream& comm = backend_.stream(StreamKind::Comm);
+  // Guarded passes (speculative steps, their redo and rollback) keep or use the exact-rollback
+  // snapshot; a plain step writes every element whatever the gradients.
+  const bool guarded = guard != nullptr;
+  change_state(b, iteration_, device_arrays(b, guarded), !guarded, &comm, [&](const AdamArrays& a) {
+    timeline_.stream_span(comm, Lane::Comm, str_cat(what, b), iteration_, [&] {
+      for_each_decay_run(decay_runs_[b], a, hp, [&](const AdamArrays& run, int64_t n, const AdamWParams& run_hp) {
+        backend_.ops().adam(comm, call, run, n, run_hp, final_scale, guard);
+      });
+    });
+  });
 }
 
 StepResult Engine::end_step() {
@@ -744,7 +817,6 @@ StepResult Engine::end_step() {
   timeline_.end_backward();
   timeline_.mark_compute("optimizer (validation)");
   Stream& s = backend_.stream(StreamKind::Compute);
-  Ops& ops = backend_.ops();
   const size_t nb = buckets_.size();
   const size_t first = first_device_sum_;
   for (size_t b = first; b < nb; ++b) backend_.wait(s, *reduced_ev_[b]);
@@ -789,29 +861,12 @@ StepResult Engine::end_step() {
     const bool speculated = speculates_on_device(b);
     if (speculated && (r.skipped || r.clip_coef != 1.0f)) {
       ++device_rollbacks_;
-      change_state(b, iteration_, device_arrays(b, true), false, &comm, [&](const AdamArrays& a) {
-        timeline_.stream_span(comm, Lane::Comm,
-                              str_cat(r.skipped ? "rollback (device) b" : "adam (redo, device) b", b), iteration_,
-                              [&] {
-                                for_each_decay_run(decay_runs_[b], a, spec_hp_, [&](const AdamArrays& run, int64_t n,
-                                                                                    const AdamWParams& hp) {
-                                  ops.adam(comm, r.skipped ? AdamCall::Rollback : AdamCall::Redo, run, n, hp,
-                                           r.clip_coef, guard);
-                                });
-                              });
-      });
+      device_adam(b, r.skipped ? AdamCall::Rollback : AdamCall::Redo, spec_hp_, r.clip_coef, guard,
+                  r.skipped ? "rollback (device) b" : "adam (redo, device) b");
     } else if (!speculated && !r.skipped) {
       AdamWParams hp = spec_hp_;
       hp.grad_scale = r.clip_coef;
-      change_state(b, iteration_, device_arrays(b, false), true, &comm, [&](const AdamArrays& a) {
-        timeline_.stream_span(comm, Lane::Comm, str_cat("adam (device) b", b), iteration_,
-                              [&] {
-                                for_each_decay_run(decay_runs_[b], a, hp, [&](const AdamArrays& run, int64_t n,
-                                                                              const AdamWParams& run_hp) {
-                                  ops.adam(comm, AdamCall::Step, run, n, run_hp);
-                                });
-                              });
-      });
+      device_adam(b, AdamCall::Step, hp, 1.0f, nullptr, "adam (device) b");
     }
     backend_.record(*stepped_ev_[b], comm);
   }

@@ -12,14 +12,14 @@ namespace so {
 
 
 OffloadOptimizer::OffloadOptimizer(Backend& backend, std::vector<Bucket> buckets, int64_t base, int64_t end,
-                                   void* device_weights, void* device_grads, const Options& opts, GraceAdam& adam,
-                                   StepTimeline& timeline)
+                                   void* device_weights, const Options& opts, GraceAdam& adam, StepTimeline& timeline)
     : backend_(backend), opts_(opts), adam_(adam), timeline_(timeline), base_(base), end_(end),
-      device_weights_(device_weights), device_grads_(device_grads) {
+      device_weights_(device_weights) {
   SO_CHECK(opts.mode != OffloadMode::None, "offload optimizer built for the on-device mode");
   const size_t n = static_cast<size_t>(end - base);
   const bool bf16 = opts.dtype == DType::BF16;
-  host_grad_dtype_ = bf16 && opts.cast.grads == CastSite::Host ? DType::BF16 : DType::F32;
+  link_grad_dtype_ = link_grad_dtype(opts);
+  host_grad_dtype_ = host_grad_dtype(opts);
   OptimizerHostStateSpec hs;
   hs.elements = static_cast<int64_t>(n);
   hs.grad_dtype = host_grad_dtype_;
@@ -39,10 +39,11 @@ OffloadOptimizer::OffloadOptimizer(Backend& backend, std::vector<Bucket> buckets
            " offloaded buckets");
   SO_CHECK(opts_.decay_runs.size() == buckets.size(), "offload optimizer: weight-decay runs for ",
            opts_.decay_runs.size(), " of ", buckets.size(), " buckets");
+  int64_t largest = 0;
   for (Bucket& b : buckets) {
     SO_CHECK(b.begin >= base && b.end <= end, "offloaded bucket [", b.begin, ", ", b.end, ") outside [", base, ", ",
              end, ")");
-    ring_elems_ = std::max(ring_elems_, b.size());
+    largest = std::max(largest, b.size());
     Slot s;
     s.bucket = std::move(b);
     s.grads_ready = backend.create_event();
@@ -50,11 +51,21 @@ OffloadOptimizer::OffloadOptimizer(Backend& backend, std::vector<Bucket> buckets
     s.weights_on_device = backend.create_event();
     slots_.push_back(std::move(s));
   }
+  stage_elems_ = cast_stage_elements(largest);
   if (bf16 && opts.cast.grads == CastSite::Device)
-    grad_ring_ = backend.alloc(kRingSlots * ring_elems_ * 4, "fp32 gradient cast staging");
+    grad_stage_ = backend.alloc(static_cast<size_t>(stage_elems_) * 4, "fp32 gradient cast staging");
   if (bf16 && opts.cast.weights == CastSite::Device)
-    weight_ring_ = backend.alloc(kRingSlots * ring_elems_ * 4, "fp32 weight cast staging");
-  worker_ = std::thread([this] { run_worker(); });
+    weight_stage_ = backend.alloc(static_cast<size_t>(stage_elems_) * 4, "fp32 weight cast staging");
+  if (opts.accumulate) {
+    for (int k = 0; k < kIncomingSlots; ++k) {
+      incoming_.emplace_back(static_cast<size_t>(largest) * dtype_size(link_grad_dtype_), opts.numa_node, hs.pin_with,
+                             "micro-batch gradients from the device", stream_skew(8 + k));
+      incoming_copied_.push_back(backend.create_event());
+    }
+    incoming_busy_.assign(kIncomingSlots, 0);
+  }
+  worker_ = std::thread([this] { run_worker(tasks_); });
+  if (opts.accumulate) adder_ = std::thread([this] { run_worker(adds_); });
 }
 
 OffloadOptimizer::~OffloadOptimizer() {
@@ -64,9 +75,14 @@ OffloadOptimizer::~OffloadOptimizer() {
   }
   cv_.notify_all();
   worker_.join();
+  if (adder_.joinable()) adder_.join();
 }
 
-size_t OffloadOptimizer::host_bytes() const { return host_.bytes(); }
+size_t OffloadOptimizer::host_bytes() const {
+  size_t total = host_.bytes();
+  for (const HostBuffer& b : incoming_) total += b.bytes();
+  return total;
+}
 
 void* OffloadOptimizer::host_grad(size_t i) const {
   return static_cast<char*>(host_.grads()) + offset(i) * dtype_size(host_grad_dtype_);
@@ -74,23 +90,23 @@ void* OffloadOptimizer::host_grad(size_t i) const {
 
 // ---- the worker thread ----------------------------------------------------------------------
 
-void OffloadOptimizer::enqueue(Task t) {
+void OffloadOptimizer::enqueue(Task t, std::deque<Task>& queue) {
   drained_ = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    tasks_.push_back(std::move(t));
+    queue.push_back(std::move(t));
     ++busy_;
   }
-  cv_.notify_one();
+  cv_.notify_all();
 }
 
-void OffloadOptimizer::run_worker() {
+void OffloadOptimizer::run_worker(std::deque<Task>& queue) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-    if (tasks_.empty()) return;
-    Task t = std::move(tasks_.front());
-    tasks_.pop_front();
+    cv_.wait(lock, [&] { return stop_ || !queue.empty(); });
+    if (queue.empty()) return;
+    Task t = std::move(queue.front());
+    queue.pop_front();
     const bool poisoned = error_ != nullptr;
     lock.unlock();
     if (!poisoned) {
@@ -210,23 +226,41 @@ void OffloadOptimizer::change_state(size_t i, int64_t gen, const AdamArrays& a, 
 void OffloadOptimizer::upload(size_t i, int64_t gen) {
   Slot& s = slots_[i];
   const Bucket& b = s.bucket;
-  const int64_t n = b.size();
-  const size_t esz = dtype_size(opts_.dtype);
-  void* dst = static_cast<char*>(device_weights_) + b.begin * esz;
+  void* dst = static_cast<char*>(device_weights_) + b.begin * dtype_size(opts_.dtype);
   Stream& h2d = backend_.stream(StreamKind::H2D);
-  timeline_.stream_span(h2d, Lane::H2D, str_cat("weights b", i), gen, [&] {
-    if (host_.out()) {
-      backend_.copy_h2d(dst, static_cast<bf16*>(host_.out()) + offset(i), n * 2, h2d);
-    } else if (weight_ring_) {
-      float* slot = weight_ring_.as<float>() + (i % kRingSlots) * ring_elems_;
-      backend_.copy_h2d(slot, master(b.begin), n * 4, h2d);
-      backend_.ops().cast(h2d, dst, opts_.dtype, slot, DType::F32, n);
-    } else {
-      backend_.copy_h2d(dst, master(b.begin), n * 4, h2d);
-    }
-  });
+  const void* out = host_.out() ? static_cast<const bf16*>(host_.out()) + offset(i) : nullptr;
+  timeline_.stream_span(h2d, Lane::H2D, str_cat("weights b", i), gen,
+                        [&] { copy_weights_to_device(dst, master(b.begin), out, b.size(), h2d); });
   backend_.record(*s.weights_on_device, h2d);
   s.upload_in_flight = true;
+}
+
+void OffloadOptimizer::copy_weights_to_device(void* dst, const float* master, const void* out, int64_t n, Stream& h2d) {
+  const size_t esz = dtype_size(opts_.dtype);
+  if (out != nullptr) {
+    backend_.copy_h2d(dst, out, static_cast<size_t>(n) * esz, h2d);
+  } else if (weight_stage_) {
+    for (int64_t at = 0; at < n; at += stage_elems_) {
+      const int64_t m = std::min(stage_elems_, n - at);
+      backend_.copy_h2d(weight_stage_.data(), master + at, static_cast<size_t>(m) * 4, h2d);
+      backend_.ops().cast(h2d, static_cast<char*>(dst) + at * esz, opts_.dtype, weight_stage_.data(), DType::F32, m);
+    }
+  } else {
+    backend_.copy_h2d(dst, master, static_cast<size_t>(n) * 4, h2d);
+  }
+}
+
+void OffloadOptimizer::copy_grads_to_host(void* dst, const void* src, int64_t n, Stream& d2h) {
+  const size_t esz = dtype_size(opts_.dtype);
+  if (link_grad_dtype_ == opts_.dtype) {
+    backend_.copy_d2h(dst, src, static_cast<size_t>(n) * esz, d2h);
+    return;
+  }
+  for (int64_t at = 0; at < n; at += stage_elems_) {  // bf16 on the device, fp32 wanted: cast there, move fp32
+    const int64_t m = std::min(stage_elems_, n - at);
+    backend_.ops().cast(d2h, grad_stage_.data(), DType::F32, static_cast<const char*>(src) + at * esz, opts_.dtype, m);
+    backend_.copy_d2h(static_cast<float*>(dst) + at, grad_stage_.data(), static_cast<size_t>(m) * 4, d2h);
+  }
 }
 
 void OffloadOptimizer::publish_final(size_t i, int64_t gen) {
@@ -249,29 +283,60 @@ void OffloadOptimizer::begin_step(int64_t iteration, const AdamWParams& hp, bool
   speculate_ = speculate && opts_.mode == OffloadMode::SuperOffload;
 }
 
-void OffloadOptimizer::grads_ready(size_t i, Stream& producer) {
+void OffloadOptimizer::grads_ready(size_t i, Stream& producer, const void* src, bool first_micro, bool last_micro) {
+  SO_CHECK(opts_.accumulate || (first_micro && last_micro),
+           "offload optimizer: built for one micro-batch per step, given gradients of several");
   Slot& s = slots_[i];
-  const Bucket& b = s.bucket;
-  const int64_t n = b.size();
-  const size_t esz = dtype_size(opts_.dtype);
-  const void* src = static_cast<const char*>(device_grads_) + b.begin * esz;
+  const int64_t n = s.bucket.size();
   Stream& d2h = backend_.stream(StreamKind::D2H);
   backend_.record(*s.grads_ready, producer);
   backend_.wait(d2h, *s.grads_ready);
-  timeline_.stream_span(d2h, Lane::D2H, str_cat("grads b", i), gen_, [&] {
-    if (host_grad_dtype_ == opts_.dtype) {
-      backend_.copy_d2h(host_grad(i), src, n * esz, d2h);
-    } else {  // bf16 on the device, fp32 wanted: cast there, move fp32
-      float* slot = grad_ring_.as<float>() + (i % kRingSlots) * ring_elems_;
-      backend_.ops().cast(d2h, slot, DType::F32, src, opts_.dtype, n);
-      backend_.copy_d2h(host_grad(i), slot, n * 4, d2h);
-    }
-  });
-  backend_.record(*s.grads_on_host, d2h);
   const int64_t gen = gen_;
   const AdamWParams hp = hp_;
   const bool speculate = speculate_;
-  enqueue([this, i, gen, hp, speculate] { process(i, gen, hp, speculate); });
+  if (!opts_.accumulate) {
+    timeline_.stream_span(d2h, Lane::D2H, str_cat("grads b", i), gen, [&] { copy_grads_to_host(host_grad(i), src, n, d2h); });
+    backend_.record(*s.grads_on_host, d2h);
+    enqueue([this, i, gen, hp, speculate] { process(i, gen, hp, speculate); }, tasks_);
+    return;
+  }
+  // Into a free slot (the worker's add of its last micro-batch is done), then added on the host.
+  const size_t k = next_incoming_++ % incoming_.size();
+  wait_until([&] { return !incoming_busy_[k]; });
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incoming_busy_[k] = 1;
+  }
+  void* slot = incoming_[k].data();
+  timeline_.stream_span(d2h, Lane::D2H, str_cat("grads b", i), gen, [&] { copy_grads_to_host(slot, src, n, d2h); });
+  backend_.record(*incoming_copied_[k], d2h);
+  backend_.record(*s.grads_on_host, d2h);
+  // Added on a thread of their own, so that a micro-batch's gradients never wait behind the
+  // optimizer's steps of the last one's.
+  enqueue([this, i, k, slot, n, gen, hp, speculate, first_micro, last_micro] {
+    backend_.synchronize(*incoming_copied_[k]);
+    auto* sums = static_cast<float*>(host_grad(i));
+    const double t0 = now_seconds();
+    if (first_micro)
+      adam_.cast(sums, DType::F32, slot, link_grad_dtype_, n);
+    else
+      adam_.add(sums, slot, link_grad_dtype_, n);
+    timeline_.host_span(Lane::Optimizer, str_cat("accumulate b", i), gen, t0, now_seconds());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      incoming_busy_[k] = 0;
+    }
+    done_cv_.notify_all();
+    if (last_micro) enqueue([this, i, gen, hp, speculate] { process(i, gen, hp, speculate); }, tasks_);
+  }, adds_);
+}
+
+std::vector<float> OffloadOptimizer::read_grads(size_t i) {
+  drain();
+  const int64_t n = slots_[i].bucket.size();
+  std::vector<float> out(static_cast<size_t>(n));
+  adam_.cast(out.data(), DType::F32, host_grad(i), host_grad_dtype_, n);
+  return out;
 }
 
 std::vector<float> OffloadOptimizer::sums(size_t count) {
@@ -296,7 +361,7 @@ void OffloadOptimizer::finish_step(const StepDecision& d) {
   }
   const int64_t gen = gen_;
   const AdamWParams hp = hp_;
-  for (size_t i : opts_.forward_order) enqueue([this, i, gen, hp, d] { finalize(i, gen, hp, d); });
+  for (size_t i : opts_.forward_order) enqueue([this, i, gen, hp, d] { finalize(i, gen, hp, d); }, tasks_);
 }
 
 void OffloadOptimizer::wait_weights(size_t i, Stream& compute) {

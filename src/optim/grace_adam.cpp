@@ -20,6 +20,7 @@ void GraceAdam::for_blocks(const void* anchor, size_t elem_size, int64_t n, Fn&&
   const auto head_elems = static_cast<int64_t>((64 - addr % 64) % 64 / elem_size);
   const int64_t head = addr % elem_size == 0 ? std::min(n, head_elems) : 0;
   const int64_t blocks = (head > 0 ? 1 : 0) + (n - head + kBlock - 1) / kBlock;
+  std::lock_guard<std::mutex> lock(pool_mu_);
   pool_.parallel_for(blocks, [&](int64_t b) {
     const int64_t begin = head > 0 ? (b == 0 ? 0 : head + (b - 1) * kBlock) : b * kBlock;
     const int64_t end = head > 0 && b == 0 ? head : std::min(n, begin + kBlock);
@@ -50,6 +51,7 @@ double GraceAdam::sum_squares(const void* x, DType dt, int64_t n) {
   // order: the same double as sum_squares_chunked for any thread count.
   constexpr int64_t kChunksPerTask = 4;
   const int64_t chunks = (n + kSumSquaresChunk - 1) / kSumSquaresChunk;
+  std::lock_guard<std::mutex> lock(pool_mu_);  // partials_ too
   partials_.assign(chunks, 0.0);
   const auto* bytes = static_cast<const char*>(x);
   pool_.parallel_for((chunks + kChunksPerTask - 1) / kChunksPerTask, [&](int64_t t) {
@@ -68,6 +70,19 @@ void GraceAdam::cast(void* dst, DType dst_dt, const void* src, DType src_dt, int
   const auto* s = static_cast<const char*>(src);
   for_blocks(src, dtype_size(src_dt), n, [&](int64_t b, int64_t e) {
     kernels_.cast(d + b * dtype_size(dst_dt), dst_dt, s + b * dtype_size(src_dt), src_dt, e - b);
+  });
+}
+
+void GraceAdam::add(float* acc, const void* x, DType dt, int64_t n) {
+  SO_CHECK(dt == DType::F32 || dt == DType::BF16, "GraceAdam::add: ", dtype_name(dt), " gradients");
+  for_blocks(acc, sizeof(float), n, [&](int64_t b, int64_t e) {
+    if (dt == DType::F32) {
+      const float* src = static_cast<const float*>(x);
+      for (int64_t i = b; i < e; ++i) acc[i] += src[i];
+    } else {
+      const bf16* src = static_cast<const bf16*>(x);
+      for (int64_t i = b; i < e; ++i) acc[i] += bf16_to_f32(src[i]);
+    }
   });
 }
 

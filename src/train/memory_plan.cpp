@@ -4,11 +4,14 @@
 #include <cstdio>
 #include <deque>
 #include <map>
+#include <tuple>
 
 #include "so/core/error.h"
 #include "so/core/round_up.h"
+#include "so/core/units.h"
 #include "so/engine/bucket.h"
 #include "so/engine/cast_plan.h"
+#include "so/engine/grad_ring.h"
 #include "so/engine/offload_optimizer.h"
 #include "so/engine/shard_layout.h"
 
@@ -23,14 +26,20 @@ struct Profile {
   size_t device_bytes, host_bytes;  // host: the node's, shared by its GPUs (0: not known)
   int gpus_per_node;
   const char* what;
+  CastSite cast;          // where "auto" casts are expected to land (both directions)
+  double d2h_gbs, tflops;  // device-to-host link, dense bf16 peak
 };
 constexpr size_t kGB = 1000 * 1000 * 1000;
 // Datasheet capacities: GH200 with 96 GB HBM3 or 144 GB HBM3e, each with 480 GB LPDDR5X; H100 SXM
-// 80 GB (80 GiB usable as cudaMemGetInfo reports it).
+// 80 GB (80 GiB usable as cudaMemGetInfo reports it). Casts: on NVLink-C2C the device casts and
+// fp32 crosses (moving bytes is cheap, the CPU's cast pass is not); on PCIe bf16 crosses. Links:
+// GH200's device-to-host as measured on GH200 nodes at its low end (170 GB/s), PCIe Gen5 x16 from
+// pinned memory (55 GB/s); 989.4 TFLOP/s dense bf16 (H100 SXM, GH200).
 constexpr Profile kProfiles[] = {
-    {"gh200-96", 96 * kGB, 480 * kGB, 1, "GH200 superchip, 96 GB HBM3 + 480 GB LPDDR5X"},
-    {"gh200-144", 144 * kGB, 480 * kGB, 1, "GH200 superchip, 144 GB HBM3e + 480 GB LPDDR5X"},
-    {"h100-80", 80 * kGiB, 0, 8, "H100 SXM 80 GB (host memory: give --plan-host-gib)"},
+    {"gh200-96", 96 * kGB, 480 * kGB, 1, "GH200 superchip, 96 GB HBM3 + 480 GB LPDDR5X", CastSite::Device, 170, 989.4},
+    {"gh200-144", 144 * kGB, 480 * kGB, 1, "GH200 superchip, 144 GB HBM3e + 480 GB LPDDR5X", CastSite::Device, 170,
+     989.4},
+    {"h100-80", 80 * kGiB, 0, 8, "H100 SXM 80 GB (host memory: give --plan-host-gib)", CastSite::Host, 55, 989.4},
 };
 
 // Replays the engine's hooks for one step on a sharded run (ZeRO stages 2-3): gathered weight
@@ -39,9 +48,12 @@ constexpr Profile kProfiles[] = {
 // alive at once.
 class ZeroReplay {
  public:
+  // every_micro: buckets [0, every_micro) are reduced after each micro-batch (offloaded buckets
+  // summed on the host), the others after the step's last.
   ZeroReplay(const ParamLayout& layout, const std::vector<Bucket>& buckets, const ShardLayout& shards, int stage,
-             size_t esz, size_t align)
-      : layout_(layout), buckets_(buckets), stage_(stage), units_(bucket_units(layout, buckets)) {
+             size_t esz, size_t align, size_t every_micro)
+      : layout_(layout), buckets_(buckets), stage_(stage), units_(bucket_units(layout, buckets)),
+        every_micro_(every_micro) {
     for (size_t b = 0; b < buckets.size(); ++b)
       bytes_.push_back(round_up(static_cast<size_t>(shards.padded_size(b)) * esz, align));
     gathered_.assign(buckets.size(), 0);
@@ -119,9 +131,8 @@ class ZeroReplay {
     in_backward_ = unit > 0;
     if (unit == 0)
       for (size_t b = 0; b < buckets_.size(); ++b) drop(b);
-    if (!last_micro) return;
     for (size_t b = 0; b < buckets_.size(); ++b) {
-      if (buckets_[b].ready_unit != unit) continue;
+      if (buckets_[b].ready_unit != unit || (!last_micro && b >= every_micro_)) continue;
       touch_grads(b);  // a bucket nobody wrote still reduces
       grads_[b] = 0;
       release(bytes_[b]);
@@ -132,6 +143,7 @@ class ZeroReplay {
   const std::vector<Bucket>& buckets_;
   int stage_;
   BucketUnits units_;
+  size_t every_micro_;
   std::vector<size_t> bytes_;
   std::vector<char> gathered_, grads_;
   bool in_backward_ = false;
@@ -163,6 +175,9 @@ MachineProfile machine_profile(const std::string& name, size_t host_bytes_per_ra
     m.host_bytes = host_bytes_per_rank ? host_bytes_per_rank : p.host_bytes / p.gpus_per_node;
     m.alignment = 512;
     m.cuda = true;
+    m.cast_grads = m.cast_weights = p.cast;
+    m.d2h_gbs = p.d2h_gbs;
+    m.tflops = p.tflops;
     return m;
   }
   std::string known;
@@ -180,7 +195,22 @@ MachineProfile machine_profile_of(Backend& backend) {
   return m;
 }
 
-double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+std::optional<CastPlan> measure_offload_link(MachineProfile& m, const RunConfig& cfg, int world, int rank,
+                                             const std::vector<int>& optimizer_cores) {
+  if (cfg.offload.mode == OffloadMode::None) return std::nullopt;
+  SO_CHECK(m.backend != nullptr, "plan: measuring the link needs this machine's backend");
+  const std::vector<Bucket> buckets = make_buckets(ParamLayout::for_model(cfg.model), cfg.bucket_size);
+  const int stage = world > 1 ? cfg.zero_stage : 3;
+  const ShardLayout shards = make_shard_layout(buckets, stage >= 1 ? world : 1, stage >= 1 ? rank : 0);
+  int64_t largest = 0;  // what one copy over the link moves
+  for (size_t b = 0; b < first_device_bucket(buckets, cfg.offload); ++b)
+    largest = std::max(largest, shards.buckets[b].shard_size);
+  CastPlan c = measure_casts(*m.backend, cfg.offload, cfg.dtype, largest, optimizer_cores);
+  m.cast_grads = c.grads, m.cast_weights = c.weights;
+  m.d2h_gbs = c.d2h_gbs;
+  m.tflops = m.backend->peak_tflops(cfg.dtype);
+  return c;
+}
 
 ModelOptions model_options(const RunConfig& cfg, int64_t micro_batch, int sp_size) {
   ModelOptions mo;
@@ -194,6 +224,36 @@ ModelOptions model_options(const RunConfig& cfg, int64_t micro_batch, int sp_siz
   mo.z_loss = cfg.z_loss;
   mo.dropout_seed = cfg.seed;
   return mo;
+}
+
+std::pair<CastSite, CastSite> planned_cast_sites(const RunConfig& cfg, const MachineProfile& m) {
+  const CastSite g = cfg.offload.cast_grads == CastSite::Auto ? m.cast_grads : cfg.offload.cast_grads;
+  const CastSite w = cfg.offload.cast_weights == CastSite::Auto ? m.cast_weights : cfg.offload.cast_weights;
+  SO_CHECK(g != CastSite::Auto && w != CastSite::Auto, "plan: where the offload pipeline casts on ", m.name,
+           " is not known (measure it first, or set zero_optimization.offload_optimizer.cast_grads/cast_weights)");
+  return {g, w};
+}
+
+int grad_ring_depth(const RunConfig& cfg, int world, const MachineProfile& m) {
+  constexpr int kMin = 2, kMax = 4;
+  if (cfg.offload.mode == OffloadMode::None || m.d2h_gbs <= 0 || m.tflops <= 0) return kMin;
+  const int64_t dp = dp_size_of(cfg, world);
+  const BatchSizes batch = resolve_batch_sizes(cfg, dp);
+  const ParamLayout layout = ParamLayout::for_model(cfg.model);
+  const std::vector<Bucket> buckets = make_buckets(layout, cfg.bucket_size);
+  const size_t first_dev = first_device_bucket(buckets, cfg.offload);
+  double offloaded = 0;
+  for (size_t b = 0; b < first_dev; ++b) offloaded += static_cast<double>(buckets[b].size());
+  const int stage = world > 1 ? cfg.zero_stage : 3;
+  if (stage >= 1) offloaded /= world;  // this rank's shards
+  const bool bf16_link = cfg.dtype == DType::BF16 && (cfg.offload.cast_grads == CastSite::Auto ? m.cast_grads
+                                                                                                : cfg.offload.cast_grads) == CastSite::Host;
+  const double copy_s = offloaded * (bf16_link ? 2 : 4) / (m.d2h_gbs * 1e9);
+  const double tokens = static_cast<double>(batch.micro * cfg.data.seq_len / cfg.sequence_parallel_size);
+  // Backward is two thirds of a step's FLOPs.
+  const double backward_s = 2.0 / 3.0 * train_flops_per_token(cfg.model, cfg.data.seq_len) * tokens / (0.5 * m.tflops * 1e12);
+  const double ratio = copy_s / std::max(backward_s, 1e-12);
+  return static_cast<int>(std::clamp(1.0 + std::ceil(ratio), double{kMin}, double{kMax}));
 }
 
 MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineProfile& m, bool async_saves) {
@@ -226,13 +286,24 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
   const int stage = world > 1 ? cfg.zero_stage : 3;
   const ShardLayout shards = make_shard_layout(buckets, stage >= 1 ? world : 1, stage >= 1 ? rank : 0);
   const OffloadConfig& off = cfg.offload;
-  const size_t first_dev = off.mode == OffloadMode::None ? 0 : first_device_bucket(buckets, off);
+  const bool offload = off.mode != OffloadMode::None;
+  const size_t first_dev = offload ? first_device_bucket(buckets, off) : 0;
   const int64_t dev_end = first_dev > 0 ? shards.buckets[first_dev - 1].shard_begin : shards.total;
   const size_t esz = dtype_size(cfg.dtype);
   const size_t n = static_cast<size_t>(shards.total), nd = static_cast<size_t>(dev_end);
   const char* shard_note = shards.sharded() ? "this rank's ZeRO shard" : "whole model";
+  plan.host_params = static_cast<int64_t>(n - nd);
   plan.device.push_back({"weights", round_up(n * esz, a), str_cat(n, " x ", dtype_name(cfg.dtype), ", ", shard_note)});
-  plan.device.push_back({"gradients", round_up(n * esz, a), str_cat(n, " x ", dtype_name(cfg.dtype), ", ", shard_note)});
+  plan.device.push_back({"gradients of the device-stepped buckets", round_up(nd * esz, a),
+                         str_cat(nd, " x ", dtype_name(cfg.dtype), nd < n ? " (offloaded buckets' go to the host)" : "",
+                                 ", ", shard_note)});
+  const std::vector<GradRingUse> uses = grad_ring_uses(layout, buckets, shards, first_dev, stage, esz, a);
+  plan.grad_ring_depth = grad_ring_depth(cfg, world, m);
+  const GradRing ring = plan_grad_ring(uses, plan.grad_ring_depth);
+  if (ring.bytes > 0)
+    plan.device.push_back({"gradients of offloaded buckets in flight (ring)", ring.bytes,
+                           str_cat(uses.size(), " buckets through it, depth ", plan.grad_ring_depth, ": each from its ",
+                                   shards.sharded() ? "reduce-scatter" : "first gradient", " to its copy to the host")});
   plan.device.push_back({"optimizer state on the device (fp32 master, exp_avg, exp_avg_sq)", 3 * round_up(nd * 4, a),
                          str_cat(nd, " elements x 12 bytes")});
   plan.device.push_back({"bucket gradient norms", round_up(buckets.size() * 4, a), str_cat(buckets.size(), " buckets")});
@@ -243,23 +314,28 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
   for (size_t b = 0; b < buckets.size(); ++b) whole += round_up(static_cast<size_t>(shards.padded_size(b)) * esz, a);
   if (sharded && stage <= 2) plan.device.push_back({"gathered weights (ZeRO stage 1-2 keep the whole model)", whole, ""});
   if (sharded && stage == 1) plan.device.push_back({"full gradients (ZeRO stage 1 keeps them)", whole, ""});
-
-  // What comes and goes: the cast probe at start-up, or the cast rings plus ZeRO's buckets in
-  // flight plus CUDA's attention workspace — whichever is larger at its moment.
-  size_t probe = 0, rings = 0, zero = 0, cuda_ws = 0;
-  if (off.mode != OffloadMode::None) {
-    int64_t largest = 0;
-    for (size_t b = 0; b < first_dev; ++b) largest = std::max(largest, shards.buckets[b].shard_size);
-    const size_t pn = static_cast<size_t>(cast_probe_elements(largest));
-    probe = round_up(pn * 2, a) + round_up(pn * 4, a);
-    if (cfg.dtype != DType::F32) {
-      const size_t ring = round_up(OffloadOptimizer::kRingSlots * static_cast<size_t>(largest) * 4, a);
-      rings = (off.cast_grads != CastSite::Host ? ring : 0) + (off.cast_weights != CastSite::Host ? ring : 0);
-    }
+  // Cast staging (OffloadOptimizer): one fp32 chunk per direction cast on the device.
+  int64_t largest = 0;
+  for (size_t b = 0; b < first_dev; ++b) largest = std::max(largest, shards.buckets[b].shard_size);
+  if (offload && first_dev > 0 && cfg.dtype != DType::F32) {
+    std::tie(plan.cast_grads, plan.cast_weights) = planned_cast_sites(cfg, m);
+    const size_t chunk = round_up(static_cast<size_t>(OffloadOptimizer::cast_stage_elements(largest)) * 4, a);
+    const std::string machine = m.name.substr(0, m.name.find(':'));
+    for (const auto& [site, configured, what] : {std::tuple{plan.cast_grads, off.cast_grads, "gradients"},
+                                                 std::tuple{plan.cast_weights, off.cast_weights, "weights"}})
+      if (site == CastSite::Device)
+        plan.device.push_back({str_cat("fp32 cast staging (", what, ")"), chunk,
+                               str_cat("cast on the device (", configured == CastSite::Auto ? machine : "configured",
+                                       "), in chunks of ", OffloadOptimizer::cast_stage_elements(largest), " elements")});
   }
-  if (sharded && stage >= 2)
-    zero = ZeroReplay(layout, buckets, shards, stage, esz, a).peak(static_cast<int>(batch.accumulation),
-                                                                  cfg.activation_checkpointing);
+  // Buffers that come and go beside those: ZeRO's buckets in flight and CUDA's attention workspace
+  // during the step; before it, the engine's link/cast probe, when only the model's buffers exist.
+  size_t zero = 0, cuda_ws = 0;
+  if (sharded && stage >= 2) {
+    const size_t every_micro = !uses.empty() && batch.accumulation > 1 ? first_dev : 0;
+    zero = ZeroReplay(layout, buckets, shards, stage, esz, a, every_micro)
+               .peak(static_cast<int>(batch.accumulation), cfg.activation_checkpointing);
+  }
   if (m.cuda) {
     const LlamaModel::AttentionShape at = LlamaModel::attention_shape(cfg.model, mo, plan.sp);
     size_t bytes = static_cast<size_t>(at.B * at.Hq * at.S) * 4;  // the flash backward's fp32 rowsum(dout * out)
@@ -279,32 +355,47 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
     }
     cuda_ws = round_up(bytes, a);
   }
-  const size_t running = rings + zero + cuda_ws;
-  if (probe > running) {
-    plan.device.push_back({"link/cast probe at start-up (transient)", probe, "freed before training"});
-  } else {
-    if (rings)
-      plan.device.push_back({"fp32 cast staging rings", rings,
-                             off.cast_grads == CastSite::Auto || off.cast_weights == CastSite::Auto
-                                 ? "counted as if the start-up measurement picks device casts"
-                                 : ""});
-    if (zero)
-      plan.device.push_back({"ZeRO buckets in flight (gathered weights + full gradients)", zero,
-                             str_cat("most at once, replaying stage ", stage, "'s schedule")});
-    if (cuda_ws)
-      plan.device.push_back({"CUDA attention workspace", cuda_ws,
-                             m.backend ? "one, kept by the compute stream from the first step"
-                                       : "estimated for another machine (cuDNN sizes it there)"});
-  }
+  if (zero)
+    plan.device.push_back({"ZeRO buckets in flight (gathered weights + full gradients)", zero,
+                           str_cat("most at once, replaying stage ", stage, "'s schedule")});
+  if (cuda_ws)
+    plan.device.push_back({"CUDA attention workspace", cuda_ws,
+                           m.backend ? "one, kept by the compute stream from the first step"
+                                     : "estimated for another machine (cuDNN sizes it there)"});
   for (const PlanTerm& t : plan.device) plan.device_peak += t.bytes;
+  if (offload && first_dev > 0) {
+    const size_t pn = static_cast<size_t>(cast_probe_elements(largest));
+    size_t model_buffers = 0;
+    for (const auto& [term, g] : groups) model_buffers += g.first;
+    const size_t at_probe = model_buffers + round_up(pn * 2, a) + round_up(pn * 4, a);
+    if (at_probe > plan.device_peak) {
+      plan.device.push_back({"link/cast probe at start-up (transient)", at_probe - plan.device_peak,
+                             "beyond the rest: the probe beside the model's buffers, before the engine allocates"});
+      plan.device_peak = at_probe;
+    }
+  }
 
-  // Host: offloaded optimizer state (p, m, v, gradients and bf16 weights) and checkpoints.
+  // Host: offloaded optimizer state (OptimizerHostState and the offload pipeline's landing slots)
+  // and checkpoints.
   const size_t host_elems = n - nd;
   if (host_elems > 0) {
+    OffloadOptimizer::Options oo;
+    oo.dtype = cfg.dtype;
+    oo.cast.grads = plan.cast_grads, oo.cast.weights = plan.cast_weights;
+    oo.accumulate = !uses.empty() && batch.accumulation > 1;
     const bool exact = off.mode == OffloadMode::SuperOffload && off.rollback == RollbackMode::Exact;
-    plan.host.push_back({"offloaded optimizer state", host_elems * (16 + (exact ? 12 : 0)),
-                         str_cat(host_elems, " elements x ", exact ? 28 : 16, " bytes (p, m, v, gradients",
-                                 exact ? ", rollback snapshot" : "", ")")});
+    const bool out = cfg.dtype == DType::BF16 && plan.cast_weights == CastSite::Host;
+    const size_t grad_bytes = dtype_size(OffloadOptimizer::host_grad_dtype(oo));
+    const size_t per = 12 + grad_bytes + (out ? 2 : 0) + (exact ? 12 : 0);
+    plan.host.push_back({"offloaded optimizer state", host_elems * per,
+                         str_cat(host_elems, " elements x ", per, " bytes (fp32 p, m, v; ",
+                                 dtype_name(OffloadOptimizer::host_grad_dtype(oo)), " gradients",
+                                 oo.accumulate ? " summed over micro-batches" : "", out ? "; bf16 weights for the device" : "",
+                                 exact ? "; rollback snapshot" : "", ")")});
+    if (oo.accumulate)
+      plan.host.push_back({"micro-batch gradients landing from the device", OffloadOptimizer::kIncomingSlots *
+                               static_cast<size_t>(largest) * dtype_size(OffloadOptimizer::link_grad_dtype(oo)),
+                           str_cat(OffloadOptimizer::kIncomingSlots, " x the largest offloaded bucket")});
   }
   const size_t host_ckpt = LlamaModel::host_checkpoint_bytes(cfg.model, mo);
   if (host_ckpt)
@@ -391,6 +482,9 @@ std::string format_plan(const RunConfig& cfg, int world, const MemoryPlan& plan,
              m.host_bytes ? str_cat(plan.host_total <= m.host_bytes ? "fits in " : "does NOT fit in ", mib(m.host_bytes),
                                     " MiB")
                           : "host size not known");
+  if (plan.host_params > 0)
+    out += str_cat("host bytes per parameter: ", static_cast<double>(plan.host_total) / static_cast<double>(plan.host_params),
+                   " (", plan.host_params, " parameters stepped on this rank's CPU)\n");
   if (m.device_bytes) {
     const int64_t s_max = largest_fitting(cfg, world, m, INT32_MAX, plan.sp,
                                           [](RunConfig& c, int64_t v) { c.data.seq_len = v; });
@@ -443,7 +537,19 @@ nlohmann::json plan_json(const RunConfig& cfg, int world, const MemoryPlan& plan
 }
 
 std::string resolve_auto_memory(RunConfig& cfg, int world, const MachineProfile& m) {
-  if (!cfg.offload_checkpoints_auto && !cfg.mlp_tile_auto) return "";
+  std::string casts;
+  // Gradients landing in fp32 take 4 host bytes per offloaded parameter, in bf16 2 (GraceAdam reads
+  // either): where the host binds, "auto" takes the smaller even if the link measured the other faster.
+  RunConfig least = cfg;  // the auto memory settings at their least host memory
+  least.offload_checkpoints_auto = least.mlp_tile_auto = false;
+  if (cfg.offload_checkpoints_auto) least.offload_checkpoints = false;
+  if (cfg.mlp_tile_auto) least.mlp_tile_tokens = 0;
+  if (cfg.offload.mode != OffloadMode::None && cfg.dtype == DType::BF16 && cfg.offload.cast_grads == CastSite::Auto &&
+      m.cast_grads == CastSite::Device && m.host_bytes > 0 && plan_memory(least, world, 0, m).host_total > m.host_bytes) {
+    cfg.offload.cast_grads = CastSite::Host;
+    casts = "gradients cast on the host (bf16 crosses the link: fp32 gradients would not fit the host memory)";
+  }
+  if (!cfg.offload_checkpoints_auto && !cfg.mlp_tile_auto) return casts.empty() ? "" : "memory (auto): " + casts;
   const bool want_offload = cfg.offload_checkpoints_auto, want_tile = cfg.mlp_tile_auto;
   cfg.offload_checkpoints_auto = cfg.mlp_tile_auto = false;
   if (want_offload) cfg.offload_checkpoints = false;
@@ -457,7 +563,7 @@ std::string resolve_auto_memory(RunConfig& cfg, int world, const MachineProfile&
     while (tile * 2 < tokens) tile *= 2;
     for (cfg.mlp_tile_tokens = tile; cfg.mlp_tile_tokens > 16 && !fits(cfg, world, m);) cfg.mlp_tile_tokens /= 2;
   }
-  return str_cat("memory (auto): activation checkpoints ",
+  return str_cat("memory (auto): ", casts.empty() ? "" : casts + ", ", "activation checkpoints ",
                  cfg.offload_checkpoints ? "offloaded to the host" : "on the device", ", MLP ",
                  cfg.mlp_tile_tokens ? str_cat("in tiles of ", cfg.mlp_tile_tokens, " tokens") : "untiled");
 }

@@ -1,7 +1,7 @@
 // The training loop, top to bottom: set up the run (ranks, backend, data, memory plan, model,
 // engine, weights), announce it, then per step: take the step, log it (evaluating on the
 // validation split when due), check its health, save; finally report. Each feature lives in its own file: the step log and monitors (step_log.h,
-// csv_monitor.h, tensorboard_monitor.h), the NaN policy (nan_policy.h), checkpoints (run_saves.h, checkpoint.h).
+// csv_monitor.h, tensorboard_monitor.h), the NaN policy (nan_policy.h), checkpoints (so/checkpoint/run_saves.h, checkpoint.h).
 #include "so/train/trainer.h"
 
 #include <algorithm>
@@ -11,14 +11,17 @@
 #include <optional>
 
 #include "parallel/collective_watchdog.h"
+#include "so/checkpoint/checkpoint.h"
+#include "so/checkpoint/run_saves.h"
 #include "so/core/cpu_affinity.h"
 #include "so/core/error.h"
 #include "so/core/log.h"
+#include "so/core/units.h"
 #include "so/data/batch_sampler.h"
 #include "so/engine/engine.h"
 #include "so/model/hf_model.h"
 #include "so/model/llama_model.h"
-#include "so/train/checkpoint.h"
+#include "so/train/comm_sequence_parallel.h"
 #include "so/train/csv_monitor.h"
 #include "so/train/decay_groups.h"
 #include "so/train/evaluation.h"
@@ -26,7 +29,6 @@
 #include "so/train/memory_plan.h"
 #include "so/train/nan_policy.h"
 #include "so/train/rank_agreement.h"
-#include "so/train/run_saves.h"
 #include "so/train/step_log.h"
 #include "so/train/tensorboard_monitor.h"
 #include "so/train/training_data.h"
@@ -34,20 +36,6 @@
 namespace so {
 
 namespace {
-
-// The model's view of the sequence-parallel group.
-class CommSequenceParallel final : public SequenceParallel {
- public:
-  explicit CommSequenceParallel(Communicator& c) : c_(c) {}
-  int size() const override { return c_.size(); }
-  int rank() const override { return c_.rank(); }
-  void all_to_all(Stream& s, void* recv, const void* send, int64_t count, DType dt) override {
-    c_.all_to_all(s, recv, send, count, dt);
-  }
-
- private:
-  Communicator& c_;
-};
 
 const char* zero_stage_summary(int stage) {
   switch (stage) {
@@ -73,6 +61,7 @@ struct Run {
   std::unique_ptr<Backend> backend;
   ProcessGroups groups;
   BatchSizes batch;
+  std::optional<CastPlan> cast;  // measured before the plan (offloaded optimizer)
   MemoryPlan plan;
   std::unique_ptr<CommSequenceParallel> ulysses;
   std::unique_ptr<LlamaModel> model;
@@ -125,8 +114,13 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
   run.steps = cfg.steps > 0 ? cfg.steps
                             : steps_for_epochs(cfg.num_train_epochs, run.data.train->samples_per_epoch(), run.batch.global);
   run.planned.steps = run.steps;
-  const MachineProfile machine = machine_profile_of(*run.backend);
+  MachineProfile machine = machine_profile_of(*run.backend);
+  run.cast = measure_offload_link(machine, cfg, comm.size(), comm.rank(), run.cores.optimizer);
   run.auto_choice = resolve_auto_memory(run.planned, comm.size(), machine);
+  if (run.cast && run.planned.offload.cast_grads != cfg.offload.cast_grads) {  // the host's memory decided
+    run.cast->grads = run.planned.offload.cast_grads;
+    run.cast->report += "\n  -> gradients cast on the host instead: fp32 gradients would not fit the host memory";
+  }
   run.plan = plan_memory(run.planned, comm.size(), comm.rank(), machine, !opts.save_dir.empty() && opts.async_save);
   if (const std::optional<std::string> over = first_term_over(run.plan, machine))
     throw Error(str_cat("the run does not fit: ", *over, "\n", format_plan(run.planned, comm.size(), run.plan, machine),
@@ -149,9 +143,12 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
   eo.adam = cfg.adam;
   run.decay = decay_groups(layout, cfg.decay, cfg.adam.weight_decay);
   eo.no_decay = run.decay.no_decay;
-  eo.offload = cfg.offload;
+  eo.offload = run.planned.offload;
   eo.zero_stage = cfg.zero_stage;
   eo.optimizer_cores = run.cores.optimizer;
+  eo.accumulation = static_cast<int>(run.batch.accumulation);
+  eo.grad_ring_depth = run.plan.grad_ring_depth;
+  eo.cast = run.cast;
   // One trace per rank: rank r of a multi-rank job writes FILE.rank<r>.
   eo.trace_path = opts.trace_path.empty() || comm.size() == 1 ? opts.trace_path : str_cat(opts.trace_path, ".rank", comm.rank());
   eo.rank = comm.rank();
@@ -175,7 +172,7 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
                                            : ""));
   }
   if (!opts.resume.empty()) {
-    run.state = load_checkpoint(engine, comm, cfg, opts.resume);
+    run.state = load_checkpoint(engine, comm, cfg.model, opts.resume);
     if (comm.rank() == 0)
       log_info(str_cat("resumed from ", resolve_checkpoint(opts.resume), " at step ", run.state.iteration,
                        " (optimizer step ", run.state.steps_taken, ", sample ", run.state.data_position, ")"));
@@ -367,7 +364,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   Run run(cfg);
   set_up(run, job, opts);
   Engine& engine = *run.engine;
-  RunSaves saves(engine, run.comm(), cfg, opts);
+  RunSaves saves(engine, run.comm(), cfg.model, cfg.resolved, opts);
   announce(run, opts);
   const int64_t first_step = run.state.iteration + 1;
   CsvMonitor csv(cfg.csv_monitor, run.lead());

@@ -18,7 +18,7 @@
 #include "so/core/error.h"
 #include "so/io/crc32c.h"
 #include "so/io/hdf5_file.h"
-#include "src/train/checkpoint_file.h"
+#include "src/checkpoint/checkpoint_file.h"
 
 namespace {
 

@@ -23,6 +23,7 @@
 #include "so/engine/engine.h"
 #include "so/model/llama_model.h"
 #include "src/backend/cuda/cuda_cast.h"
+#include "tests/optimizer_state.h"
 #include "tests/test_util.h"
 
 namespace so {
@@ -48,7 +49,7 @@ struct Placement {
 struct RunResult {
   std::vector<float> losses;
   std::vector<StepResult> steps;
-  std::vector<std::vector<float>> master, exp_avg, exp_avg_sq;  // per parameter
+  test::OptimizerState state;  // at the end
   int64_t rollbacks = 0, speculative_steps = 0;
 };
 
@@ -103,11 +104,7 @@ class CudaTraining : public testing::Test {
     engine.finish();
     r.rollbacks = engine.rollbacks();
     r.speculative_steps = engine.speculative_steps();
-    for (size_t id = 0; id < model.layout().params.size(); ++id) {
-      r.master.push_back(engine.read_state(static_cast<int>(id), OptimState::Master));
-      r.exp_avg.push_back(engine.read_state(static_cast<int>(id), OptimState::ExpAvg));
-      r.exp_avg_sq.push_back(engine.read_state(static_cast<int>(id), OptimState::ExpAvgSq));
-    }
+    r.state = test::OptimizerState::read(engine);
     return r;
   }
 
@@ -138,7 +135,7 @@ void expect_bitwise(const RunResult& got, const RunResult& ref, const std::strin
         << "and GraceAdam, or the gradients differ)";
     EXPECT_EQ(got.steps[s].clip_coef, ref.steps[s].clip_coef) << name << ": clip coefficient of step " << s + 1;
   }
-  test::expect_same_optimizer_state(got, ref, name);
+  test::expect_same_optimizer_state(got.state, ref.state, name);
 }
 
 TEST_F(CudaTraining, Bf16LossesTrackTheCpuBackend) {

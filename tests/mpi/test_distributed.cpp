@@ -7,13 +7,13 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "parallel/communicator.h"
+#include "so/checkpoint/checkpoint.h"
 #include "so/engine/engine.h"
-#include "so/train/checkpoint.h"
 #include "so/train/run_config.h"
 #include "so/train/trainer.h"
+#include "tests/optimizer_state.h"
 #include "tests/test_util.h"
 
 namespace so {
@@ -132,15 +132,13 @@ TEST(DistributedCheckpoint, ReshardedLoadIsExact) {
   const RunConfig cfg = parse_run_config(doc, "test_distributed");
   // Per world size: the 2- and 4-rank tests may run at the same time.
   const std::string dir = "build/tests/reshard_exact_np" + std::to_string(world->size());
-  std::vector<std::vector<float>> saved;
+  test::OptimizerState saved;
   TrainOptions opts;
   opts.at_end = [&](Engine& e) {
     TrainState st;
     st.iteration = st.steps_taken = e.steps_taken();
-    save_checkpoint(e, *world, cfg, st, dir, 1);
-    for (size_t id = 0; id < e.layout().params.size(); ++id)
-      for (OptimState w : {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq})
-        saved.push_back(e.read_state(static_cast<int>(id), w));
+    save_checkpoint(e, *world, cfg.model, cfg.resolved, st, dir, 1);
+    saved = test::OptimizerState::read(e);
   };
   train(cfg, *world, opts);
 
@@ -152,17 +150,9 @@ TEST(DistributedCheckpoint, ReshardedLoadIsExact) {
     EngineOptions eo;
     eo.bucket_size = 100000;  // a different bucketing too
     Engine e(*backend, layout, eo, comm);
-    const TrainState st = load_checkpoint(e, comm, device, dir);
+    const TrainState st = load_checkpoint(e, comm, device.model, dir);
     EXPECT_EQ(st.steps_taken, 3) << what;
-    size_t k = 0;
-    for (size_t id = 0; id < layout.params.size(); ++id)
-      for (OptimState w : {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq}) {
-        const std::vector<float> got = e.read_state(static_cast<int>(id), w);
-        ASSERT_EQ(got.size(), saved[k].size());
-        EXPECT_EQ(std::memcmp(got.data(), saved[k].data(), got.size() * sizeof(float)), 0)
-            << what << ": " << layout.params[id].name << " state " << static_cast<int>(w);
-        ++k;
-      }
+    test::expect_same_optimizer_state(test::OptimizerState::read(e), saved, what);
   };
   std::unique_ptr<Communicator> alone = world->split(world->rank(), 0, "alone");
   check(*alone, "one rank");

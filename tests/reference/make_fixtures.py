@@ -39,290 +39,104 @@ LR, BETA1, BETA2, EPS, WEIGHT_DECAY, GRAD_CLIP = 3e-3, 0.9, 0.95, 1e-8, 0.1, 1.0
 INIT_STD = 0.08      # std of Linear / Embedding weights
 NORM_JITTER = 0.1    # RMSNorm weights = 1 + NORM_JITTER * randn
 
+# What every fixture's config shares (a 2-layer GQA model, untied, no bias), and its changes to it.
+BASE_CONFIG = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+    rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256, hidden_act="silu",
+)
+LLAMA_NO_BIAS = dict(attention_bias=False, mlp_bias=False)
+
+
+def fixture(name, model_type, seed, config, **spec):
+    """A fixture spec: BASE_CONFIG with `config`'s keys changed or added; `spec` the other fields
+    (seq_len, packed, sinks, router_std, final_weights)."""
+    return dict(name=name, model_type=model_type, seed=seed, **spec, config=dict(BASE_CONFIG, **config))
+
+
+# The two MoE models (with and without the load-balancing loss below).
+QWEN3_MOE = dict(intermediate_size=96, moe_intermediate_size=48, num_hidden_layers=3, head_dim=16,
+                 rope_theta=1000000.0, rms_norm_eps=1e-6, num_experts=6, num_experts_per_tok=2,
+                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], output_router_logits=False)
+GPT_OSS = dict(intermediate_size=48, head_dim=16, rope_theta=150000.0,
+               rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+                                 original_max_position_embeddings=4096),
+               num_local_experts=4, num_experts_per_tok=2, sliding_window=8, attention_bias=True,
+               output_router_logits=False)
+AUX_LOSS = dict(output_router_logits=True, router_aux_loss_coef=0.5)
+
 FIXTURES = [
-    dict(
-        name="llama_gqa_untied",
-        model_type="llama",
-        seed=1234,
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0,
-            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
-            attention_bias=False, mlp_bias=False, hidden_act="silu",
-        ),
-    ),
-    dict(
-        name="llama_tied_mqa",
-        model_type="llama",
-        seed=2345,
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=3,
-            num_attention_heads=4, num_key_value_heads=1, rope_theta=10000.0,
-            rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=256,
-            attention_bias=False, mlp_bias=False, hidden_act="silu",
-        ),
-    ),
-    dict(
-        name="qwen3_tied",
-        model_type="qwen3",
-        seed=3456,
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1000000.0,
-            rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=256,
-            use_sliding_window=False, attention_bias=False, hidden_act="silu",
-        ),
-    ),
+    fixture("llama_gqa_untied", "llama", 1234, dict(LLAMA_NO_BIAS, rope_theta=500000.0)),
+    fixture("llama_tied_mqa", "llama", 2345,
+            dict(LLAMA_NO_BIAS, num_hidden_layers=3, num_key_value_heads=1, tie_word_embeddings=True)),
+    fixture("qwen3_tied", "qwen3", 3456,
+            dict(intermediate_size=160, head_dim=32, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                 tie_word_embeddings=True, use_sliding_window=False, attention_bias=False)),
     # RoPE scaling through the whole model: the original context (16) is shorter than the
     # sequence (37), so the scaled bands matter; yarn's attention factor multiplies cos and sin.
-    dict(
-        name="llama_rope_llama3",
-        model_type="llama",
-        seed=4567,
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
-            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=128,
-            attention_bias=False, mlp_bias=False, hidden_act="silu",
-            rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                              original_max_position_embeddings=16),
-        ),
-    ),
-    dict(
-        name="llama_rope_yarn",
-        model_type="llama",
-        seed=5678,
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=1, rope_theta=10000.0,
-            rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=128,
-            attention_bias=False, mlp_bias=False, hidden_act="silu",
-            rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32),
-        ),
-    ),
+    fixture("llama_rope_llama3", "llama", 4567,
+            dict(LLAMA_NO_BIAS, max_position_embeddings=128,
+                 rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                   original_max_position_embeddings=16))),
+    fixture("llama_rope_yarn", "llama", 5678,
+            dict(LLAMA_NO_BIAS, num_key_value_heads=1, tie_word_embeddings=True, max_position_embeddings=128,
+                 rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32))),
     # Projection biases (drawn like weights, so that their gradients and values matter): Qwen2's
     # q/k/v biases with an odd vocabulary, and with q dim (4 x 32) != hidden (64), MQA and tying;
     # Llama's attention_bias (q/k/v/o).
-    dict(
-        name="qwen2_gqa_untied",
-        model_type="qwen2",
-        seed=6789,
-        config=dict(
-            vocab_size=131, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, rope_theta=1000000.0,
-            rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
-            use_sliding_window=False, hidden_act="silu",
-        ),
-    ),
-    dict(
-        name="qwen2_tied_mqa_qdim",
-        model_type="qwen2",
-        seed=7890,
-        config=dict(
-            vocab_size=127, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=1, head_dim=32, rope_theta=1000000.0,
-            rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=256,
-            use_sliding_window=False, hidden_act="silu",
-        ),
-    ),
-    dict(
-        name="llama_attention_bias",
-        model_type="llama",
-        seed=8901,
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
-            rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=256,
-            attention_bias=True, mlp_bias=False, hidden_act="silu",
-        ),
-    ),
+    fixture("qwen2_gqa_untied", "qwen2", 6789,
+            dict(vocab_size=131, rope_theta=1000000.0, rms_norm_eps=1e-6, use_sliding_window=False)),
+    fixture("qwen2_tied_mqa_qdim", "qwen2", 7890,
+            dict(vocab_size=127, intermediate_size=160, num_key_value_heads=1, head_dim=32, rope_theta=1000000.0,
+                 rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False)),
+    fixture("llama_attention_bias", "llama", 8901,
+            dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=False)),
     # Phi-3 (Phi-4's family): fused qkv_proj and gate_up_proj, stored here split into so_train's
     # names (q_proj, k_proj, v_proj, gate_proj, up_proj); pad_token_id 5 occurs in every batch.
-    dict(
-        name="phi3_gqa_pad",
-        model_type="phi3",
-        seed=1357,
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, rope_theta=250000.0,
-            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
-            original_max_position_embeddings=256, pad_token_id=5, sliding_window=None,
-            resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, hidden_act="silu",
-        ),
-    ),
+    fixture("phi3_gqa_pad", "phi3", 1357,
+            dict(rope_theta=250000.0, original_max_position_embeddings=256, pad_token_id=5, sliding_window=None,
+                 resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0)),
     # padding_idx with a tied head: the lookup's gradient skips row 7, the head's still reaches it.
-    dict(
-        name="llama_tied_pad",
-        model_type="llama",
-        seed=2468,
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
-            rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=256,
-            attention_bias=False, mlp_bias=False, hidden_act="silu", pad_token_id=7,
-        ),
-    ),
+    fixture("llama_tied_pad", "llama", 2468, dict(LLAMA_NO_BIAS, tie_word_embeddings=True, pad_token_id=7)),
     # Seed-OSS: q/k/v biases and an o bias (attention_out_bias), q dim (4 x 32) != hidden (64), GQA,
     # odd vocabulary, pad_token_id 1 in every batch; its dropout (default 0.1) set to 0. rope_theta
     # 1e4, not Seed-OSS's 1e7: with pairs that barely turn over 37 positions, k_proj's bias adds
     # almost the same q.b to every score of a query (softmax ignores it), its gradient there is
     # rounding noise that AdamW amplifies, and 10 steps would compare noise.
-    dict(
-        name="seed_oss_qdim_bias",
-        model_type="seed_oss",
-        seed=3579,
-        config=dict(
-            vocab_size=129, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=10000.0,
-            rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
-            attention_bias=True, attention_out_bias=True, attention_dropout=0.0, residual_dropout=0.0,
-            pad_token_id=1, hidden_act="silu",
-        ),
-    ),
+    fixture("seed_oss_qdim_bias", "seed_oss", 3579,
+            dict(vocab_size=129, head_dim=32, rms_norm_eps=1e-6, attention_bias=True, attention_out_bias=True,
+                 attention_dropout=0.0, residual_dropout=0.0, pad_token_id=1)),
     # Mistral: Llama's maths; its sliding window (64) is longer than the sequence (37).
-    dict(
-        name="mistral_window",
-        model_type="mistral",
-        seed=9012,
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1000000.0,
-            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
-            sliding_window=64, hidden_act="silu",
-        ),
-    ),
+    fixture("mistral_window", "mistral", 9012, dict(head_dim=32, rope_theta=1000000.0, sliding_window=64)),
     # Sliding windows shorter than the sequence: Mistral's on every layer (8 keys per query),
     # Qwen2's with use_sliding_window on the layers from max_window_layers on (layer 1 of 2). These
     # and the packed ones have 36 positions, so that two Ulysses ranks split them (test_reference_sp).
-    dict(
-        name="mistral_window_short",
-        model_type="mistral",
-        seed=9123,
-        seq_len=36,
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
-            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
-            sliding_window=8, hidden_act="silu",
-        ),
-    ),
-    dict(
-        name="qwen2_sliding_layers",
-        model_type="qwen2",
-        seed=9234,
-        seq_len=36,
-        config=dict(
-            vocab_size=131, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
-            rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
-            use_sliding_window=True, sliding_window=11, max_window_layers=1, hidden_act="silu",
-        ),
-    ),
+    fixture("mistral_window_short", "mistral", 9123, dict(head_dim=16, sliding_window=8), seq_len=36),
+    fixture("qwen2_sliding_layers", "qwen2", 9234,
+            dict(vocab_size=131, rms_norm_eps=1e-6, use_sliding_window=True, sliding_window=11, max_window_layers=1),
+            seq_len=36),
     # Packed rows: several documents per row (lengths below, positions restarting at each), whose
     # loss and gradients are those of the documents run separately through the model (transformers
     # would attend across documents in a packed forward; the reference never packs).
-    dict(
-        name="llama_packed",
-        model_type="llama",
-        seed=9345,
-        seq_len=36,
-        packed=[[9, 17, 1, 9], [36]],
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
-            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
-            attention_bias=False, mlp_bias=False, hidden_act="silu",
-        ),
-    ),
+    fixture("llama_packed", "llama", 9345, LLAMA_NO_BIAS, seq_len=36, packed=[[9, 17, 1, 9], [36]]),
     # GPT-OSS's attention sinks without its family (which the MoE work adds): a Llama whose layers
     # get self_attn.sinks and GPT-OSS's eager attention (an extra logit column per head); so_train
     # switches ModelConfig::attention_sinks on for it (the fixture's attention_sinks attribute).
-    dict(
-        name="llama_sinks",
-        model_type="llama",
-        seed=9567,
-        seq_len=36,
-        sinks=True,
-        packed=[[13, 23], [36]],
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
-            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
-            attention_bias=False, mlp_bias=False, hidden_act="silu",
-        ),
-    ),
-    dict(
-        name="mistral_packed_window",
-        model_type="mistral",
-        seed=9457,
-        seq_len=36,
-        packed=[[20, 16], [5, 6, 25]],
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=1, head_dim=16, rope_theta=10000.0,
-            rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=256,
-            sliding_window=7, hidden_act="silu",
-        ),
-    ),
+    fixture("llama_sinks", "llama", 9567, LLAMA_NO_BIAS, seq_len=36, sinks=True, packed=[[13, 23], [36]]),
+    fixture("mistral_packed_window", "mistral", 9457,
+            dict(num_key_value_heads=1, head_dim=16, tie_word_embeddings=True, sliding_window=7),
+            seq_len=36, packed=[[20, 16], [5, 6, 25]]),
     # Qwen3-MoE: 3 layers, the middle one dense (mlp_only_layers), the others 6 experts with top-2
     # renormalised routing; q/k norm, GQA, untied.
-    dict(
-        name="qwen3_moe_mixed",
-        model_type="qwen3_moe",
-        seed=8642,
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=48,
-            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
-            num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
-            mlp_only_layers=[1], output_router_logits=False, hidden_act="silu",
-        ),
-    ),
+    fixture("qwen3_moe_mixed", "qwen3_moe", 8642, QWEN3_MOE),
     # GPT-OSS: every layer MoE (4 experts, top-2 of the biased router's logits, clamped GLU, fused
     # interleaved expert tensors with biases), q/k/v/o biases, learned sinks, a sliding window of 8
     # on layer 0 (layer_types' default: every other layer), yarn RoPE (GptOssConfig's default).
-    dict(
-        name="gpt_oss_window_sinks",
-        model_type="gpt_oss",
-        seed=7531,
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=150000.0,
-            rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
-                              original_max_position_embeddings=4096),
-            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
-            num_local_experts=4, num_experts_per_tok=2, sliding_window=8, attention_bias=True,
-            output_router_logits=False, hidden_act="silu",
-        ),
-    ),
+    fixture("gpt_oss_window_sinks", "gpt_oss", 7531, GPT_OSS),
     # The load-balancing loss (output_router_logits): qwen3_moe_mixed's and gpt_oss_window_sinks'
     # models with it on, its coefficient raised so that its gradient is far above rounding.
-    dict(
-        name="qwen3_moe_aux",
-        model_type="qwen3_moe",
-        seed=8643,
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=48,
-            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
-            num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
-            mlp_only_layers=[1], output_router_logits=True, router_aux_loss_coef=0.5, hidden_act="silu",
-        ),
-    ),
-    dict(
-        name="gpt_oss_aux",
-        model_type="gpt_oss",
-        seed=7532,
-        config=dict(
-            vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=150000.0,
-            rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
-                              original_max_position_embeddings=4096),
-            rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=256,
-            num_local_experts=4, num_experts_per_tok=2, sliding_window=8, attention_bias=True,
-            output_router_logits=True, router_aux_loss_coef=0.5, hidden_act="silu",
-        ),
-    ),
+    fixture("qwen3_moe_aux", "qwen3_moe", 8643, dict(QWEN3_MOE, **AUX_LOSS)),
+    fixture("gpt_oss_aux", "gpt_oss", 7532, dict(GPT_OSS, **AUX_LOSS)),
     # Qwen3-MoE for bf16: a router with real preferences (router_std 0.2: logits of std 0.8-1.3),
     # so that no token's 2nd and 3rd experts are within bf16 rounding of a tie (smallest gap 0.01
     # here, at least 1.7x what rounding the router's input and weight to bf16 moves it; 0.002 in
@@ -330,20 +144,10 @@ FIXTURES = [
     # expert's gradients). Stronger routing moves the router's gradient further from
     # fp32 in bf16 (0.5: 3.3e-2). Tiny, and without final weights (its fp32 run is held to torch
     # by every step's loss and gradient norm), so that it adds little to what travels to the GPU machine.
-    dict(
-        name="qwen3_moe_routed",
-        model_type="qwen3_moe",
-        seed=8644,
-        router_std=0.2,
-        final_weights=False,
-        config=dict(
-            vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-            rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=256,
-            num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
-            mlp_only_layers=[], output_router_logits=False, hidden_act="silu",
-        ),
-    ),
+    fixture("qwen3_moe_routed", "qwen3_moe", 8644,
+            dict(QWEN3_MOE, vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                 num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, num_experts=4, mlp_only_layers=[]),
+            router_std=0.2, final_weights=False),
 ]
 
 

@@ -10,25 +10,12 @@
 #include "parallel/communicator.h"
 #include "so/data/batch_sampler.h"
 #include "so/engine/engine.h"
+#include "so/train/comm_sequence_parallel.h"
 #include "tests/reference/reference_fixture.h"
 #include "tests/test_util.h"
 
 namespace so {
 namespace {
-
-// The model's view of the two-rank group (as the trainer's).
-class WorldSequenceParallel final : public SequenceParallel {
- public:
-  explicit WorldSequenceParallel(Communicator& c) : c_(c) {}
-  int size() const override { return c_.size(); }
-  int rank() const override { return c_.rank(); }
-  void all_to_all(Stream& s, void* recv, const void* send, int64_t count, DType dt) override {
-    c_.all_to_all(s, recv, send, count, dt);
-  }
-
- private:
-  Communicator& c_;
-};
 
 std::vector<double> summed(Communicator& world, const std::vector<float>& mine) {
   std::vector<double> v(mine.begin(), mine.end());
@@ -47,7 +34,7 @@ TEST(ReferenceSp2, WindowsAndPackedRowsMatchTransformers) {
   auto backend = create_backend(test::cpu_backend_options());
   world->attach(*backend);
   self->attach(*backend);
-  WorldSequenceParallel ulysses(*world);
+  CommSequenceParallel ulysses(*world);  // the two-rank group, as the trainer builds it
   for (const char* name :
        {"mistral_window_short", "qwen2_sliding_layers", "llama_packed", "mistral_packed_window", "llama_sinks"})
     for (const bool ckpt : {false, true}) {

@@ -4,6 +4,8 @@
 // the order of sums, and "auto" offloads and tiles only as far as needed to fit.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "parallel/communicator.h"
 #include "so/data/batch_sampler.h"
 #include "so/engine/engine.h"
@@ -87,7 +89,7 @@ struct Trained {
 // Three steps of two micro-batches with the run's model and engine options, as train() builds them.
 Trained train_steps(const RunConfig& cfg, const std::string& backend_type) {
   auto comm = make_mpi_world_communicator();
-  BackendOptions bo;
+  BackendOptions bo = cfg.backend;  // its device_memory_limit caps the pool
   bo.type = backend_type;
   auto backend = create_backend(bo);
   const ModelOptions mo = model_options(cfg, 2, 1);
@@ -96,15 +98,18 @@ Trained train_steps(const RunConfig& cfg, const std::string& backend_type) {
   eo.dtype = cfg.dtype;
   eo.bucket_size = cfg.bucket_size;
   eo.offload = cfg.offload;
+  eo.accumulation = static_cast<int>(resolve_batch_sizes(cfg, 1).accumulation);
+  eo.grad_ring_depth = grad_ring_depth(cfg, 1, machine_profile_of(*backend));
   Engine engine(*backend, model.layout(), eo, *comm);
   engine.init_weights(5, 0.02f);
   auto tokens = make_synthetic_tokens(cfg.model.vocab_size, 1 << 15, 9);
   BatchSampler sampler(*tokens, cfg.data.seq_len, 2, cfg.model.vocab_size, 3);
   Trained t;
   for (int step = 0; step < 3; ++step) {
-    engine.begin_step(1e-3, 2);
+    engine.begin_step(1e-3, eo.accumulation);
     model.zero_loss();
-    for (int m = 0; m < 2; ++m) model.forward_backward(sampler.next(), engine, engine, 1.0f / 320, true);
+    for (int m = 0; m < eo.accumulation; ++m)
+      model.forward_backward(sampler.next(), engine, engine, 1.0f / (160.0f * eo.accumulation), true);
     t.losses.push_back(model.read_loss());
     engine.end_step();
   }
@@ -167,6 +172,45 @@ TEST_P(OnBackend, PlannedDevicePeakIsTheMeasuredPeakOnOneRank) {
       else
         EXPECT_EQ(plan.device_peak, t.peak);
     }
+}
+
+// Offloaded buckets' gradients live on the device only in the gradient ring: a run trains under a
+// cap of exactly its plan, whole-model gradients (the device holding every gradient all step) would
+// not fit there, and the pool's peak is the plan — fp32 and bf16 (casts on either side), one and two
+// micro-batches per step (summed on the host), SuperOffload and ZeRO-Offload.
+TEST(MemoryPlan, OffloadedGradientsLeaveTheDeviceSoTheRunTrainsWhereWholeGradientsDoNotFit) {
+  struct Case {
+    const char* name;
+    DType dt;
+    CastSite cast;
+    int micro;
+    OffloadMode mode;
+  };
+  for (const Case& c : {Case{"fp32 superoffload", DType::F32, CastSite::Host, 1, OffloadMode::SuperOffload},
+                        Case{"fp32 superoffload, 2 micro-batches", DType::F32, CastSite::Host, 2, OffloadMode::SuperOffload},
+                        Case{"bf16 superoffload, device casts", DType::BF16, CastSite::Device, 1, OffloadMode::SuperOffload},
+                        Case{"bf16 zero-offload, host casts, 2 micro-batches", DType::BF16, CastSite::Host, 2,
+                             OffloadMode::ZeroOffload}}) {
+    RunConfig cfg = run_config("");
+    cfg.dtype = c.dt;
+    cfg.micro_batch = 2, cfg.grad_accum = c.micro, cfg.train_batch_size = 0;
+    cfg.offload.mode = c.mode, cfg.offload.ratio = 0.9;
+    cfg.offload.cast_grads = cfg.offload.cast_weights = c.cast;
+    auto probe = create_backend(test::cpu_backend_options());
+    const MemoryPlan plan = plan_memory(cfg, 1, 0, machine_profile_of(*probe));
+    SCOPED_TRACE(str_cat(c.name, "\n", format_plan(cfg, 1, plan, machine_profile_of(*probe))));
+    // What the layout before kept: every gradient on the device, and no ring.
+    size_t ring = 0;
+    for (const PlanTerm& t : plan.device)
+      if (t.name == "gradients of offloaded buckets in flight (ring)") ring = t.bytes;
+    ASSERT_GT(ring, 0u);
+    const size_t whole_gradients = plan.device_peak - ring + static_cast<size_t>(plan.host_params) * dtype_size(c.dt);
+    EXPECT_GT(whole_gradients, plan.device_peak);
+    cfg.backend.device_memory_limit = plan.device_peak;
+    const Trained t = train_steps(cfg, "cpu");
+    EXPECT_EQ(t.peak, plan.device_peak);
+    for (float loss : t.losses) EXPECT_TRUE(std::isfinite(loss));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, OnBackend, testing::Values("cpu"));

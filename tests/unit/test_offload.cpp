@@ -26,6 +26,7 @@
 #include "so/data/token_source.h"
 #include "so/engine/engine.h"
 #include "so/model/llama_model.h"
+#include "tests/optimizer_state.h"
 #include "tests/test_util.h"
 
 namespace so {
@@ -59,8 +60,8 @@ Mode mode(const std::string& name, OffloadMode m, double ratio, RollbackMode rb 
 struct RunResult {
   std::vector<float> losses;
   std::vector<StepResult> steps;
-  std::vector<std::vector<float>> master, exp_avg, exp_avg_sq;  // per parameter
-  std::vector<std::vector<float>> before_skip, after_skip;      // all state around the NaN step
+  test::OptimizerState state;                  // at the end
+  std::vector<float> before_skip, after_skip;  // all state around the NaN step
   int64_t steps_taken = 0;
   int64_t rollbacks = 0, speculative_steps = 0;
 };
@@ -84,16 +85,6 @@ class NanInjector final : public ModelHooks {
   // A NaN in either storage dtype: as fp32 it is a NaN, as two bf16 values the first is a NaN.
   const uint32_t nan_bits_[1] = {0x7fc07fc0u};
 };
-
-std::vector<float> all_state(Engine& e) {
-  std::vector<float> out;
-  for (size_t id = 0; id < e.layout().params.size(); ++id)
-    for (OptimState w : {OptimState::Master, OptimState::ExpAvg, OptimState::ExpAvgSq}) {
-      const std::vector<float> v = e.read_state(static_cast<int>(id), w);
-      out.insert(out.end(), v.begin(), v.end());
-    }
-  return out;
-}
 
 class OffloadEquivalence : public testing::Test {
  protected:
@@ -127,6 +118,7 @@ class OffloadEquivalence : public testing::Test {
     eo.grad_clip = clip;
     eo.adam.weight_decay = 0.1;
     eo.offload = md.off;
+    eo.accumulation = md.micro_batches;
     Engine engine(*backend, model.layout(), eo, *comm_);
     engine.init_weights(42, 0.02f);
     // The NaN goes into the second bucket in backward order: offloaded whenever any bucket is,
@@ -138,7 +130,7 @@ class OffloadEquivalence : public testing::Test {
     RunResult r;
     for (int it = 1; it <= kSteps; ++it) {
       const bool nan_now = inject_nan && it == kNanIteration;
-      if (nan_now) r.before_skip = {all_state(engine)};
+      if (nan_now) r.before_skip = test::OptimizerState::read(engine).flat();
       hooks.armed = nan_now;
       engine.begin_step(kLr, md.micro_batches);
       model.zero_loss();
@@ -147,17 +139,13 @@ class OffloadEquivalence : public testing::Test {
                                true);
       r.losses.push_back(model.read_loss());
       r.steps.push_back(engine.end_step());
-      if (nan_now) r.after_skip = {all_state(engine)};
+      if (nan_now) r.after_skip = test::OptimizerState::read(engine).flat();
     }
     engine.finish();
     r.steps_taken = engine.steps_taken();
     r.rollbacks = engine.rollbacks();
     r.speculative_steps = engine.speculative_steps();
-    for (size_t id = 0; id < model.layout().params.size(); ++id) {
-      r.master.push_back(engine.read_state(static_cast<int>(id), OptimState::Master));
-      r.exp_avg.push_back(engine.read_state(static_cast<int>(id), OptimState::ExpAvg));
-      r.exp_avg_sq.push_back(engine.read_state(static_cast<int>(id), OptimState::ExpAvgSq));
-    }
+    r.state = test::OptimizerState::read(engine);
     return r;
   }
 
@@ -187,7 +175,7 @@ void expect_bitwise(const RunResult& got, const RunResult& ref, const std::strin
                                                              << " vs " << b;
     EXPECT_EQ(got.steps[s].skipped, ref.steps[s].skipped) << name << " step " << s + 1;
   }
-  test::expect_same_optimizer_state(got, ref, name);
+  test::expect_same_optimizer_state(got.state, ref.state, name);
 }
 
 TEST_F(OffloadEquivalence, AllModesBitwiseEqualWithClippingAndSkippedStep) {
@@ -199,7 +187,7 @@ TEST_F(OffloadEquivalence, AllModesBitwiseEqualWithClippingAndSkippedStep) {
   ASSERT_GT(unclipped, 0) << "clipping always triggered; the test would not exercise plain speculation";
   ASSERT_TRUE(ref.steps[kNanIteration - 1].skipped) << "the injected NaN did not make the step skip";
   EXPECT_EQ(ref.steps_taken, kSteps - 1);
-  EXPECT_TRUE(test::same_bits(ref.before_skip[0], ref.after_skip[0])) << "the skipped step changed the state";
+  EXPECT_TRUE(test::same_bits(ref.before_skip, ref.after_skip)) << "the skipped step changed the state";
 
   for (const Mode& md : {mode("zero-offload r1", OffloadMode::ZeroOffload, 1.0),
                          mode("zero-offload r0.5", OffloadMode::ZeroOffload, 0.5),
@@ -222,7 +210,7 @@ TEST_F(OffloadEquivalence, AllModesBitwiseEqualWithClippingAndSkippedStep) {
     if (md.off.speculation == Speculation::Adaptive) {
       EXPECT_LT(got.speculative_steps, kSteps) << md.name << ": adaptive speculation never held back after a clip";
     }
-    EXPECT_TRUE(test::same_bits(got.before_skip[0], got.after_skip[0])) << md.name << ": skipped step changed the state";
+    EXPECT_TRUE(test::same_bits(got.before_skip, got.after_skip)) << md.name << ": skipped step changed the state";
   }
 }
 
@@ -237,11 +225,12 @@ TEST_F(OffloadEquivalence, InverseRollbackWithinDocumentedBound) {
     // tensor of master weights is within 5e-6 and of moments within 5e-5 (norm-wise relative) of
     // the on-device run, and no weight differs by more than 2e-3 of one step's learning rate
     // (measured: 1.4e-6, 1.0e-5, 6.5e-6, 4.2e-4 x lr).
-    const double w = test::worst_rel_error(inv.master, ref.master);
-    const double m = test::worst_rel_error(inv.exp_avg, ref.exp_avg);
-    const double v = test::worst_rel_error(inv.exp_avg_sq, ref.exp_avg_sq);
+    const double w = test::worst_rel_error(inv.state.master, ref.state.master);
+    const double m = test::worst_rel_error(inv.state.exp_avg, ref.state.exp_avg);
+    const double v = test::worst_rel_error(inv.state.exp_avg_sq, ref.state.exp_avg_sq);
     double w_abs = 0;
-    for (size_t p = 0; p < ref.master.size(); ++p) w_abs = std::max(w_abs, max_abs_diff(inv.master[p], ref.master[p]));
+    for (size_t p = 0; p < ref.state.master.size(); ++p)
+      w_abs = std::max(w_abs, max_abs_diff(inv.state.master[p], ref.state.master[p]));
     std::printf("%s vs on-device after %d steps: worst tensor relative error master %.3e, exp_avg %.3e, "
                 "exp_avg_sq %.3e; largest weight difference %.3e = %.2e x lr\n",
                 name.c_str(), kSteps, w, m, v, w_abs, w_abs / kLr);
@@ -251,7 +240,7 @@ TEST_F(OffloadEquivalence, InverseRollbackWithinDocumentedBound) {
     EXPECT_LE(w_abs, 2e-3 * kLr);
     EXPECT_EQ(inv.steps_taken, ref.steps_taken);
     // The skipped step: the NaN bucket was never stepped; the others were rolled back in place.
-    const double skip_abs = max_abs_diff(inv.after_skip[0], inv.before_skip[0]);
+    const double skip_abs = max_abs_diff(inv.after_skip, inv.before_skip);
     std::printf("skipped step under inverse rollback: largest state change %.3e (%lld buckets rolled back in the run)\n",
                 skip_abs, static_cast<long long>(inv.rollbacks));
     EXPECT_GT(inv.rollbacks, 10);
@@ -259,7 +248,79 @@ TEST_F(OffloadEquivalence, InverseRollbackWithinDocumentedBound) {
   }
 }
 
-TEST_F(OffloadEquivalence, Bf16CastSitesAndGradientAccumulationAgreeBitwise) {
+TEST_F(OffloadEquivalence, Bf16CastSitesAgreeBitwise) {
+  const RunResult ref = run(mode("bf16 none", OffloadMode::None, 0, RollbackMode::Exact, DType::BF16), clip_, false);
+  for (CastSite site : {CastSite::Host, CastSite::Device}) {
+    const Mode md = mode(std::string("bf16 superoffload cast on ") + cast_site_name(site), OffloadMode::SuperOffload,
+                         0.5, RollbackMode::Exact, DType::BF16, site);
+    SCOPED_TRACE(md.name);
+    expect_bitwise(run(md, clip_, false), ref, md.name);
+  }
+}
+
+// With two micro-batches per step an offloaded bucket's gradients go to the host after each and are
+// summed there in fp32, where the device sums them in the model's dtype (GEMMs accumulating into the
+// gradient buffer). Against the fp64 sum of the two micro-batches' gradients (each computed alone,
+// as the device computes it), the host's sums are no further off than the device's, in fp32 and in
+// bf16; training on them is what the device-summed run does, within bf16's rounding.
+TEST_F(OffloadEquivalence, GradientsSummedOnTheHostAreNoFurtherFromFp64ThanTheDevicesSums) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const std::string dn = dtype_name(dt);
+    // One step over micro-batches `first`.. of the sampler's sequence; the gradients it read.
+    auto grads = [&](const Mode& md, int first, int micro_batches) {
+      auto backend = create_backend(test::cpu_backend_options());
+      ModelOptions mo;
+      mo.dtype = dt;
+      mo.micro_batch = 2;
+      mo.seq_len = 32;
+      LlamaModel model(*backend, *cfg_, mo);
+      EngineOptions eo;
+      eo.dtype = dt;
+      eo.bucket_size = 100000;
+      eo.offload = md.off;
+      eo.accumulation = micro_batches;
+      Engine engine(*backend, model.layout(), eo, *comm_);
+      engine.init_weights(42, 0.02f);
+      BatchSampler sampler(*tokens_, mo.seq_len, mo.micro_batch, cfg_->vocab_size, 3);
+      for (int skip = 0; skip < first; ++skip) sampler.next();
+      engine.begin_step(kLr, micro_batches);
+      model.zero_loss();
+      for (int m = 0; m < micro_batches; ++m)
+        model.forward_backward(sampler.next(), engine, engine, 1.0f / (mo.micro_batch * mo.seq_len * 2), true);
+      engine.end_step();
+      engine.finish();
+      std::vector<std::vector<float>> g;
+      for (size_t id = 0; id < model.layout().params.size(); ++id) g.push_back(engine.read_grad(static_cast<int>(id)));
+      return g;
+    };
+    const Mode none = mode(dn + " none", OffloadMode::None, 0, RollbackMode::Exact, dt);
+    const auto g1 = grads(none, 0, 1), g2 = grads(none, 1, 1);
+    std::vector<std::vector<double>> exact(g1.size());
+    for (size_t p = 0; p < g1.size(); ++p)
+      for (size_t i = 0; i < g1[p].size(); ++i)
+        exact[p].push_back(static_cast<double>(g1[p][i]) + static_cast<double>(g2[p][i]));
+    // Norm-wise relative error over all parameters, against the fp64 sums.
+    auto error = [&](const std::vector<std::vector<float>>& got) {
+      double diff = 0, norm = 0;
+      for (size_t p = 0; p < got.size(); ++p)
+        for (size_t i = 0; i < got[p].size(); ++i) {
+          diff += (got[p][i] - exact[p][i]) * (got[p][i] - exact[p][i]);
+          norm += exact[p][i] * exact[p][i];
+        }
+      return std::sqrt(diff / norm);
+    };
+    const double device = error(grads(none, 0, 2));
+    for (double ratio : {1.0, 0.5}) {
+      const Mode host = mode(str_cat(dn, " superoffload r", ratio), OffloadMode::SuperOffload, ratio,
+                             RollbackMode::Exact, dt, CastSite::Host);
+      const double on_host = error(grads(host, 0, 2));
+      std::printf("%s: two micro-batches summed on the device: relative error %.3e against fp64; %s: %.3e\n",
+                  dn.c_str(), device, host.name.c_str(), on_host);
+      EXPECT_LE(on_host, device) << host.name;
+    }
+    EXPECT_GT(device, 0.0) << dn << ": the device's sums are exact; the comparison shows nothing";
+  }
+  // Trained for 24 steps on host sums: the device-summed run's losses within bf16's rounding.
   Mode none = mode("bf16 none", OffloadMode::None, 0, RollbackMode::Exact, DType::BF16);
   none.micro_batches = 2;
   const RunResult ref = run(none, clip_, false);
@@ -267,8 +328,9 @@ TEST_F(OffloadEquivalence, Bf16CastSitesAndGradientAccumulationAgreeBitwise) {
     Mode md = mode(std::string("bf16 superoffload cast on ") + cast_site_name(site), OffloadMode::SuperOffload, 0.5,
                    RollbackMode::Exact, DType::BF16, site);
     md.micro_batches = 2;
-    SCOPED_TRACE(md.name);
-    expect_bitwise(run(md, clip_, false), ref, md.name);
+    const RunResult got = run(md, clip_, false);
+    for (size_t s = 0; s < ref.losses.size(); ++s)
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-2 * std::abs(ref.losses[s])) << md.name << " step " << s + 1;
   }
 }
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "so/data/sample_stream.h"
+#include "so/data/token_batch.h"
 #include "so/data/token_source.h"
-#include "so/model/llama_model.h"
 
 namespace so {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "so/io/hdf5_file.h"
-#include "so/model/llama_model.h"
+#include "so/data/token_batch.h"
 
 namespace so {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "so/model/llama_model.h"
+#include "so/data/token_batch.h"
 
 namespace so {
 

@@ -8,6 +8,7 @@
 // GH200 the two directions differ by 2x, from pageable memory both by 5x: both are printed).
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "so/backend/backend.h"
 #include "so/engine/offload_config.h"
@@ -36,5 +37,14 @@ int64_t cast_probe_elements(int64_t bucket_elements);
 
 // Measures the link for every model; fp32 models need no cast (both sites Host).
 CastPlan plan_casts(Backend& backend, GraceAdam& adam, const CastPlanRequest& request);
+
+// The NUMA node offloaded host state lives on: that of the optimizer pool's first core (-1: local).
+int offload_numa_node(const std::vector<int>& optimizer_cores);
+
+// plan_casts for a caller that needs the sites before an engine exists (the trainer's memory
+// plan), with a GraceAdam of its own on the optimizer's cores; the engine then takes the result
+// (EngineOptions::cast) instead of measuring again.
+CastPlan measure_casts(Backend& backend, const OffloadConfig& offload, DType model_dtype, int64_t largest_bucket,
+                       const std::vector<int>& optimizer_cores);
 
 }  // namespace so

@@ -24,6 +24,12 @@
 //      the rank's shard copied out for its optimizer.
 //   0: nothing sharded: gradients all-reduced in place, every rank steps every parameter.
 // The stages differ only in what is kept whole; the step's logic is the same.
+//
+// Gradients on the device: the device-stepped buckets' for the whole step; an offloaded bucket's
+// only from their first write (or their reduce-scatter) until their copy to the host is done, in
+// the gradient ring (grad_ring.h), whose memory the next buckets reuse. With several micro-batches
+// per step an offloaded bucket's gradients go to the host after each one and are summed there in
+// fp32 (stage 1, which keeps every gradient bucket whole anyway, sums them on the device).
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -37,7 +43,9 @@
 #include "so/backend/backend.h"
 #include "so/backend/host_buffer.h"
 #include "so/engine/bucket.h"
+#include "so/engine/cast_plan.h"
 #include "so/engine/decay_runs.h"
+#include "so/engine/grad_ring.h"
 #include "so/engine/offload_config.h"
 #include "so/engine/offload_optimizer.h"
 #include "so/engine/shard_layout.h"
@@ -63,6 +71,9 @@ struct EngineOptions {
   int numa_node = -1;                // for offloaded host state; -1 = local
   std::string trace_path;            // Chrome trace of every step; empty = none
   int rank = 0;
+  int accumulation = 1;              // micro-batches per step (begin_step's): above 1, offloaded buckets sum on the host
+  int grad_ring_depth = 2;           // completions before a gradient ring range is reused (the planner's)
+  std::optional<CastPlan> cast;      // measured already (the trainer's, before its memory plan); else measured here
 };
 
 struct StepResult {
@@ -195,7 +206,8 @@ class Engine final : public ParamStore, public ModelHooks {
   const ShardLayout& shards() const { return shards_; }
   int zero_stage() const { return stage_; }
   // Device memory of weights, gradients and optimizer state this rank keeps for the whole run:
-  // shards, and under stages 0-2 the replicated parts (stage 3's transient gathers not included).
+  // shards, the gradient ring, and under stages 0-2 the replicated parts (stage 3's transient
+  // gathers not included).
   size_t state_bytes() const;
   size_t host_state_bytes() const;  // host memory of offloaded state
   std::string describe() const;     // one line: mode, placement, threads, casts
@@ -220,6 +232,22 @@ class Engine final : public ParamStore, public ModelHooks {
   // Units u of the current pass: gather what u reads, prefetch the next unit's, drop the rest.
   void enter_unit(int unit, bool backward);
   void wait_stepped_weights(size_t b);  // unsharded: compute waits for bucket b's new weights
+  bool offloaded(size_t b) const { return offload_ && b < first_device_bucket_; }
+  // The ring range of offloaded bucket b (null when b does not use the ring: device buckets, stage 1).
+  char* ring_range(size_t b);
+  // Stream s waits until the copies (and device sums) of what bucket b's ring range last held have
+  // read it.
+  void wait_ring_free(size_t b, Stream& s);
+  // Where this rank's reduced gradients of bucket b are read by its optimizer: the device buckets'
+  // persistent buffer, the ring, or (stage 1) the rank's shard of the whole gradient bucket.
+  char* reduced_grads(size_t b);
+  // Bucket b's gradients of this micro-batch are final: reduced over the ranks, summed for
+  // validation or stepped on the device, or handed to the offload pipeline.
+  void complete_bucket(size_t b, bool first_micro, bool last_micro);
+  // One Adam pass (AdamCall) over device bucket b's state on the comm stream, a call per
+  // weight-decay run, guarded by the bucket's sum of squares when given.
+  void device_adam(size_t b, AdamCall call, const AdamWParams& hp, float final_scale, const float* guard,
+                   const char* what);
   // Runs pass(a), a change of bucket b's state for step `iteration`: enqueued on stream `s` (device
   // state), or done on the host before it returns (s null: the CPU optimizer's host state). If the
   // bucket's frozen state is still wanted and the change is of a step after the saving one: a
@@ -256,7 +284,13 @@ class Engine final : public ParamStore, public ModelHooks {
   std::vector<size_t> forward_order_;              // buckets in the order the forward first reads them
   std::vector<std::vector<DecayRun>> decay_runs_;  // per bucket: its shard's weight-decay groups
 
-  DeviceBuffer weights_, grads_;                // model dtype, this rank's shards (all elements unsharded)
+  DeviceBuffer weights_;                        // model dtype, this rank's shards (all elements unsharded)
+  DeviceBuffer grads_;                          // model dtype, shard elements [0, device_end_): device-stepped buckets
+  GradRing ring_;                               // offloaded buckets' gradients in flight
+  DeviceBuffer ring_buf_;
+  std::vector<size_t> ring_use_;                // bucket -> its use in ring_ (SIZE_MAX: none)
+  bool accumulate_on_host_ = false;             // offloaded buckets' micro-batches summed on the host
+  std::vector<char> grads_touched_;             // written (zeroed first) this micro-batch (ring) / this step (grads_)
   DeviceBuffer master_, exp_avg_, exp_avg_sq_;  // fp32, shard elements [0, device_end_)
   std::vector<DeviceBuffer> gathered_, full_grads_;  // per bucket, full size: while in use (stage 3) or always
   std::vector<std::unique_ptr<Event>> gathered_ev_, reduced_ev_;
@@ -270,6 +304,7 @@ class Engine final : public ParamStore, public ModelHooks {
   std::unique_ptr<GraceAdam> grace_;
   std::unique_ptr<OffloadOptimizer> offload_;
   std::string cast_report_;
+  int numa_node_ = -1;  // of the offloaded host state
 
   // Asynchronous checkpoints: per bucket, whether the state as of freeze_state() is still wanted,
   // and whether the optimizer had to copy it aside (to its place in snapshot_space_) first.

@@ -7,6 +7,7 @@
 
 #include "so/backend/backend.h"
 #include "so/backend/host_buffer.h"
+#include "so/data/token_batch.h"
 #include "so/model/model_config.h"
 #include "so/model/model_interfaces.h"
 #include "so/model/moe_block.h"
@@ -31,20 +32,6 @@ struct ModelOptions {
   float z_loss = 0.0f;               // OLMo's z-loss: each token's loss adds z_loss * logsumexp(logits)^2
   SequenceParallel* sequence_parallel = nullptr;  // Ulysses group; null = the whole sequence is here
   uint64_t dropout_seed = 0;         // dropout's masks (residual_dropout, attention_dropout): the run's seed
-};
-
-// One micro-batch on the host: B*S input ids, targets (-1 = ignore) and RoPE positions.
-// doc_start (B*S, or empty when every row is one document): for each token, the index within its
-// row of the first token of its document. Attention is causal within a document only (packed
-// rows); positions restart at each document's start. Under Ulysses a rank's inputs, targets and
-// positions are its slice of each row, doc_start stays whole rows (slice_sequences): attention
-// runs over every token of a row.
-struct TokenBatch {
-  std::vector<int32_t> inputs, targets, positions, doc_start;
-  // Per sequence, the index of its first padding token (its length when it has none); attention
-  // hides the keys from there on (AttentionMask::key_end). Empty: no padding.
-  std::vector<int32_t> padding_start;
-  int64_t first_sample = 0;  // the run's index of its first sequence: names its tokens in dropout masks
 };
 
 // What a device buffer of the model holds, for the memory planner's table.

@@ -3,6 +3,7 @@
 // that writes the device's copy of the weights (bf16 or fp32) in the same pass, with the best
 // SIMD kernels of this CPU, parallelised over its own pinned thread pool.
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "so/optim/adam_kernels.h"
@@ -28,6 +29,8 @@ class GraceAdam {
   // Equal to sum_squares_chunked(kernels, ...) bit for bit, whatever the thread count.
   double sum_squares(const void* x, DType dt, int64_t n);
   void cast(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n);
+  // acc[i] += x[i] (x fp32 or bf16, widened): gradients of one more micro-batch into the step's sums.
+  void add(float* acc, const void* x, DType dt, int64_t n);
 
   // Elements per work item: p, m, v of one block (768 KiB) stay within a core's L2 share, and a
   // 64-byte aligned block start keeps two threads from writing the same cache line.
@@ -41,6 +44,7 @@ class GraceAdam {
 
   const AdamKernels& kernels_;
   ThreadPool pool_;
+  std::mutex pool_mu_;  // the pool runs one loop at a time; the offload optimizer calls from two threads
   std::vector<double> partials_;  // one per kSumSquaresChunk, summed in index order
 };
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "so/engine/cast_plan.h"
 #include "so/model/llama_model.h"
 #include "so/train/run_config.h"
 
@@ -27,7 +28,21 @@ struct MachineProfile {
   bool cuda = false;        // CUDA kernels draw workspaces from the pool too
   Backend* backend = nullptr;  // this run's (machine_profile_of): its ops size their own workspaces
   bool deterministic_attention = false;  // other CUDA machines: as backend.deterministic_attention
+  // Where the offload pipeline casts bf16 <-> fp32 when the config says "auto": what the run
+  // measured on this machine (the trainer measures before it plans), or what a profile expects of
+  // its link (GH200's NVLink-C2C: on the device; PCIe: on the host). Auto: not known, an error for
+  // a bf16 offloaded plan.
+  CastSite cast_grads = CastSite::Auto, cast_weights = CastSite::Auto;
+  // For the gradient ring's depth: the link's device-to-host rate and the device's dense rate
+  // (0: not known; the ring is then double-buffered).
+  double d2h_gbs = 0, tflops = 0;
 };
+
+// An offloaded run's link and casts measured on this machine (measure_casts), before anything is
+// planned: the profile's cast sites and link rate become the measured ones, its dense rate the
+// backend's peak. Nothing without an offloaded optimizer.
+std::optional<CastPlan> measure_offload_link(MachineProfile& m, const RunConfig& cfg, int world, int rank,
+                                             const std::vector<int>& optimizer_cores);
 
 // gh200-96, gh200-144, h100-80; host_bytes_per_rank 0 = the node's host memory shared by its GPUs
 // (unknown for h100-80). Unknown names are an error listing these.
@@ -44,6 +59,9 @@ struct PlanTerm {
 
 struct MemoryPlan {
   int rank = 0, world = 1, dp = 1, sp = 1;
+  int grad_ring_depth = 2;                       // the engine's EngineOptions::grad_ring_depth
+  CastSite cast_grads = CastSite::Host, cast_weights = CastSite::Host;  // as planned (bf16 offload)
+  int64_t host_params = 0;                       // parameters this rank steps on the host
   int64_t seq_len = 0, micro_batch = 1, mlp_tile = 0;
   bool offload_checkpoints = false;
   // Device terms in the order the pool fills: model buffers, engine state, then what comes and
@@ -53,8 +71,6 @@ struct MemoryPlan {
   size_t device_peak = 0, host_total = 0;
 };
 
-double mib(size_t bytes);  // bytes in MiB, as the plan and the metrics print them
-
 // The model options a run uses (the trainer builds its model from these too).
 ModelOptions model_options(const RunConfig& cfg, int64_t micro_batch, int sp_size);
 
@@ -62,6 +78,16 @@ ModelOptions model_options(const RunConfig& cfg, int64_t micro_batch, int sp_siz
 // Every rank's plan is the same (ZeRO shards are padded to one size); the rank names the errors.
 // async_saves: the run saves checkpoints asynchronously (host room to copy the state aside).
 MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineProfile& m, bool async_saves = false);
+// The cast sites a run uses: the config's, or for "auto" the machine's (above). Refuses what is
+// still unknown where it matters (bf16 with an offloaded optimizer).
+std::pair<CastSite, CastSite> planned_cast_sites(const RunConfig& cfg, const MachineProfile& m);
+
+// The gradient ring's depth (grad_ring.h): completions between a range's release and its reuse,
+// enough for the copy of a bucket to the host to finish behind the backward of those in between:
+// 1 + ceil(copy time of the offloaded gradients / backward time of a micro-batch) at half the
+// device's dense rate, at least 2 (a bucket copied while the next is written), at most 4.
+int grad_ring_depth(const RunConfig& cfg, int world, const MachineProfile& m);
+
 // The device term at which the running sum first passes the profile's capacity; none if it fits.
 std::optional<std::string> first_term_over(const MemoryPlan& plan, const MachineProfile& m);
 // The table: terms, totals, whether each memory holds them, the largest sequence length and layer

@@ -5,21 +5,20 @@
 #include <vector>
 
 #include "parallel/communicator.h"
+#include "so/checkpoint/run_saves.h"
 #include "so/train/run_config.h"
 
 namespace so {
 
 class Engine;
 
-struct TrainOptions {
+// The checkpoint options (RunSaveOptions: --save-dir, --save-every, --keep, --async-save) and the
+// loop's own.
+struct TrainOptions : RunSaveOptions {
   std::string metrics_path;  // JSON lines; empty = none
   bool quiet = false;        // --quiet: short step lines (start-up notes are the launcher's log level)
   std::string trace_path;    // Chrome/Perfetto trace of every step; empty = none
-  std::string save_dir;      // checkpoints go here (docs/checkpoints.md); empty = never saved
-  int64_t save_every = 0;    // steps between checkpoints; 0 = only on SIGTERM/SIGUSR1
   bool save_at_end = false;  // also after the last step (HF Trainer's final save), unless just saved
-  int keep = 3;              // checkpoints kept in save_dir
-  bool async_save = true;    // training goes on while a checkpoint is written (docs/checkpoints.md)
   std::string resume;        // checkpoint file, or a directory with a `latest` pointer
   int64_t profile_first = 0, profile_last = 0;  // steps bracketed by Backend::profile_range; 0 = none
   // Called with the engine after the last step (collectively on every rank): tests, exports.

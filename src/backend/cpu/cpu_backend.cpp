@@ -12,13 +12,12 @@
 #include "cpu_ops.h"
 #include "so/core/cpu_affinity.h"
 #include "so/core/error.h"
+#include "so/core/units.h"
 
 namespace so::cpu {
 
 namespace {
 constexpr size_t kAlign = 64;
-
-std::string mib(size_t bytes) { return str_cat(bytes / (1024.0 * 1024.0), " MiB"); }
 }  // namespace
 
 CpuBackend::CpuBackend(const BackendOptions& opts) : capacity_(opts.device_memory_limit) {
@@ -57,7 +56,7 @@ DeviceBuffer CpuBackend::alloc(size_t bytes, const char* tag) {
     peak_ = std::max(peak_, in_use_);
   }
   void* p = rounded ? std::aligned_alloc(kAlign, rounded) : nullptr;
-  SO_CHECK(p || rounded == 0, "host allocation of ", mib(rounded), " for '", tag, "' failed");
+  SO_CHECK(p || rounded == 0, "host allocation of ", mib(rounded), " MiB for '", tag, "' failed");
   if (p) std::memset(p, 0, rounded);
   return DeviceBuffer(this, p, rounded);
 }

@@ -7,6 +7,7 @@
 #include "cuda_check.h"
 #include "so/core/log.h"
 #include "so/core/round_up.h"
+#include "so/core/units.h"
 
 namespace so::cuda {
 
@@ -16,8 +17,6 @@ namespace {
 // number of cudaMalloc calls small while wasting little on small models.
 constexpr size_t kSegmentBytes = size_t{64} << 20;
 constexpr size_t kSegmentGranularity = size_t{2} << 20;
-
-std::string mib(size_t bytes) { return str_cat(bytes / (1024.0 * 1024.0), " MiB"); }
 
 size_t device_total_memory(int device) {
   SO_CUDA_CHECK(cudaSetDevice(device));
@@ -35,7 +34,7 @@ CudaAllocator::~CudaAllocator() {
   std::lock_guard<std::mutex> lock(mu_);
   if (in_use_ != 0)
     log(LogLevel::Error, str_cat("CUDA allocator destroyed with ", mib(in_use_),
-                                 " still allocated (device buffers outlived the backend)"));
+                                 " MiB still allocated (device buffers outlived the backend)"));
   if (segments_.empty()) return;
   SO_CUDA_WARN(cudaSetDevice(device_));
   for (const auto& [base, bytes] : segments_) SO_CUDA_WARN(cudaFree(base));
@@ -107,7 +106,7 @@ bool CudaAllocator::add_segment(size_t bytes, const char* tag) {
     return false;
   }
   if (err != cudaSuccess)
-    SO_FAIL("cudaMalloc of a ", mib(bytes), " segment for '", tag, "' failed: ", cudaGetErrorName(err), " (",
+    SO_FAIL("cudaMalloc of a ", mib(bytes), " MiB segment for '", tag, "' failed: ", cudaGetErrorName(err), " (",
             cudaGetErrorString(err), ")");
   char* seg = static_cast<char*>(base);
   std::lock_guard<std::mutex> lock(mu_);

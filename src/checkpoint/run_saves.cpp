@@ -1,11 +1,10 @@
-#include "so/train/run_saves.h"
+#include "so/checkpoint/run_saves.h"
 
 #include <csignal>
 
-#include "so/train/memory_plan.h"
-
 #include "so/core/error.h"
 #include "so/core/log.h"
+#include "so/core/units.h"
 #include "so/engine/engine.h"
 
 namespace so {
@@ -17,8 +16,9 @@ extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 }  // namespace
 
-RunSaves::RunSaves(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainOptions& opts)
-    : engine_(engine), comm_(comm), cfg_(cfg), opts_(opts) {
+RunSaves::RunSaves(Engine& engine, Communicator& comm, const ModelConfig& model, const nlohmann::json& run_config,
+                   const RunSaveOptions& opts)
+    : engine_(engine), comm_(comm), model_(model), run_config_(run_config), opts_(opts) {
   if (!on()) return;
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGUSR1, on_stop_signal);
@@ -40,7 +40,7 @@ void RunSaves::save(TrainState& state, bool async) {
   if (in_flight_) commit();
   state.steps_taken = engine_.steps_taken();
   state.last_step_redone = engine_.last_step_redone();
-  in_flight_ = std::make_unique<CheckpointSave>(engine_, comm_, cfg_, state, opts_.save_dir, opts_.keep, async);
+  in_flight_ = std::make_unique<CheckpointSave>(engine_, comm_, model_, run_config_, state, opts_.save_dir, opts_.keep, async);
   if (!async) commit();
 }
 

@@ -11,10 +11,10 @@
 #include <string_view>
 #include <vector>
 
+#include "so/checkpoint/checkpoint.h"
 #include "so/engine/engine.h"
 #include "so/io/direct_io_file.h"
 #include "so/model/param_layout.h"
-#include "so/train/checkpoint.h"
 
 namespace so::ckpt {
 

@@ -5,19 +5,31 @@
 // boundary where every rank's writer has finished (or before the next save).
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "parallel/communicator.h"
-#include "so/train/checkpoint.h"
-#include "so/train/trainer.h"
+#include "so/checkpoint/checkpoint.h"
+#include "so/model/model_config.h"
 
 namespace so {
 
 class Engine;
 
+// so_train's --save-dir, --save-every, --keep and --async-save.
+struct RunSaveOptions {
+  std::string save_dir;      // checkpoints go here (docs/checkpoints.md); empty = never saved
+  int64_t save_every = 0;    // steps between checkpoints; 0 = only on SIGTERM/SIGUSR1
+  int keep = 3;              // checkpoints kept in save_dir
+  bool async_save = true;    // training goes on while a checkpoint is written (docs/checkpoints.md)
+};
+
 class RunSaves {
  public:
   // Installs the signal handlers and reserves the asynchronous saves' host memory when saving is on.
-  RunSaves(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainOptions& opts);
+  // `model` and `run_config` go into every checkpoint's metadata (CheckpointSave).
+  RunSaves(Engine& engine, Communicator& comm, const ModelConfig& model, const nlohmann::json& run_config,
+           const RunSaveOptions& opts);
   bool on() const { return !opts_.save_dir.empty(); }
   const std::string& directory() const { return opts_.save_dir; }
   // Collective, after each step: commits a finished save, saves when one is due or a signal came.
@@ -33,8 +45,9 @@ class RunSaves {
   void commit();
   Engine& engine_;
   Communicator& comm_;
-  const RunConfig& cfg_;
-  const TrainOptions& opts_;
+  const ModelConfig& model_;
+  const nlohmann::json& run_config_;
+  const RunSaveOptions& opts_;
   std::unique_ptr<CheckpointSave> in_flight_;
 };
 

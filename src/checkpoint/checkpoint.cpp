@@ -1,5 +1,4 @@
-#include "so/train/checkpoint.h"
-
+#include "so/checkpoint/checkpoint.h"
 
 #include <algorithm>
 #include <atomic>
@@ -122,8 +121,9 @@ struct CheckpointSave::Impl {
   void write_all();
 };
 
-CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainState& state,
-                               const std::string& dir, int keep, bool async)
+CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const ModelConfig& model,
+                               const nlohmann::json& run_config, const TrainState& state, const std::string& dir,
+                               int keep, bool async)
     : impl_(std::make_unique<Impl>(engine, comm, keep)) {
   SO_CHECK(keep >= 1, "checkpoint: keep must be at least 1, is ", keep);
   Impl& s = *impl_;
@@ -167,7 +167,7 @@ CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const RunConf
         if (n.rfind(".step-", 0) == 0 && n.size() > 8 && n.substr(n.size() - 8) == ".partial") fs::remove(entry.path());
       }
       ckpt::create_file(s.partial.string(),
-                        ckpt::make_metadata(state, comm.size(), engine.zero_stage(), cfg.resolved, cfg.model.to_hf_json(), layout),
+                        ckpt::make_metadata(state, comm.size(), engine.zero_stage(), run_config, model.to_hf_json(), layout),
                         layout, counts, write_order);
     } catch (const std::exception& e) {
       error = str_cat("checkpoint save to '", dir, "': ", e.what());
@@ -310,9 +310,9 @@ std::string CheckpointSave::commit() {
 
 void wait_for_old_checkpoint_removal() { OldCheckpointRemover::instance().wait(); }
 
-std::string save_checkpoint(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainState& state,
-                            const std::string& dir, int keep) {
-  return CheckpointSave(engine, comm, cfg, state, dir, keep, false).commit();
+std::string save_checkpoint(Engine& engine, Communicator& comm, const ModelConfig& model, const nlohmann::json& run_config,
+                            const TrainState& state, const std::string& dir, int keep) {
+  return CheckpointSave(engine, comm, model, run_config, state, dir, keep, false).commit();
 }
 
 // ---- loading -----------------------------------------------------------------------------------
@@ -336,12 +336,12 @@ std::string resolve_checkpoint(const std::string& file_or_dir) {
   return (p / name).string();
 }
 
-TrainState load_checkpoint(Engine& engine, Communicator& comm, const RunConfig& cfg, const std::string& file_or_dir) {
+TrainState load_checkpoint(Engine& engine, Communicator& comm, const ModelConfig& model, const std::string& file_or_dir) {
   (void)comm;  // every rank reads its own part: nothing to agree on
   const ckpt::CheckpointFile file(resolve_checkpoint(file_or_dir));
-  SO_CHECK(file.summary().model_config == cfg.model.to_hf_json(), "checkpoint '", file.path(),
+  SO_CHECK(file.summary().model_config == model.to_hf_json(), "checkpoint '", file.path(),
            "' holds a different model: ", brief_json(file.summary().model_config), " vs the config's ",
-           brief_json(cfg.model.to_hf_json()));
+           brief_json(model.to_hf_json()));
   const ParamLayout& layout = engine.layout();
   SO_CHECK(ckpt::manifest_of(file.layout()) == ckpt::manifest_of(layout), "checkpoint '", file.path(),
            "': its tensors differ from the model's");

@@ -17,7 +17,7 @@
 
 #include "parallel/communicator.h"
 #include "so/engine/engine.h"
-#include "so/train/run_config.h"
+#include "so/model/model_config.h"
 
 namespace so {
 
@@ -41,8 +41,9 @@ constexpr int kCheckpointFormatVersion = 2;
 // save leaves only its temporary file; `latest` still names the last committed checkpoint.
 class CheckpointSave {
  public:
-  CheckpointSave(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainState& state,
-                 const std::string& dir, int keep, bool async);
+  // `model` and `run_config` (the run's resolved config) are recorded in the metadata.
+  CheckpointSave(Engine& engine, Communicator& comm, const ModelConfig& model, const nlohmann::json& run_config,
+                 const TrainState& state, const std::string& dir, int keep, bool async);
   ~CheckpointSave();
   CheckpointSave(const CheckpointSave&) = delete;
   CheckpointSave& operator=(const CheckpointSave&) = delete;
@@ -63,13 +64,14 @@ class CheckpointSave {
 void wait_for_old_checkpoint_removal();
 
 // A synchronous save: CheckpointSave(...).commit().
-std::string save_checkpoint(Engine& engine, Communicator& comm, const RunConfig& cfg, const TrainState& state,
-                            const std::string& dir, int keep);
+std::string save_checkpoint(Engine& engine, Communicator& comm, const ModelConfig& model, const nlohmann::json& run_config,
+                            const TrainState& state, const std::string& dir, int keep);
 // A checkpoint file, or a directory whose `latest` pointer names one.
 std::string resolve_checkpoint(const std::string& file_or_dir);
-// Loads this rank's part of every tensor into the engine (verified) and returns the state. Every
-// rank reads on its own: no collective, any world size.
-TrainState load_checkpoint(Engine& engine, Communicator& comm, const RunConfig& cfg, const std::string& file_or_dir);
+// Loads this rank's part of every tensor into the engine (verified) and returns the state; a
+// checkpoint of another model than `model` is refused. Every rank reads on its own: no collective,
+// any world size.
+TrainState load_checkpoint(Engine& engine, Communicator& comm, const ModelConfig& model, const std::string& file_or_dir);
 
 // Serial access for tools (so_ckpt), one process, no communicator.
 struct CheckpointSummary {
