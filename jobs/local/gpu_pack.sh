@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs a CUDA-enabled build made on this machine for a GPU machine that has the CUDA runtime,
 # cuBLAS, cuDNN and NCCL (the toolkit, or PyTorch's NVIDIA wheels) but none of our Debian
-# libraries and no package access — the lent GPU machines (docs/perf.md, "CUDA backend on a GPU").
+# libraries and no package access — the lent GPU machines (docs/perf.md, "GPU (CUDA backend)").
 #   jobs/local/gpu_pack.sh [BUILD_DIR]      (default: build)  ->  .gpu/bundle.tar.xz + .gpu/run.sh
 #   SO_PACK_TESTS=REGEX jobs/local/gpu_pack.sh   only the executables of the gpu tests ctest -R REGEX
 #       selects travel (the smaller bundle when the carry is tight; e.g. the one-call measurement's
