@@ -33,6 +33,7 @@ int comm_bench(int argc, char** argv, Communicator& comm);
 int link_bench(int argc, char** argv, Communicator& comm);
 int gpu_peaks_bench(int argc, char** argv, Communicator& comm);  // gpu_bench.cpp
 int ops_bench(int argc, char** argv, Communicator& comm);        // gpu_bench.cpp
+int attention_bench(int argc, char** argv, Communicator& comm);  // attention_bench.cpp
 int calibrate_bench(int argc, char** argv, Communicator& comm);
 
 }  // namespace so::bench

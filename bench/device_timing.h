@@ -38,25 +38,18 @@ inline double time_ms(Backend& be, int warmup, int iters, Fn&& fn) {
 }
 
 // Device buffers filled with random values (a 16M-element random block, repeated: the patterns
-// do not matter to the timings, zeros would).
+// do not matter to the timings, zeros and constants would).
 class Tensors {
  public:
   explicit Tensors(Backend& be) : be_(be) {}
   void* random(int64_t n, DType dt, uint32_t seed, float scale = 1.0f) {
-    void* p = alloc(static_cast<size_t>(n) * dtype_size(dt));
-    const int64_t chunk = std::min<int64_t>(n, int64_t{1} << 24);
-    std::vector<float> host(static_cast<size_t>(chunk));
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> d(-scale, scale);
-    for (float& x : host) x = d(rng);
-    DeviceBuffer staging = be_.alloc(host.size() * 4, "bench staging");
-    Stream& s = be_.stream(StreamKind::Compute);
-    be_.copy_h2d(staging.data(), host.data(), host.size() * 4, s);
-    for (int64_t at = 0; at < n; at += chunk)
-      be_.ops().cast(s, static_cast<char*>(p) + at * dtype_size(dt), dt, staging.data(), DType::F32,
-                     std::min(chunk, n - at));
-    be_.synchronize(s);
-    return p;
+    return filled(n, dt, [&] { return d(rng); });
+  }
+  // Every element `value`: what a measurement on constant data (faster than random) looks like.
+  void* constant(int64_t n, DType dt, float value) {
+    return filled(n, dt, [&] { return value; });
   }
   int32_t* ints(const std::vector<int32_t>& v) {
     void* p = alloc(v.size() * 4);
@@ -83,6 +76,22 @@ class Tensors {
   }
 
  private:
+  template <typename Gen>
+  void* filled(int64_t n, DType dt, Gen&& next) {
+    void* p = alloc(static_cast<size_t>(n) * dtype_size(dt));
+    const int64_t chunk = std::min<int64_t>(n, int64_t{1} << 24);
+    std::vector<float> host(static_cast<size_t>(chunk));
+    for (float& x : host) x = next();
+    DeviceBuffer staging = be_.alloc(host.size() * 4, "bench staging");
+    Stream& s = be_.stream(StreamKind::Compute);
+    be_.copy_h2d(staging.data(), host.data(), host.size() * 4, s);
+    for (int64_t at = 0; at < n; at += chunk)
+      be_.ops().cast(s, static_cast<char*>(p) + at * dtype_size(dt), dt, staging.data(), DType::F32,
+                     std::min(chunk, n - at));
+    be_.synchronize(s);
+    return p;
+  }
+
   Backend& be_;
   std::vector<DeviceBuffer> bufs_;
 };

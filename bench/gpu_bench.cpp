@@ -1,10 +1,12 @@
 // so_bench gpu-peaks and so_bench ops: the GPU's two ceilings measured through the backend (a
-// large bf16 GEMM through Ops::gemm; a device-to-device copy, bytes read + written), then every op
+// large bf16 GEMM through Ops::gemm on random data, beside the same GEMM on constant data and the
+// backend's own start-up measurement; a device-to-device copy, bytes read + written), then every op
 // at Llama-1B-like sizes as a fraction of the ceilings measured in the same run, and causal flash
 // attention up to one 131072-token sequence with the memory it took (O(S), not O(S^2)).
 // Timing: CUDA events around each run (Backend::event_time), warm-up runs first, the median of
 // the timed ones; inputs random, never zeros, and larger than the L2 cache unless stated.
-// Both refuse to run without a CUDA device.
+// Both refuse to run without a CUDA device; gpu-peaks --backend cpu runs on the CPU backend (the
+// measuring script's dry run).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -14,8 +16,11 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "bench/attention_timing.h"
 #include "bench/bench_commands.h"
 #include "bench/device_timing.h"
 #include "so/backend/backend.h"
@@ -40,9 +45,10 @@ void require_gpu(const char* subcommand) {
 #endif
 }
 
-std::unique_ptr<Backend> cuda_backend(const std::string& attention = "auto", bool deterministic_attention = false) {
+std::unique_ptr<Backend> make_backend(const std::string& type, const std::string& attention = "auto",
+                                      bool deterministic_attention = false) {
   BackendOptions o;
-  o.type = "cuda";
+  o.type = type;
   o.attention = attention;
   o.deterministic_attention = deterministic_attention;
   return create_backend(o);
@@ -63,22 +69,30 @@ struct Peaks {
   std::string device;
   double gemm_tflops = 0, nominal_tflops = 0, copy_gbps = 0;
   double gemm_ms = 0, copy_ms = 0;
+  // The same GEMM on constant operands (fewer bits toggle: it runs faster than training's data),
+  // and the backend's own start-up measurement (Backend::measured_gemm_tflops, MFU's second basis).
+  double gemm_constant_tflops = 0, startup_gemm_tflops = 0;
 };
 
-Peaks measure_peaks(int64_t n, int64_t copy_mib, int warmup, int iters) {
-  auto be = cuda_backend();
+Peaks measure_peaks(const std::string& backend, int64_t n, int64_t copy_mib, int warmup, int iters) {
+  auto be = make_backend(backend);
   Peaks p;
   p.device = be->name();
   p.nominal_tflops = be->peak_tflops(DType::BF16);
   Ops& ops = be->ops();
   Stream& s = be->stream(StreamKind::Compute);
-  {
+  const auto gemm_tflops = [&](bool random) {
     Tensors t(*be);
-    void *A = t.random(n * n, DType::BF16, 1), *B = t.random(n * n, DType::BF16, 2), *C = t.alloc(n * n * 2);
-    p.gemm_ms = time_ms(*be, warmup, iters,
-                        [&] { ops.gemm(s, false, true, n, n, n, 1.0f, A, B, DType::BF16, 0.0f, C, DType::BF16); });
-    p.gemm_tflops = 2.0 * n * n * n / (p.gemm_ms * 1e-3) / 1e12;
-  }
+    void* A = random ? t.random(n * n, DType::BF16, 1) : t.constant(n * n, DType::BF16, 0.75f);
+    void* B = random ? t.random(n * n, DType::BF16, 2) : t.constant(n * n, DType::BF16, 0.75f);
+    void* C = t.alloc(n * n * 2);
+    const double ms = time_ms(*be, warmup, iters,
+                              [&] { ops.gemm(s, false, true, n, n, n, 1.0f, A, B, DType::BF16, 0.0f, C, DType::BF16); });
+    return std::make_pair(ms, 2.0 * n * n * n / (ms * 1e-3) / 1e12);
+  };
+  std::tie(p.gemm_ms, p.gemm_tflops) = gemm_tflops(true);
+  p.gemm_constant_tflops = gemm_tflops(false).second;
+  p.startup_gemm_tflops = be->measured_gemm_tflops(DType::BF16);
   const size_t bytes = static_cast<size_t>(copy_mib) << 20;
   Tensors t(*be);
   void *src = t.random(static_cast<int64_t>(bytes / 2), DType::BF16, 3), *dst = t.alloc(bytes);
@@ -92,13 +106,22 @@ void print_peaks(const Peaks& p, int64_t n, int64_t copy_mib) {
   std::printf("%-44s %9.3f ms %9.1f TFLOP/s  %.3f of nominal %.1f TFLOP/s\n",
               str_cat("gemm bf16 ", n, "x", n, "x", n, " (nt, C bf16)").c_str(), p.gemm_ms, p.gemm_tflops,
               p.gemm_tflops / p.nominal_tflops, p.nominal_tflops);
+  std::printf("%-44s %12s %9.1f TFLOP/s  (the same GEMM, constant operands)\n",
+              str_cat("gemm bf16 ", n, "^3 on constant data").c_str(), "", p.gemm_constant_tflops);
+  std::printf("%-44s %12s %9.1f TFLOP/s  (Backend::measured_gemm_tflops, MFU's measured basis)\n",
+              "gemm bf16 at the backend's start-up", "", p.startup_gemm_tflops);
   std::printf("%-44s %9.3f ms %9.1f GB/s (read + write)\n", str_cat("copy d2d ", copy_mib, " MiB").c_str(), p.copy_ms,
               p.copy_gbps);
 }
 
 nlohmann::json peaks_json(const Peaks& p) {
-  return {{"bench", "gpu-peaks"},         {"device", p.device},       {"gemm_tflops", p.gemm_tflops},
-          {"nominal_tflops", p.nominal_tflops}, {"gemm_of_nominal", p.gemm_tflops / p.nominal_tflops},
+  return {{"bench", "gpu-peaks"},
+          {"device", p.device},
+          {"gemm_tflops", p.gemm_tflops},
+          {"gemm_constant_tflops", p.gemm_constant_tflops},
+          {"startup_gemm_tflops", p.startup_gemm_tflops},
+          {"nominal_tflops", p.nominal_tflops},
+          {"gemm_of_nominal", p.gemm_tflops / p.nominal_tflops},
           {"copy_gbps", p.copy_gbps}};
 }
 
@@ -304,46 +327,29 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
 // Causal attention forward and backward at sequence length S with B = max(1, tokens / S), each
 // on a fresh backend so its peak memory is this size's alone, through one implementation.
 void attention_rows(OpsTable& tab, const OpsShape& m, int64_t S, int warmup, int iters, const AttentionImpl& impl) {
-  auto be = cuda_backend(impl.attention, impl.deterministic);
-  Ops& ops = be->ops();
-  Stream& s = be->stream(StreamKind::Compute);
-  const DType bf = DType::BF16;
-  const int64_t B = std::max<int64_t>(1, m.tokens / S), Hq = m.heads, Hkv = m.kv_heads, D = m.head_dim;
-  const int64_t nq = B * S * Hq * D, nkv = B * S * Hkv * D;
-  const AttentionShape a{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
-  Tensors t(*be);
-  void *q = t.random(nq, bf, 41), *k = t.random(nkv, bf, 42), *v = t.random(nkv, bf, 43), *out = t.alloc(nq * 2);
-  void* lse = t.alloc(B * Hq * S * 4);
-  const AttentionInputs in = a.inputs(bf, q, k, v);
-  void *dout = t.random(nq, bf, 44), *dq = t.alloc(nq * 2), *dk = t.alloc(nkv * 2), *dv = t.alloc(nkv * 2);
-  const double fwd_flop = 4.0 * B * Hq * static_cast<double>(S) * S * D / 2;
-  const std::string shape = str_cat("B", B, " S", S, " Hq", Hq, " Hkv", Hkv, " D", D, " bf16");
-  std::string runs;
-  try {
-    runs = ops.attention_implementation(a, AttentionMask{}, bf);
-  } catch (const Error& e) {
-    std::printf("# attention [%s] %s: not run: %s\n", impl.name, shape.c_str(), e.what());
+  auto be = make_backend("cuda", impl.attention, impl.deterministic);
+  const AttentionCase a{std::max<int64_t>(1, m.tokens / S), S, m.heads, m.kv_heads, m.head_dim, 1, DType::BF16};
+  const std::string shape = str_cat("B", a.B, " S", S, " Hq", a.Hq, " Hkv", a.Hkv, " D", a.D, " bf16");
+  // "auto" that falls back is not cuDNN deterministic: its rows would repeat the flash ones.
+  if (std::string(impl.attention) == "auto") {
+    const std::string runs =
+        be->ops().attention_implementation(
+            AttentionShape{a.B, S, a.Hq, a.Hkv, a.D, 1.0f / std::sqrt(static_cast<float>(a.D))}, AttentionMask{}, a.dt);
+    if (runs.rfind("cuDNN", 0) != 0) {
+      std::printf("# attention [%s] %s: not run: %s\n", impl.name, shape.c_str(), runs.c_str());
+      return;
+    }
+  }
+  const AttentionTiming r = time_attention(*be, a, warmup, iters);
+  if (!r.refused.empty()) {
+    std::printf("# attention [%s] %s: not run: %s\n", impl.name, shape.c_str(), r.refused.c_str());
     return;
   }
-  // "auto" that fell back is not cuDNN deterministic: its rows would repeat the flash ones.
-  if (std::string(impl.attention) == "auto" && runs.rfind("cuDNN", 0) != 0) {
-    std::printf("# attention [%s] %s: not run: %s\n", impl.name, shape.c_str(), runs.c_str());
-    return;
-  }
-  const std::string fwd_name = str_cat("attention_forward causal [", impl.name, "]");
-  const std::string bwd_name = str_cat("attention_backward causal [", impl.name, "]");
-  tab.flops(fwd_name, shape,
-            time_ms(*be, warmup, iters,
-                    [&] { ops.attention_forward(s, a, AttentionMask{}, in, a.query_view(out, bf), a.lse_view(lse)); }),
-            fwd_flop);
-  const double bwd_ms = time_ms(*be, warmup, iters, [&] {
-    ops.attention_backward(s, a, AttentionMask{}, in, a.query_view(out, bf), a.lse_view(lse), a.query_view(dout, bf),
-                           a.grads(bf, dq, dk, dv, nullptr));
-  });
+  tab.flops(str_cat("attention_forward causal [", impl.name, "]"), shape, r.forward_ms, r.forward_flop);
   const double mib = 1.0 / (1 << 20);
-  const double peak = static_cast<double>(be->memory_stats().peak), tensors = static_cast<double>(t.bytes());
-  const double scores = 4.0 * B * Hq * static_cast<double>(S) * S;  // what an fp32 S x S score matrix would take
-  tab.flops(bwd_name, shape, bwd_ms, 2.5 * fwd_flop,
+  const double peak = static_cast<double>(r.memory_peak), tensors = static_cast<double>(r.tensor_bytes);
+  const double scores = 4.0 * a.B * a.Hq * static_cast<double>(S) * S;  // what an fp32 S x S score matrix would take
+  tab.flops(str_cat("attention_backward causal [", impl.name, "]"), shape, r.backward_ms, 2.5 * r.forward_flop,
             str_cat("memory peak ", static_cast<int64_t>(peak * mib), " MiB = tensors ",
                     static_cast<int64_t>(tensors * mib), " + workspace ", static_cast<int64_t>((peak - tensors) * mib),
                     " MiB (S x S fp32 scores would be ", static_cast<int64_t>(scores * mib), " MiB)"));
@@ -354,13 +360,19 @@ void attention_rows(OpsTable& tab, const OpsShape& m, int64_t S, int warmup, int
 int gpu_peaks_bench(int argc, char** argv, Communicator&) {
   po::options_description desc("so_bench gpu-peaks options");
   PeakOptions o;
-  desc.add_options()("help,h", "show this help");
+  std::string backend = "cuda";
+  desc.add_options()("help,h", "show this help")("backend", po::value<std::string>(&backend)->default_value(backend),
+                                                 "cuda, or cpu (small sizes: the measuring script's dry run)");
   add_peak_options(desc, o);
   po::variables_map vm;
   if (!parse_command_line(desc, argc, argv, vm)) return 0;
-  require_gpu("gpu-peaks");
-  std::printf("# so_bench gpu-peaks: median of %d timed runs after %d warm-up, CUDA events\n", o.iters, o.warmup);
-  const Peaks p = measure_peaks(o.gemm_n, o.copy_mib, o.warmup, o.iters);
+  SO_CHECK(backend == "cuda" || backend == "cpu", "--backend is '", backend, "'; choose cuda or cpu");
+  SO_CHECK(o.gemm_n > 0 && o.copy_mib > 0 && o.warmup >= 0 && o.iters > 0,
+           "--gemm-size, --copy-mib and --iters must be positive, --warmup not negative");
+  if (backend == "cuda") require_gpu("gpu-peaks");
+  std::printf("# so_bench gpu-peaks: median of %d timed runs after %d warm-up, %s\n", o.iters, o.warmup,
+              backend == "cuda" ? "CUDA events" : "the CPU backend's stream clock");
+  const Peaks p = measure_peaks(backend, o.gemm_n, o.copy_mib, o.warmup, o.iters);
   print_peaks(p, o.gemm_n, o.copy_mib);
   std::printf("%s\n", peaks_json(p).dump().c_str());
   return 0;
@@ -398,12 +410,12 @@ int ops_bench(int argc, char** argv, Communicator&) {
   std::printf("# so_bench ops: median of %d timed runs after %d warm-up (attention: %d after 1), CUDA events\n",
               o.iters, o.warmup, attn_iters);
   std::printf("# ceilings measured now (\"of peak\" below: TFLOP/s over the GEMM's, GB/s over the copy's)\n");
-  const Peaks peaks = measure_peaks(o.gemm_n, o.copy_mib, o.warmup, o.iters);
+  const Peaks peaks = measure_peaks("cuda", o.gemm_n, o.copy_mib, o.warmup, o.iters);
   print_peaks(peaks, o.gemm_n, o.copy_mib);
   if (json.is_open()) json << peaks_json(peaks).dump() << "\n";
   OpsTable tab(peaks, json.is_open() ? &json : nullptr);
   {
-    auto be = cuda_backend();
+    auto be = make_backend("cuda");
     gemm_rows(*be, tab, m, o.warmup, o.iters);
     memory_rows(*be, tab, m, o.warmup, o.iters);
   }

@@ -87,6 +87,9 @@ constexpr Subcommand kSubcommands[] = {
      calibrate_bench},
     {"ops", "every op at Llama-1B sizes as a fraction of the measured ceilings; attention up to S = 131072",
      ops_bench},
+    {"attention", "causal GQA attention forward/backward TFLOP/s per implementation (our kernels, cuDNN), unpacked "
+                  "and packed-document rows",
+     attention_bench},
 };
 
 void print_usage(std::FILE* to) {

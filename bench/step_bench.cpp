@@ -5,7 +5,9 @@
 // the fraction of steps clipped, and exposure as a fraction of ZeRO-Offload's in the same run.
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "bench/bench_commands.h"
@@ -54,7 +56,7 @@ Placement parse_placement(const std::string& spec) {
 int step_bench(int argc, char** argv, Communicator& comm) {
   po::options_description desc("so_bench step options");
   std::string config = "configs/runs/bench-step.json", modes = "zero-offload:1,superoffload:1,superoffload:0.9";
-  std::string trace_prefix, resume, clip = "config";
+  std::string trace_prefix, resume, clip = "config", json_path;
   std::vector<std::string> sets;
   int64_t steps = 0;
   desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&config)->default_value(config),
@@ -67,7 +69,8 @@ int step_bench(int argc, char** argv, Communicator& comm) {
       "resume", po::value<std::string>(&resume),
       "start every placement from this checkpoint (file or directory); --steps then counts steps after it")(
       "clip", po::value<std::string>(&clip)->default_value(clip),
-      "gradient clipping: config (the config's gradient_clipping), always (threshold 1e-3: every step clips), never");
+      "gradient clipping: config (the config's gradient_clipping), always (threshold 1e-3: every step clips), never")(
+      "json", po::value<std::string>(&json_path), "also write the table as one JSON object to this file");
   po::variables_map vm;
   if (!parse_command_line(desc, argc, argv, vm)) return 0;
 
@@ -108,16 +111,32 @@ int step_bench(int argc, char** argv, Communicator& comm) {
   const TrainSummary* zero = nullptr;
   for (const Row& r : rows)
     if (r.name.rfind("zero-offload", 0) == 0) zero = &r.s;
+  nlohmann::json json_rows = nlohmann::json::array();
   std::printf("\n#%24s %9s %10s %10s %16s %12s %16s\n", "placement", "clipped", "tokens/s", "step ms",
               "opt exposed ms", "opt CPU ms", "exposed/ZeRO-Off");
   for (const Row& r : rows) {
     const std::string clipped = std::to_string(r.s.clipped_steps) + "/" + std::to_string(r.s.steps - start);
     std::printf(" %24s %9s %10.0f %10.2f %16.2f %12.2f", r.name.c_str(), clipped.c_str(), r.s.mean_tokens_per_s,
                 1e3 * r.s.mean_step_s, 1e3 * r.s.mean_exposed_optimizer_s, 1e3 * r.s.mean_optimizer_busy_s);
-    if (zero && zero->mean_exposed_optimizer_s > 0)
-      std::printf(" %16.3f\n", r.s.mean_exposed_optimizer_s / zero->mean_exposed_optimizer_s);
+    const bool vs_zero = zero && zero->mean_exposed_optimizer_s > 0;
+    const double of_zero = vs_zero ? r.s.mean_exposed_optimizer_s / zero->mean_exposed_optimizer_s : 0.0;
+    if (vs_zero)
+      std::printf(" %16.3f\n", of_zero);
     else
       std::printf(" %16s\n", "-");
+    json_rows.push_back({{"placement", r.name},
+                         {"clipped_steps", r.s.clipped_steps},
+                         {"steps", r.s.steps - start},
+                         {"tokens_per_s", r.s.mean_tokens_per_s},
+                         {"step_ms", 1e3 * r.s.mean_step_s},
+                         {"exposed_optimizer_ms", 1e3 * r.s.mean_exposed_optimizer_s},
+                         {"optimizer_cpu_ms", 1e3 * r.s.mean_optimizer_busy_s},
+                         {"exposed_of_zero_offload", vs_zero ? nlohmann::json(of_zero) : nlohmann::json()}});
+  }
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << nlohmann::json{{"bench", "step"}, {"config", config}, {"clip", clip}, {"rows", json_rows}}.dump() << "\n";
+    SO_CHECK(out.good(), "cannot write '", json_path, "'");
   }
   std::printf("# clipped: steps clipped / steps run (--clip %s%s); means over the steps after each run's first; "
               "targets: SuperOffload never above 1.0x ZeRO-Offload's exposed time\n",

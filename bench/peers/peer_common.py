@@ -52,11 +52,11 @@ class Run:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", 0)  # torch.cuda.set_device refuses an index-less "cuda"
 
-    def hf_config(self, attn_implementation):
+    def hf_config(self, attn_implementation, **extra):
         """The transformers config of the so_train model (its model_type: llama, qwen3_moe, ...)."""
         keep = {k: v for k, v in self.model.items() if k != "model_type"}
         return AutoConfig.for_model(self.model.get("model_type", "llama"), **keep,
-                                    attn_implementation=attn_implementation, use_cache=False)
+                                    attn_implementation=attn_implementation, use_cache=False, **extra)
 
     def flops_per_token(self):
         """so_train's count (src/model/param_layout.cpp train_flops_per_token), so TFLOP/s compare."""
@@ -111,8 +111,8 @@ def report(peer, run, args, seconds, loss, n_params, extra):
     tflops = tokens_per_s * run.flops_per_token() / 1e12
     out = {"peer": peer, "config": args.config, "params": n_params, "batch": run.batch, "seq_len": run.seq_len,
            "checkpointing": run.checkpointing, "steps": args.steps, "tokens_per_s": round(tokens_per_s, 1),
-           "step_s": round(seconds / args.steps, 4), "tflops": round(tflops, 2),
-           "mfu": round(tflops / args.peak_tflops, 4) if args.peak_tflops > 0 else None, "last_loss": round(loss, 4),
+           "step_s": round(seconds / args.steps, 4), "tflops": tflops,
+           "mfu": tflops / args.peak_tflops if args.peak_tflops > 0 else None, "last_loss": round(loss, 4),
            "torch": torch.__version__, "device": str(run.device)}
     if run.device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(run.device)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU validation and benchmarks on one GPU machine, in stages that each fit a 10-minute slot:
+# GPU validation and benchmarks on one GPU machine, in stages that each fit a 10-minute slot (for
+# everything measured in one call of at most 8 minutes: jobs/local/gpu_measure.py):
 #   jobs/local/gpu_bench.sh STAGE...      (run from anywhere; stages run in the order given)
 # On a lent GPU machine without our libraries: jobs/local/gpu_pack.sh here, then
 # `bash .gpu/run.sh STAGE...` there (jobs/local/gpu_stage.sh), which runs these stages but build.
@@ -122,11 +123,8 @@ stage_profile() {  # the 1B step's kernels by op class, from nsys over steps 3..
     --metrics "$results/profile-1b.jsonl" --steps 3:5
 }
 
-peak_tflops() {  # the nominal peak so_bench gpu-peaks reported, for the peers' MFU
-  "$python" - "$results/peaks.log" <<'EOF' 2>/dev/null || echo 0
-import json, sys
-print(next(json.loads(l)["nominal_tflops"] for l in open(sys.argv[1]) if l.startswith('{"bench": "gpu-peaks"')))
-EOF
+peak_tflops() {  # the nominal peak so_bench gpu-peaks reported, for the peers' MFU (0: none)
+  "$python" jobs/local/bench_json.py nominal-peak "$results/peaks.log" 2>/dev/null || echo 0
 }
 
 stage_peers() {  # stage_peers 1b|3b

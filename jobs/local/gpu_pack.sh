@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Packs a CUDA-enabled build made on this machine for a GPU machine that has the CUDA runtime,
 # cuBLAS, cuDNN and NCCL (the toolkit, or PyTorch's NVIDIA wheels) but none of our Debian
-# libraries and no package access — the lent GPU machines (docs/perf.md, "GPU runs").
+# libraries and no package access — the lent GPU machines (docs/perf.md, "GPU (CUDA backend)").
 #   jobs/local/gpu_pack.sh [BUILD_DIR]      (default: build)  ->  .gpu/bundle.tar.xz + .gpu/run.sh
+#   SO_PACK_TESTS=REGEX jobs/local/gpu_pack.sh   only the executables of the gpu tests ctest -R REGEX
+#       selects travel (the smaller bundle when the carry is tight; e.g. the one-call measurement's
+#       gate: SO_PACK_TESTS="$(jobs/local/gpu_measure.py --print-gate)")
 # The bundle holds the build tree's executables and CTest files (no objects, not the sanitizer
 # tree; debug info stripped), every shared library they need except those the GPU machine
 # brings, and Open MPI's tree under a relocatable prefix. The sources are not in it: the device
@@ -40,8 +43,11 @@ small=(\( -perm -u+x -size -60M -o -size -2M \))
 #    the whole backend, and the carry is small.
 #    CTest names them by the build directory's physical path.
 built_at=$(cd "$build" && pwd -P)
-gpu_tests=$(ctest --test-dir "$build" -N -L gpu --show-only=json-v1 2>/dev/null | grep -o "\"$built_at/[^\"]*\"" | tr -d '"' | sort -u || true)
-[ -n "$gpu_tests" ] || { echo "gpu_pack.sh: ctest lists no gpu-labelled test in $build" >&2; exit 2; }
+selection=(-L gpu)
+[ -n "${SO_PACK_TESTS:-}" ] && selection+=(-R "$SO_PACK_TESTS")
+gpu_tests=$(ctest --test-dir "$build" -N "${selection[@]}" --show-only=json-v1 2>/dev/null | grep -o "\"$built_at/[^\"]*\"" | tr -d '"' | sort -u || true)
+[ -n "$gpu_tests" ] || { echo "gpu_pack.sh: ctest lists no gpu-labelled test in $build${SO_PACK_TESTS:+ matching '$SO_PACK_TESTS'}" >&2; exit 2; }
+[ -z "${SO_PACK_TESTS:-}" ] || echo "gpu_pack.sh: the test executables of ctest -L gpu -R '$SO_PACK_TESTS' only:" $gpu_tests
 rm -rf "$tree/build/fuzz" "$tree/build/aarch64"
 (cd "$tree/build" && find tests -type f -perm -u+x -exec sh -c 'head -c4 "$1" | grep -q ELF' _ {} \; -print) |
   while read -r f; do

@@ -2,6 +2,9 @@
 # The GPU machine's side of jobs/local/gpu_pack.sh (copied there as .gpu/run.sh). From the root of
 # the repository copy that carries .gpu/:
 #   bash .gpu/run.sh env            the GPU, libraries the loader cannot find, so_train --help
+#   bash .gpu/run.sh measure [OPT]  everything measured in one call of at most 8 minutes, one table
+#                                   under $OUT (jobs/local/gpu_measure.py; the rest of the line is
+#                                   its options)
 #   bash .gpu/run.sh ctest-gpu      every gpu-labelled test but the compute-sanitizer ones
 #   bash .gpu/run.sh STAGE...       any stage of jobs/local/gpu_bench.sh but build (peaks, ops,
 #                                   train-1b, long-512k, trace, ...)
@@ -69,6 +72,10 @@ while [ $# -gt 0 ]; do
         ${OUT:+--output-junit "$OUT/ctest-gpu-junit.xml"} || status=1 ;;
     exec)
       "$@"
+      exit $? ;;
+    measure)  # the driver and the peers on the machine's libraries; our binaries on the bundle's
+      LD_LIBRARY_PATH=$SO_SYSTEM_LD_LIBRARY_PATH SO_BUNDLE_LD_LIBRARY_PATH=$LD_LIBRARY_PATH SO_BUNDLE_COMMIT=$commit \
+        BUILD=$build "$SO_PYTHON" jobs/local/gpu_measure.py "$@"
       exit $? ;;
     build)
       echo "gpu_stage.sh: no building here: the bundle carries the build (jobs/local/gpu_pack.sh)" >&2

@@ -2,10 +2,13 @@
 
 #include <cuda_profiler_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <utility>
+#include <vector>
 
 #include "cuda_cast.h"
 #include "cuda_check.h"
@@ -404,11 +407,28 @@ double CudaBackend::measured_gemm_tflops(DType dt) {
   const int64_t n = 8192;
   const size_t bytes = static_cast<size_t>(n * n) * dtype_size(dt);
   void* buf[3] = {};
-  for (void*& b : buf) {
-    SO_CUDA_CHECK(cudaMalloc(&b, bytes));
-    SO_CUDA_CHECK(cudaMemset(b, 0x3c, bytes));  // small finite values in bf16 and fp32
-  }
+  for (void*& b : buf) SO_CUDA_CHECK(cudaMalloc(&b, bytes));
+  // Random operands in [-1, 1): constant-filled ones toggle fewer bits and run measurably faster
+  // than training's data, which would inflate the rate MFU is reported against. A 4M-element
+  // random block, cast to dt and repeated, is random at every tile the GEMM works on.
   cudaStream_t s = raw(stream(StreamKind::Compute));
+  {
+    std::vector<float> host(size_t{1} << 22);
+    std::mt19937 rng(1234);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (float& x : host) x = uniform(rng);
+    void* staging = nullptr;
+    SO_CUDA_CHECK(cudaMalloc(&staging, host.size() * 4));
+    SO_CUDA_CHECK(cudaMemcpy(staging, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    const int64_t chunk = static_cast<int64_t>(host.size());
+    for (void* b : {buf[0], buf[1]})
+      for (int64_t at = 0; at < n * n; at += chunk)
+        ops_->cast(stream(StreamKind::Compute), static_cast<char*>(b) + at * dtype_size(dt), dt, staging, DType::F32,
+                   std::min(chunk, n * n - at));
+    SO_CUDA_CHECK(cudaMemsetAsync(buf[2], 0, bytes, s));
+    SO_CUDA_CHECK(cudaStreamSynchronize(s));
+    SO_CUDA_WARN(cudaFree(staging));
+  }
   cudaEvent_t ev[2];
   for (cudaEvent_t& e : ev) SO_CUDA_CHECK(cudaEventCreate(&e));
   const auto run = [&] { gemm_->gemm(s, false, true, n, n, n, 1.0f, buf[0], buf[1], dt, 0.0f, buf[2], dt); };
