@@ -205,6 +205,13 @@ std::optional<CastPlan> measure_offload_link(MachineProfile& m, const RunConfig&
   int64_t largest = 0;  // what one copy over the link moves
   for (size_t b = 0; b < first_device_bucket(buckets, cfg.offload); ++b)
     largest = std::max(largest, shards.buckets[b].shard_size);
+  // A device too small for the probe cannot hold the run either: its casts are planned on the host
+  // (no staging) and the plan refuses the run with its table, not the probe with an allocation error.
+  const size_t probe = static_cast<size_t>(cast_probe_elements(largest)) * 6;
+  if (m.device_bytes > 0 && probe > m.device_bytes - std::min(m.device_bytes, m.backend->memory_stats().in_use)) {
+    m.cast_grads = m.cast_weights = CastSite::Host;
+    return std::nullopt;
+  }
   CastPlan c = measure_casts(*m.backend, cfg.offload, cfg.dtype, largest, optimizer_cores);
   m.cast_grads = c.grads, m.cast_weights = c.weights;
   m.d2h_gbs = c.d2h_gbs;
