@@ -63,7 +63,9 @@ struct LlamaModel::Activations {
   std::vector<DeviceBuffer> x;
   std::vector<LayerActs> layer;             // per layer, or one set when checkpointing
   DeviceBuffer hn, rstd_final, dhn;         // final norm output and its gradient
-  DeviceBuffer logits, dlogits;             // one chunk: fp32 [C, V] and its gradient in dtype
+  // One chunk's fp32 logits [C, V]; the logit gradients of one weight-gradient group [G, V] in
+  // dtype (G a multiple of C, or all tokens), turned into dhn and lm_head's gradient by one GEMM each.
+  DeviceBuffer logits, dlogits;
   DeviceBuffer gate_t, up_t;                // tiled MLP: one tile's gate and up, recomputed in backward
   DeviceBuffer act, dact, dgate, dup;       // MLP scratch [tile, I]
   DeviceBuffer dx, dh, dq, dk, dv, dattn, dq_raw, dk_raw;
@@ -72,7 +74,7 @@ struct LlamaModel::Activations {
   DeviceBuffer loss;                        // fp32 accumulator
   TokenBatch staged;                        // host copy being uploaded
   std::unique_ptr<Event> uploaded;
-  int64_t chunk = 0;
+  int64_t chunk = 0, grad_chunk = 0;
   // Offloaded checkpoints: layer l's input at host[l * T * H]; per device slot, the event of its
   // last D2H (stash) and of its last H2D (fetch).
   HostBuffer host;
@@ -96,6 +98,22 @@ namespace {
 // Ulysses with more ranks than KV heads: copies of each KV head sent.
 int64_t kv_copies_for(const ModelConfig& cfg, int64_t P) { return P > cfg.num_kv_heads ? P / cfg.num_kv_heads : 1; }
 }  // namespace
+
+LlamaModel::LossChunks LlamaModel::loss_chunks(const ModelConfig& cfg, const ModelOptions& opts) {
+  // Fixed byte budgets, whatever the vocabulary: the fp32 logits of one chunk at most 128 MiB, the
+  // logit gradients one weight-gradient GEMM reads at most 512 MiB (at V = 32000 and bf16: 1048-row
+  // chunks, and 8384 tokens per lm_head gradient GEMM, so a 4096-token micro-batch makes one).
+  constexpr int64_t kLogitsBudget = int64_t{128} << 20, kGradBudget = int64_t{512} << 20;
+  const int64_t T = opts.micro_batch * opts.seq_len, V = cfg.vocab_size;
+  const int64_t e = static_cast<int64_t>(dtype_size(opts.dtype));
+  LossChunks c;
+  c.chunk = std::min(T, opts.loss_chunk_tokens > 0 ? opts.loss_chunk_tokens
+                                                   : std::max<int64_t>(1, kLogitsBudget / (V * 4)));
+  const int64_t grad = opts.loss_grad_chunk_tokens > 0 ? opts.loss_grad_chunk_tokens
+                                                       : kGradBudget / (V * e) / c.chunk * c.chunk;
+  c.grad_chunk = std::min(T, std::max(c.chunk, grad));
+  return c;
+}
 
 int64_t LlamaModel::mlp_tile(const ModelOptions& opts) {
   const int64_t T = opts.micro_batch * opts.seq_len;
@@ -162,11 +180,11 @@ void LlamaModel::layout_buffers(Activations& a, const ModelConfig& cfg, const Mo
   visit(a.hn, bytes(T * H, e), "final norm out", Term::LossChunk);
   visit(a.rstd_final, bytes(T, f32), "final norm rstd", Term::LossChunk);
   visit(a.dhn, bytes(T * H, e), "final norm grad", Term::LossChunk);
-  // Chunk so one chunk's fp32 logits stay near 64 MiB whatever the vocabulary.
-  a.chunk = opts.loss_chunk_tokens > 0 ? opts.loss_chunk_tokens : std::max<int64_t>(1, (int64_t{16} << 20) / V);
-  a.chunk = std::min(a.chunk, T);
+  const LossChunks lc = loss_chunks(cfg, opts);
+  a.chunk = lc.chunk;
+  a.grad_chunk = lc.grad_chunk;
   visit(a.logits, bytes(a.chunk * V, f32), "logits chunk", Term::LossChunk);
-  visit(a.dlogits, bytes(a.chunk * V, e), "logits grad chunk", Term::LossChunk);
+  visit(a.dlogits, bytes(a.grad_chunk * V, e), "logits grad (one lm_head weight-gradient GEMM)", Term::LossChunk);
   if (tiled) {
     visit(a.gate_t, bytes(M * I, e), "mlp gate tile", Term::Mlp);
     visit(a.up_t, bytes(M * I, e), "mlp up tile", Term::Mlp);
@@ -798,8 +816,9 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
                         s.rstd1.as<float>(), T, H, true, dt);
 }
 
-// Final norm, then output projection + cross-entropy chunk by chunk; with backward, each chunk's
-// logit gradient is turned into dhn and lm_head's gradient before the next chunk overwrites it.
+// Final norm, then output projection + cross-entropy chunk by chunk. With backward, the chunks'
+// logit gradients fill one group of grad_chunk rows, which then becomes dhn and lm_head's gradient
+// with one GEMM each (fewer, larger GEMMs than one pair per chunk; one group when all tokens fit).
 void LlamaModel::head_forward_backward(ParamStore& p, float loss_scale, bool backward) {
   Activations& a = *acts_;
   const DType dt = opts_.dtype;
@@ -809,16 +828,20 @@ void LlamaModel::head_forward_backward(ParamStore& p, float loss_scale, bool bac
                        T, H, cfg_.rms_norm_eps, dt);
   const void* w_out = p.weight(layout_.lm_head);
   void* dw_out = backward ? p.grad(layout_.lm_head) : nullptr;
-  for (int64_t c0 = 0; c0 < T; c0 += a.chunk) {
-    const int64_t n = std::min(a.chunk, T - c0);
-    const void* hn_c = at(a.hn.data(), c0 * H, dt);
-    ops_.gemm(stream_, false, true, n, V, H, 1.0f, hn_c, w_out, dt, 0.0f, a.logits.data(), DType::F32);
-    ops_.cross_entropy(stream_, a.loss.as<float>(), backward ? a.dlogits.data() : nullptr, a.logits.as<float>(),
-                       a.targets.as<int32_t>() + c0, n, V, loss_scale, opts_.z_loss, dt);
+  for (int64_t g0 = 0; g0 < T; g0 += a.grad_chunk) {
+    const int64_t ng = std::min(a.grad_chunk, T - g0);
+    for (int64_t c0 = g0; c0 < g0 + ng; c0 += a.chunk) {
+      const int64_t n = std::min(a.chunk, g0 + ng - c0);
+      ops_.gemm(stream_, false, true, n, V, H, 1.0f, at(a.hn.data(), c0 * H, dt), w_out, dt, 0.0f, a.logits.data(),
+                DType::F32);
+      ops_.cross_entropy(stream_, a.loss.as<float>(), backward ? at(a.dlogits.data(), (c0 - g0) * V, dt) : nullptr,
+                         a.logits.as<float>(), a.targets.as<int32_t>() + c0, n, V, loss_scale, opts_.z_loss, dt);
+    }
     if (!backward) continue;
-    ops_.gemm(stream_, false, false, n, H, V, 1.0f, a.dlogits.data(), w_out, dt, 0.0f, at(a.dhn.data(), c0 * H, dt),
+    const void* hn_g = at(a.hn.data(), g0 * H, dt);
+    ops_.gemm(stream_, false, false, ng, H, V, 1.0f, a.dlogits.data(), w_out, dt, 0.0f, at(a.dhn.data(), g0 * H, dt),
               dt);
-    ops_.gemm(stream_, true, false, V, H, n, 1.0f, a.dlogits.data(), hn_c, dt, 1.0f, dw_out, dt);
+    ops_.gemm(stream_, true, false, V, H, ng, 1.0f, a.dlogits.data(), hn_g, dt, 1.0f, dw_out, dt);
   }
 }
 
