@@ -44,7 +44,7 @@ int64_t moe_blocks(const ModelConfig& cfg, const ModelOptions& opts) {
 // single set is reused: backward recomputes the layer's forward into it first.
 struct LlamaModel::LayerActs {
   DeviceBuffer h1, rstd1, q_raw, q_rstd, k_raw, k_rstd, q, k, v, attn, lse, x_mid, h2, rstd2;
-  DeviceBuffer gate, up;               // untiled MLP only: kept for backward
+  DeviceBuffer gate_up;                // untiled MLP only: [T, 2I], each row gate | up; kept for backward
   DeviceBuffer q_f, k_f, v_f, attn_f;  // Ulysses: whole sequence, this rank's heads (lse is lse_f then)
 };
 
@@ -66,8 +66,8 @@ struct LlamaModel::Activations {
   // One chunk's fp32 logits [C, V]; the logit gradients of one weight-gradient group [G, V] in
   // dtype (G a multiple of C, or all tokens), turned into dhn and lm_head's gradient by one GEMM each.
   DeviceBuffer logits, dlogits;
-  DeviceBuffer gate_t, up_t;                // tiled MLP: one tile's gate and up, recomputed in backward
-  DeviceBuffer act, dact, dgate, dup;       // MLP scratch [tile, I]
+  DeviceBuffer gate_up_t;                   // tiled MLP: one tile's gate | up [tile, 2I], recomputed in backward
+  DeviceBuffer act, dact, dgate_up;         // MLP scratch [tile, I], [tile, I], [tile, 2I]
   DeviceBuffer dx, dh, dq, dk, dv, dattn, dq_raw, dk_raw;
   DeviceBuffer branch;                      // residual dropout: a branch's output, then its gradient [T, H]
   DeviceBuffer dq_f, dk_f, dv_f, dattn_f, kv_rep, a2a_send, a2a_recv;  // Ulysses scratch
@@ -173,8 +173,7 @@ void LlamaModel::layout_buffers(Activations& a, const ModelConfig& cfg, const Mo
     visit(s.h2, bytes(T * H, e), "mlp norm out", keep);
     visit(s.rstd2, bytes(T, f32), "mlp norm rstd", keep);
     if (!tiled) {
-      visit(s.gate, bytes(T * I, e), "mlp gate", Term::Mlp);
-      visit(s.up, bytes(T * I, e), "mlp up", Term::Mlp);
+      visit(s.gate_up, bytes(T * 2 * I, e), "mlp gate|up", Term::Mlp);
     }
   }
   visit(a.hn, bytes(T * H, e), "final norm out", Term::LossChunk);
@@ -186,13 +185,11 @@ void LlamaModel::layout_buffers(Activations& a, const ModelConfig& cfg, const Mo
   visit(a.logits, bytes(a.chunk * V, f32), "logits chunk", Term::LossChunk);
   visit(a.dlogits, bytes(a.grad_chunk * V, e), "logits grad (one lm_head weight-gradient GEMM)", Term::LossChunk);
   if (tiled) {
-    visit(a.gate_t, bytes(M * I, e), "mlp gate tile", Term::Mlp);
-    visit(a.up_t, bytes(M * I, e), "mlp up tile", Term::Mlp);
+    visit(a.gate_up_t, bytes(M * 2 * I, e), "mlp gate|up tile", Term::Mlp);
   }
   visit(a.act, bytes(M * I, e), "mlp activation", Term::Mlp);
   visit(a.dact, bytes(M * I, e), "mlp activation grad", Term::Mlp);
-  visit(a.dgate, bytes(M * I, e), "mlp gate grad", Term::Mlp);
-  visit(a.dup, bytes(M * I, e), "mlp up grad", Term::Mlp);
+  visit(a.dgate_up, bytes(M * 2 * I, e), "mlp gate|up grad", Term::Mlp);
   const Term scratch = Term::BackwardScratch;
   visit(a.dx, bytes(T * H, e), "residual grad", scratch);
   visit(a.dh, bytes(T * H, e), "norm out grad", scratch);
@@ -252,6 +249,10 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
   SO_CHECK(P == 1 || Hkv % P == 0 || P % Hkv == 0, "num_key_value_heads (", Hkv, ") and sequence_parallel_size (", P,
            "): one must divide the other (KV heads are split over the ranks, or replicated)");
   kv_copies_ = kv_copies_for(cfg, P);
+  for (const LayerParamIds& w : layout_.layers)  // mlp_gate_up's one GEMM reads W_gate and W_up as one matrix
+    SO_CHECK(w.gate < 0 || (w.up == w.gate + 1 && layout_.params[w.gate].joined_to_next &&
+                            layout_.params[w.up].offset == layout_.params[w.gate].offset + layout_.params[w.gate].numel),
+             "model: ", layout_.params[w.gate].name, " and its up projection are not adjacent in the flat buffer");
   Activations& a = *acts_;
   layout_buffers(a, cfg, opts, P, [&](DeviceBuffer& b, size_t bytes, const char* tag, ActivationTerm) {
     b = backend.alloc(bytes, tag);
@@ -678,21 +679,18 @@ MoeParams LlamaModel::moe_params(int l, ParamStore& p, bool grads) const {
   return m;
 }
 
-// Rows [r, r + n) of the MLP's gate and up projections: in the tile buffers when tiled, else in
-// the layer's whole-sequence ones, which backward reads as forward left them (compute = false).
-std::pair<void*, void*> LlamaModel::mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n,
-                                                 bool compute) {
+// Rows [r, r + n) of the MLP's gate and up projections, [n, 2I] (each row gate | up) by one GEMM
+// with [W_gate; W_up] (adjacent in the flat buffer, ParamInfo::joined_to_next): in the tile buffer
+// when tiled, else in the layer's whole-sequence one, which backward reads as forward left it
+// (compute = false).
+void* LlamaModel::mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n, bool compute) {
   const bool tiled = mlp_tile(opts_) < opts_.micro_batch * opts_.seq_len;
-  void* gate = tiled ? acts_->gate_t.data() : s.gate.data();
-  void* up = tiled ? acts_->up_t.data() : s.up.data();
+  void* gate_up = tiled ? acts_->gate_up_t.data() : s.gate_up.data();
   if (compute || tiled) {
-    const LayerParamIds& w = layout_.layers[l];
     const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
-    const void* h2 = at(s.h2.data(), r * H, opts_.dtype);
-    linear(h2, p.weight(w.gate), gate, n, I, H, 0.0f);
-    linear(h2, p.weight(w.up), up, n, I, H, 0.0f);
+    linear(at(s.h2.data(), r * H, opts_.dtype), p.weight(layout_.layers[l].gate), gate_up, n, 2 * I, H, 0.0f);
   }
-  return {gate, up};
+  return gate_up;
 }
 
 // x_out += down(silu(gate(h2)) * up(h2)), tile by tile. Untiled (one tile), gate and up stay in
@@ -704,8 +702,7 @@ void LlamaModel::mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out) {
   const int64_t M = mlp_tile(opts_);
   for (int64_t r = 0; r < T; r += M) {
     const int64_t n = std::min(M, T - r);
-    const auto [gate, up] = mlp_gate_up(l, p, s, r, n, true);
-    ops_.swiglu_forward(stream_, a.act.data(), gate, up, n * I, dt);
+    ops_.swiglu_rows_forward(stream_, a.act.data(), mlp_gate_up(l, p, s, r, n, true), n, I, dt);
     if (!dropping_) {
       linear(a.act.data(), p.weight(layout_.layers[l].down), at(x_out, r * H, dt), n, H, I, 1.0f);
       continue;
@@ -717,7 +714,8 @@ void LlamaModel::mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out) {
 }
 
 // On entry a.dx holds dL/d(x_out) of the MLP's rows; leaves dL/d(h2) in a.dh. Tiled, each tile's
-// gate and up are recomputed from h2 first; the activation always is.
+// gate and up are recomputed from h2 first; the activation always is. The gate and up gradients,
+// [n, 2I] like their forward, make dh with one GEMM (K = 2I) and [W_gate; W_up]'s gradient with one.
 void LlamaModel::mlp_backward(int l, ParamStore& p, LayerActs& s) {
   Activations& a = *acts_;
   const LayerParamIds& w = layout_.layers[l];
@@ -726,19 +724,18 @@ void LlamaModel::mlp_backward(int l, ParamStore& p, LayerActs& s) {
   const int64_t M = mlp_tile(opts_);
   for (int64_t r = 0; r < T; r += M) {
     const int64_t n = std::min(M, T - r);
-    const auto [gate, up] = mlp_gate_up(l, p, s, r, n, false);
+    const void* gate_up = mlp_gate_up(l, p, s, r, n, false);
     const void* h2 = at(s.h2.data(), r * H, dt);
-    void* dh = at(a.dh.data(), r * H, dt);
-    ops_.swiglu_forward(stream_, a.act.data(), gate, up, n * I, dt);
+    ops_.swiglu_rows_forward(stream_, a.act.data(), gate_up, n, I, dt);
     const void* dy = at(a.dx.data(), r * H, dt);  // the branch's output gradient: masked when dropped
     if (dropping_) {
       ops_.dropout_backward(stream_, at(a.branch.data(), r * H, dt), dy, n, H, residual_mask(l, 1, r), dt);
       dy = at(a.branch.data(), r * H, dt);
     }
     linear_backward(dy, a.act.data(), p.weight(w.down), a.dact.data(), p.grad(w.down), n, H, I, 0.0f);
-    ops_.swiglu_backward(stream_, a.dgate.data(), a.dup.data(), a.dact.data(), gate, up, n * I, dt);
-    linear_backward(a.dgate.data(), h2, p.weight(w.gate), dh, p.grad(w.gate), n, I, H, 0.0f);
-    linear_backward(a.dup.data(), h2, p.weight(w.up), dh, p.grad(w.up), n, I, H, 1.0f);
+    ops_.swiglu_rows_backward(stream_, a.dgate_up.data(), a.dact.data(), gate_up, n, I, dt);
+    linear_backward(a.dgate_up.data(), h2, p.weight(w.gate), at(a.dh.data(), r * H, dt), p.grad(w.gate), n, 2 * I, H,
+                    0.0f);
   }
 }
 

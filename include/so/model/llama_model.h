@@ -119,7 +119,7 @@ class LlamaModel {
   static void layout_buffers(Activations& a, const ModelConfig& cfg, const ModelOptions& opts, int64_t sp_size,
                              Visit&& visit);
   void layer_forward(int l, ParamStore& p, LayerActs& a, const void* x_in, void* x_out);
-  std::pair<void*, void*> mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n, bool compute);
+  void* mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n, bool compute);
   void mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out);
   void mlp_backward(int l, ParamStore& p, LayerActs& s);
   // MoE layers: the block that runs layer l (one per MoE layer, or one shared when checkpointing:
