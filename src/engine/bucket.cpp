@@ -15,17 +15,23 @@ std::vector<Bucket> make_buckets(const ParamLayout& layout, int64_t bucket_size)
     if (!cur.params.empty()) buckets.push_back(cur);
     cur = Bucket{};
   };
-  for (int id = static_cast<int>(layout.params.size()) - 1; id >= 0; --id) {
-    const ParamInfo& p = layout.params[id];
-    const int64_t padded = (p.numel + ParamLayout::kAlign - 1) / ParamLayout::kAlign * ParamLayout::kAlign;
-    if (!cur.params.empty() && cur.size() + padded > bucket_size) close();
+  for (int id = static_cast<int>(layout.params.size()) - 1; id >= 0;) {
+    // Parameters [lo, id]: id and the ones joined to it, placed as one.
+    int lo = id;
+    while (lo > 0 && layout.params[lo - 1].joined_to_next) --lo;
+    const ParamInfo& last = layout.params[id];
+    const int64_t end = last.offset + (last.numel + ParamLayout::kAlign - 1) / ParamLayout::kAlign * ParamLayout::kAlign;
+    const int64_t extent = end - layout.params[lo].offset;
+    if (!cur.params.empty() && cur.size() + extent > bucket_size) close();
     if (cur.params.empty()) {
-      cur.end = p.offset + padded;
-      cur.ready_unit = p.first_unit;
+      cur.end = end;
+      cur.ready_unit = last.first_unit;
     }
-    cur.begin = p.offset;
-    cur.params.push_back(id);
-    cur.ready_unit = std::min(cur.ready_unit, p.first_unit);
+    cur.begin = layout.params[lo].offset;
+    for (; id >= lo; --id) {
+      cur.params.push_back(id);
+      cur.ready_unit = std::min(cur.ready_unit, layout.params[id].first_unit);
+    }
   }
   close();
   return buckets;

@@ -44,7 +44,7 @@ int64_t moe_blocks(const ModelConfig& cfg, const ModelOptions& opts) {
 // single set is reused: backward recomputes the layer's forward into it first.
 struct LlamaModel::LayerActs {
   DeviceBuffer h1, rstd1, q_raw, q_rstd, k_raw, k_rstd, q, k, v, attn, lse, x_mid, h2, rstd2;
-  DeviceBuffer gate, up;               // untiled MLP only: kept for backward
+  DeviceBuffer gate_up;                // untiled MLP only: [T, 2I], each row gate | up; kept for backward
   DeviceBuffer q_f, k_f, v_f, attn_f;  // Ulysses: whole sequence, this rank's heads (lse is lse_f then)
 };
 
@@ -64,16 +64,18 @@ struct LlamaModel::Activations {
   std::vector<DeviceBuffer> x;
   std::vector<LayerActs> layer;             // per layer, or one set when checkpointing
   DeviceBuffer hn, rstd_final, dhn;         // final norm output and its gradient
-  DeviceBuffer logits, dlogits;             // one chunk: fp32 [C, V] and its gradient in dtype
-  DeviceBuffer gate_t, up_t;                // tiled MLP: one tile's gate and up, recomputed in backward
-  DeviceBuffer act, dact, dgate, dup;       // MLP scratch [tile, I]
+  // One chunk's fp32 logits [C, V]; the logit gradients of one weight-gradient group [G, V] in
+  // dtype (G a multiple of C, or all tokens), turned into dhn and lm_head's gradient by one GEMM each.
+  DeviceBuffer logits, dlogits;
+  DeviceBuffer gate_up_t;                   // tiled MLP: one tile's gate | up [tile, 2I], recomputed in backward
+  DeviceBuffer act, dact, dgate_up;         // MLP scratch [tile, I], [tile, I], [tile, 2I]
   DeviceBuffer dx, dh, dq, dk, dv, dattn, dq_raw, dk_raw;
   DeviceBuffer branch;                      // residual dropout: a branch's output, then its gradient [T, H]
   DeviceBuffer dq_f, dk_f, dv_f, dattn_f, kv_rep, a2a_send, a2a_recv;  // Ulysses scratch
   DeviceBuffer loss;                        // fp32 accumulator
   TokenBatch staged;                        // host copy being uploaded
   std::unique_ptr<Event> uploaded;
-  int64_t chunk = 0;
+  int64_t chunk = 0, grad_chunk = 0;
   // Offloaded checkpoints: layer l's input at host[l * T * H]; per device slot, the event of its
   // last D2H (stash) and of its last H2D (fetch).
   HostBuffer host;
@@ -97,6 +99,22 @@ namespace {
 // Ulysses with more ranks than KV heads: copies of each KV head sent.
 int64_t kv_copies_for(const ModelConfig& cfg, int64_t P) { return P > cfg.num_kv_heads ? P / cfg.num_kv_heads : 1; }
 }  // namespace
+
+LlamaModel::LossChunks LlamaModel::loss_chunks(const ModelConfig& cfg, const ModelOptions& opts) {
+  // Fixed byte budgets, whatever the vocabulary: the fp32 logits of one chunk at most 128 MiB, the
+  // logit gradients one weight-gradient GEMM reads at most 512 MiB (at V = 32000 and bf16: 1048-row
+  // chunks, and 8384 tokens per lm_head gradient GEMM, so a 4096-token micro-batch makes one).
+  constexpr int64_t kLogitsBudget = int64_t{128} << 20, kGradBudget = int64_t{512} << 20;
+  const int64_t T = opts.micro_batch * opts.seq_len, V = cfg.vocab_size;
+  const int64_t e = static_cast<int64_t>(dtype_size(opts.dtype));
+  LossChunks c;
+  c.chunk = std::min(T, opts.loss_chunk_tokens > 0 ? opts.loss_chunk_tokens
+                                                   : std::max<int64_t>(1, kLogitsBudget / (V * 4)));
+  const int64_t grad = opts.loss_grad_chunk_tokens > 0 ? opts.loss_grad_chunk_tokens
+                                                       : kGradBudget / (V * e) / c.chunk * c.chunk;
+  c.grad_chunk = std::min(T, std::max(c.chunk, grad));
+  return c;
+}
 
 int64_t LlamaModel::mlp_tile(const ModelOptions& opts) {
   const int64_t T = opts.micro_batch * opts.seq_len;
@@ -156,26 +174,23 @@ void LlamaModel::layout_buffers(Activations& a, const ModelConfig& cfg, const Mo
     visit(s.h2, bytes(T * H, e), "mlp norm out", keep);
     visit(s.rstd2, bytes(T, f32), "mlp norm rstd", keep);
     if (!tiled) {
-      visit(s.gate, bytes(T * I, e), "mlp gate", Term::Mlp);
-      visit(s.up, bytes(T * I, e), "mlp up", Term::Mlp);
+      visit(s.gate_up, bytes(T * 2 * I, e), "mlp gate|up", Term::Mlp);
     }
   }
   visit(a.hn, bytes(T * H, e), "final norm out", Term::LossChunk);
   visit(a.rstd_final, bytes(T, f32), "final norm rstd", Term::LossChunk);
   visit(a.dhn, bytes(T * H, e), "final norm grad", Term::LossChunk);
-  // Chunk so one chunk's fp32 logits stay near 64 MiB whatever the vocabulary.
-  a.chunk = opts.loss_chunk_tokens > 0 ? opts.loss_chunk_tokens : std::max<int64_t>(1, (int64_t{16} << 20) / V);
-  a.chunk = std::min(a.chunk, T);
+  const LossChunks lc = loss_chunks(cfg, opts);
+  a.chunk = lc.chunk;
+  a.grad_chunk = lc.grad_chunk;
   visit(a.logits, bytes(a.chunk * V, f32), "logits chunk", Term::LossChunk);
-  visit(a.dlogits, bytes(a.chunk * V, e), "logits grad chunk", Term::LossChunk);
+  visit(a.dlogits, bytes(a.grad_chunk * V, e), "logits grad (one lm_head weight-gradient GEMM)", Term::LossChunk);
   if (tiled) {
-    visit(a.gate_t, bytes(M * I, e), "mlp gate tile", Term::Mlp);
-    visit(a.up_t, bytes(M * I, e), "mlp up tile", Term::Mlp);
+    visit(a.gate_up_t, bytes(M * 2 * I, e), "mlp gate|up tile", Term::Mlp);
   }
   visit(a.act, bytes(M * I, e), "mlp activation", Term::Mlp);
   visit(a.dact, bytes(M * I, e), "mlp activation grad", Term::Mlp);
-  visit(a.dgate, bytes(M * I, e), "mlp gate grad", Term::Mlp);
-  visit(a.dup, bytes(M * I, e), "mlp up grad", Term::Mlp);
+  visit(a.dgate_up, bytes(M * 2 * I, e), "mlp gate|up grad", Term::Mlp);
   const Term scratch = Term::BackwardScratch;
   visit(a.dx, bytes(T * H, e), "residual grad", scratch);
   visit(a.dh, bytes(T * H, e), "norm out grad", scratch);
@@ -235,6 +250,10 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
   SO_CHECK(P == 1 || Hkv % P == 0 || P % Hkv == 0, "num_key_value_heads (", Hkv, ") and sequence_parallel_size (", P,
            "): one must divide the other (KV heads are split over the ranks, or replicated)");
   kv_copies_ = kv_copies_for(cfg, P);
+  for (const LayerParamIds& w : layout_.layers)  // mlp_gate_up's one GEMM reads W_gate and W_up as one matrix
+    SO_CHECK(w.gate < 0 || (w.up == w.gate + 1 && layout_.params[w.gate].joined_to_next &&
+                            layout_.params[w.up].offset == layout_.params[w.gate].offset + layout_.params[w.gate].numel),
+             "model: ", layout_.params[w.gate].name, " and its up projection are not adjacent in the flat buffer");
   Activations& a = *acts_;
   layout_buffers(a, cfg, opts, P, [&](DeviceBuffer& b, size_t bytes, const char* tag, ActivationTerm) {
     b = backend.alloc(bytes, tag);
@@ -659,21 +678,18 @@ MoeParams LlamaModel::moe_params(int l, ParamStore& p, bool grads) const {
   return m;
 }
 
-// Rows [r, r + n) of the MLP's gate and up projections: in the tile buffers when tiled, else in
-// the layer's whole-sequence ones, which backward reads as forward left them (compute = false).
-std::pair<void*, void*> LlamaModel::mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n,
-                                                 bool compute) {
+// Rows [r, r + n) of the MLP's gate and up projections, [n, 2I] (each row gate | up) by one GEMM
+// with [W_gate; W_up] (adjacent in the flat buffer, ParamInfo::joined_to_next): in the tile buffer
+// when tiled, else in the layer's whole-sequence one, which backward reads as forward left it
+// (compute = false).
+void* LlamaModel::mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n, bool compute) {
   const bool tiled = mlp_tile(opts_) < opts_.micro_batch * opts_.seq_len;
-  void* gate = tiled ? acts_->gate_t.data() : s.gate.data();
-  void* up = tiled ? acts_->up_t.data() : s.up.data();
+  void* gate_up = tiled ? acts_->gate_up_t.data() : s.gate_up.data();
   if (compute || tiled) {
-    const LayerParamIds& w = layout_.layers[l];
     const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
-    const void* h2 = at(s.h2.data(), r * H, opts_.dtype);
-    linear(h2, p.weight(w.gate), gate, n, I, H, 0.0f);
-    linear(h2, p.weight(w.up), up, n, I, H, 0.0f);
+    linear(at(s.h2.data(), r * H, opts_.dtype), p.weight(layout_.layers[l].gate), gate_up, n, 2 * I, H, 0.0f);
   }
-  return {gate, up};
+  return gate_up;
 }
 
 // x_out += down(silu(gate(h2)) * up(h2)), tile by tile. Untiled (one tile), gate and up stay in
@@ -685,8 +701,7 @@ void LlamaModel::mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out) {
   const int64_t M = mlp_tile(opts_);
   for (int64_t r = 0; r < T; r += M) {
     const int64_t n = std::min(M, T - r);
-    const auto [gate, up] = mlp_gate_up(l, p, s, r, n, true);
-    ops_.swiglu_forward(stream_, a.act.data(), gate, up, n * I, dt);
+    ops_.swiglu_rows_forward(stream_, a.act.data(), mlp_gate_up(l, p, s, r, n, true), n, I, dt);
     if (!dropping_) {
       linear(a.act.data(), p.weight(layout_.layers[l].down), at(x_out, r * H, dt), n, H, I, 1.0f);
       continue;
@@ -698,7 +713,8 @@ void LlamaModel::mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out) {
 }
 
 // On entry a.dx holds dL/d(x_out) of the MLP's rows; leaves dL/d(h2) in a.dh. Tiled, each tile's
-// gate and up are recomputed from h2 first; the activation always is.
+// gate and up are recomputed from h2 first; the activation always is. The gate and up gradients,
+// [n, 2I] like their forward, make dh with one GEMM (K = 2I) and [W_gate; W_up]'s gradient with one.
 void LlamaModel::mlp_backward(int l, ParamStore& p, LayerActs& s) {
   Activations& a = *acts_;
   const LayerParamIds& w = layout_.layers[l];
@@ -707,19 +723,18 @@ void LlamaModel::mlp_backward(int l, ParamStore& p, LayerActs& s) {
   const int64_t M = mlp_tile(opts_);
   for (int64_t r = 0; r < T; r += M) {
     const int64_t n = std::min(M, T - r);
-    const auto [gate, up] = mlp_gate_up(l, p, s, r, n, false);
+    const void* gate_up = mlp_gate_up(l, p, s, r, n, false);
     const void* h2 = at(s.h2.data(), r * H, dt);
-    void* dh = at(a.dh.data(), r * H, dt);
-    ops_.swiglu_forward(stream_, a.act.data(), gate, up, n * I, dt);
+    ops_.swiglu_rows_forward(stream_, a.act.data(), gate_up, n, I, dt);
     const void* dy = at(a.dx.data(), r * H, dt);  // the branch's output gradient: masked when dropped
     if (dropping_) {
       ops_.dropout_backward(stream_, at(a.branch.data(), r * H, dt), dy, n, H, residual_mask(l, 1, r), dt);
       dy = at(a.branch.data(), r * H, dt);
     }
     linear_backward(dy, a.act.data(), p.weight(w.down), a.dact.data(), p.grad(w.down), n, H, I, 0.0f);
-    ops_.swiglu_backward(stream_, a.dgate.data(), a.dup.data(), a.dact.data(), gate, up, n * I, dt);
-    linear_backward(a.dgate.data(), h2, p.weight(w.gate), dh, p.grad(w.gate), n, I, H, 0.0f);
-    linear_backward(a.dup.data(), h2, p.weight(w.up), dh, p.grad(w.up), n, I, H, 1.0f);
+    ops_.swiglu_rows_backward(stream_, a.dgate_up.data(), a.dact.data(), gate_up, n, I, dt);
+    linear_backward(a.dgate_up.data(), h2, p.weight(w.gate), at(a.dh.data(), r * H, dt), p.grad(w.gate), n, 2 * I, H,
+                    0.0f);
   }
 }
 
@@ -798,8 +813,9 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
                         s.rstd1.as<float>(), T, H, true, dt);
 }
 
-// Final norm, then output projection + cross-entropy chunk by chunk; with backward, each chunk's
-// logit gradient is turned into dhn and lm_head's gradient before the next chunk overwrites it.
+// Final norm, then output projection + cross-entropy chunk by chunk. With backward, the chunks'
+// logit gradients fill one group of grad_chunk rows, which then becomes dhn and lm_head's gradient
+// with one GEMM each (fewer, larger GEMMs than one pair per chunk; one group when all tokens fit).
 void LlamaModel::head_forward_backward(ParamStore& p, float loss_scale, bool backward) {
   Activations& a = *acts_;
   const DType dt = opts_.dtype;
@@ -809,16 +825,20 @@ void LlamaModel::head_forward_backward(ParamStore& p, float loss_scale, bool bac
                        T, H, cfg_.rms_norm_eps, dt);
   const void* w_out = p.weight(layout_.lm_head);
   void* dw_out = backward ? p.grad(layout_.lm_head) : nullptr;
-  for (int64_t c0 = 0; c0 < T; c0 += a.chunk) {
-    const int64_t n = std::min(a.chunk, T - c0);
-    const void* hn_c = at(a.hn.data(), c0 * H, dt);
-    ops_.gemm(stream_, false, true, n, V, H, 1.0f, hn_c, w_out, dt, 0.0f, a.logits.data(), DType::F32);
-    ops_.cross_entropy(stream_, a.loss.as<float>(), backward ? a.dlogits.data() : nullptr, a.logits.as<float>(),
-                       a.targets.as<int32_t>() + c0, n, V, loss_scale, opts_.z_loss, dt);
+  for (int64_t g0 = 0; g0 < T; g0 += a.grad_chunk) {
+    const int64_t ng = std::min(a.grad_chunk, T - g0);
+    for (int64_t c0 = g0; c0 < g0 + ng; c0 += a.chunk) {
+      const int64_t n = std::min(a.chunk, g0 + ng - c0);
+      ops_.gemm(stream_, false, true, n, V, H, 1.0f, at(a.hn.data(), c0 * H, dt), w_out, dt, 0.0f, a.logits.data(),
+                DType::F32);
+      ops_.cross_entropy(stream_, a.loss.as<float>(), backward ? at(a.dlogits.data(), (c0 - g0) * V, dt) : nullptr,
+                         a.logits.as<float>(), a.targets.as<int32_t>() + c0, n, V, loss_scale, opts_.z_loss, dt);
+    }
     if (!backward) continue;
-    ops_.gemm(stream_, false, false, n, H, V, 1.0f, a.dlogits.data(), w_out, dt, 0.0f, at(a.dhn.data(), c0 * H, dt),
+    const void* hn_g = at(a.hn.data(), g0 * H, dt);
+    ops_.gemm(stream_, false, false, ng, H, V, 1.0f, a.dlogits.data(), w_out, dt, 0.0f, at(a.dhn.data(), g0 * H, dt),
               dt);
-    ops_.gemm(stream_, true, false, V, H, n, 1.0f, a.dlogits.data(), hn_c, dt, 1.0f, dw_out, dt);
+    ops_.gemm(stream_, true, false, V, H, ng, 1.0f, a.dlogits.data(), hn_g, dt, 1.0f, dw_out, dt);
   }
 }
 

@@ -11,7 +11,8 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
   ParamLayout L;
   const int head_unit = static_cast<int>(c.num_layers) + 1;
   enum Init { Random, One, Zero };
-  auto add = [&](std::string name, std::vector<int64_t> shape, int unit, Init init = Random) {
+  // joined: the next parameter follows with no padding (ParamInfo::joined_to_next).
+  auto add = [&](std::string name, std::vector<int64_t> shape, int unit, Init init = Random, bool joined = false) {
     ParamInfo p;
     p.name = std::move(name);
     p.shape = std::move(shape);
@@ -21,7 +22,8 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
     p.first_unit = p.last_unit = unit;
     p.is_norm = init == One;
     p.is_bias = init == Zero;
-    L.total += (p.numel + kAlign - 1) / kAlign * kAlign;
+    p.joined_to_next = joined;
+    L.total += joined ? p.numel : (p.numel + kAlign - 1) / kAlign * kAlign;
     L.params.push_back(std::move(p));
     return static_cast<int>(L.params.size()) - 1;
   };
@@ -69,7 +71,7 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
         ids.expert_down.push_back(add(x + "down_proj.weight", {H, Ie}, u));
       }
     } else {
-      ids.gate = add(p + "mlp.gate_proj.weight", {I, H}, u);
+      ids.gate = add(p + "mlp.gate_proj.weight", {I, H}, u, Random, true);
       ids.up = add(p + "mlp.up_proj.weight", {I, H}, u);
       ids.down = add(p + "mlp.down_proj.weight", {H, I}, u);
     }

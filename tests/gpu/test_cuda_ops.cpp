@@ -575,6 +575,26 @@ OpCase swiglu_case(int64_t n, bool backward, DType dt) {
           }};
 }
 
+// The [W_gate; W_up] GEMM's output form: rows of [gate | up]; cols of 64 take the vector path,
+// odd cols the scalar one.
+OpCase swiglu_rows_case(int64_t rows, int64_t cols, bool backward, DType dt) {
+  return {case_name(backward ? "swiglu_rows_backward" : "swiglu_rows_forward", dn(dt), "rows", rows, "cols", cols),
+          [=](OpRun& r) {
+            const int64_t n = rows * cols;
+            void* gate_up = r.in(normal(2 * n, 27, 3.0f), dt);
+            if (!backward) {
+              void* out = r.out(n, dt);
+              r.ops().swiglu_rows_forward(r.s(), out, gate_up, rows, cols, dt);
+              r.expect("out", out, n, dt, OpClass::Elementwise);
+              return;
+            }
+            void* dout = r.in(normal(n, 28), dt);
+            void* dgate_up = r.out(2 * n, dt);
+            r.ops().swiglu_rows_backward(r.s(), dgate_up, dout, gate_up, rows, cols, dt);
+            r.expect("dgate_up", dgate_up, 2 * n, dt, OpClass::Elementwise);
+          }};
+}
+
 // Every 7th target is -1 (ignored); the loss accumulator starts from a non-zero value. z_loss:
 // OLMo's z-loss coefficient (0 = off).
 OpCase cross_entropy_case(int64_t rows, int64_t V, bool with_grad, DType dt, float z_loss = 0.0f) {
@@ -752,6 +772,8 @@ std::vector<OpCase> small_cases() {
     for (bool bwd : {false, true}) {
       c.push_back(swiglu_case(1, bwd, dt));
       c.push_back(swiglu_case(1001, bwd, dt));
+      c.push_back(swiglu_rows_case(37, 64, bwd, dt));
+      c.push_back(swiglu_rows_case(5, 33, bwd, dt));
       c.push_back(dropout_case(37, 129, bwd, dt));
     }
     for (bool grad : {false, true}) c.push_back(cross_entropy_case(3, 11, grad, dt));

@@ -509,6 +509,36 @@ TEST(Model, FlopsAndBucketsFollowTheLayout) {
   EXPECT_EQ(buckets.back().ready_unit, 0);  // tied embedding: final only after embedding backward
 }
 
+// A dense MLP's W_gate and W_up follow each other with no padding (one GEMM reads [W_gate; W_up]),
+// whatever their size, and no bucket size separates them; every other parameter stays aligned.
+TEST(Model, GateAndUpAreOneMatrixInOneBucket) {
+  ModelConfig c = ModelConfig::from_hf_file("configs/models/tiny.json");
+  c.intermediate_size = 37;  // I x H not a multiple of the alignment
+  const ParamLayout L = ParamLayout::for_model(c);
+  for (const LayerParamIds& w : L.layers) {
+    ASSERT_EQ(w.up, w.gate + 1);
+    EXPECT_EQ(L.params[w.up].offset, L.params[w.gate].offset + L.params[w.gate].numel);
+  }
+  for (size_t id = 0; id < L.params.size(); ++id) {
+    if (id == 0 || !L.params[id - 1].joined_to_next) {
+      EXPECT_EQ(L.params[id].offset % ParamLayout::kAlign, 0) << id;
+    }
+  }
+  for (int64_t bucket_size : {1, 5000, 1 << 20}) {
+    const auto buckets = make_buckets(L, bucket_size);
+    std::vector<size_t> bucket_of(L.params.size());
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      for (int id : buckets[b].params) bucket_of[id] = b;
+      if (b > 0) {
+        EXPECT_EQ(buckets[b].end, buckets[b - 1].begin);
+      }
+    }
+    EXPECT_EQ(buckets.front().end, L.total);
+    EXPECT_EQ(buckets.back().begin, 0);
+    for (const LayerParamIds& w : L.layers) EXPECT_EQ(bucket_of[w.gate], bucket_of[w.up]) << "bucket size " << bucket_size;
+  }
+}
+
 }  // namespace
 }  // namespace so
 

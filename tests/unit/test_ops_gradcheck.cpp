@@ -94,6 +94,34 @@ TEST_F(GradCheck, SwiGLU) {
   check(in, 1, f, test::download(*be, dU.data(), n, DType::F32), R);
 }
 
+// The rows form (one [rows, 2 * cols] gate|up GEMM output) computes, row by row, what the
+// elementwise form computes on the separate gate and up halves.
+TEST_F(GradCheck, SwiGLURowsIsTheElementwiseFormPerRowHalf) {
+  const int64_t rows = 3, cols = 7, n = rows * cols;
+  const auto gu = randn(2 * n, 9, 2.0f), dy = randn(n, 10);
+  std::vector<float> g(n), u(n);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) g[r * cols + c] = gu[r * 2 * cols + c], u[r * cols + c] = gu[r * 2 * cols + cols + c];
+  auto GU = test::upload(*be, gu, DType::F32), G = test::upload(*be, g, DType::F32), U = test::upload(*be, u, DType::F32);
+  auto dY = test::upload(*be, dy, DType::F32);
+  auto out_rows = be->alloc(n * 4, "out rows"), out = be->alloc(n * 4, "out");
+  auto dGU = be->alloc(2 * n * 4, "dgate_up"), dG = be->alloc(n * 4, "dg"), dU = be->alloc(n * 4, "du");
+  ops.swiglu_rows_forward(s, out_rows.data(), GU.data(), rows, cols, DType::F32);
+  ops.swiglu_forward(s, out.data(), G.data(), U.data(), n, DType::F32);
+  ops.swiglu_rows_backward(s, dGU.data(), dY.data(), GU.data(), rows, cols, DType::F32);
+  ops.swiglu_backward(s, dG.data(), dU.data(), dY.data(), G.data(), U.data(), n, DType::F32);
+  const auto o_rows = test::download(*be, out_rows.data(), n, DType::F32), o = test::download(*be, out.data(), n, DType::F32);
+  const auto d_rows = test::download(*be, dGU.data(), 2 * n, DType::F32);
+  const auto dg = test::download(*be, dG.data(), n, DType::F32), du = test::download(*be, dU.data(), n, DType::F32);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * cols + c;
+      EXPECT_EQ(o_rows[i], o[i]) << "row " << r << " col " << c;
+      EXPECT_EQ(d_rows[r * 2 * cols + c], dg[i]) << "dgate row " << r << " col " << c;
+      EXPECT_EQ(d_rows[r * 2 * cols + cols + c], du[i]) << "dup row " << r << " col " << c;
+    }
+}
+
 TEST_F(GradCheck, RopeInverseIsTheTranspose) {
   // rope is linear and orthogonal, so its backward is the inverse rotation: <R, rope(x)> = <rope^-1(R), x>.
   const int64_t T = 5, heads = 3, D = 8;

@@ -236,6 +236,13 @@ class Ops {
   virtual void swiglu_forward(Stream& s, void* out, const void* gate, const void* up, int64_t n, DType dt) = 0;
   virtual void swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                                int64_t n, DType dt) = 0;
+  // The same over the output of one GEMM with [W_gate; W_up]: gate_up [rows, 2 * cols] holds each
+  // row's gate in its first cols and its up in its last cols; out and dout are [rows, cols];
+  // backward writes dgate_up [rows, 2 * cols] alike (the input of one backward GEMM each).
+  virtual void swiglu_rows_forward(Stream& s, void* out, const void* gate_up, int64_t rows, int64_t cols,
+                                   DType dt) = 0;
+  virtual void swiglu_rows_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
+                                    int64_t cols, DType dt) = 0;
 
   // Residual dropout over a block of rows [rows, cols] (include/so/backend/dropout_mask.h):
   // forward x += keep ? y / (1 - p) : 0, one fp32 fused multiply-add per kept value (bitwise the

@@ -18,7 +18,7 @@ struct Bucket {
 };
 
 // Packs parameters in backward order (head first) into buckets of about `bucket_size`
-// elements, never splitting a parameter. buckets[0] is the first to become ready.
+// elements, never splitting a parameter nor a run of joined ones (ParamInfo::joined_to_next). buckets[0] is the first to become ready.
 std::vector<Bucket> make_buckets(const ParamLayout& layout, int64_t bucket_size);
 
 // Which buckets each unit (embedding 0, layers 1..L, head L+1) reads and, per bucket, the first

@@ -29,6 +29,8 @@ struct ModelOptions {
   // [tokens x intermediate] tensors never exist whole; 0 or >= tokens = one tile, nothing recomputed.
   int64_t mlp_tile_tokens = 0;
   int64_t loss_chunk_tokens = 0;     // tokens per output-projection + cross-entropy chunk; 0 = auto
+  // Tokens per lm_head weight-gradient (and dhn) GEMM, at least one chunk; 0 = auto.
+  int64_t loss_grad_chunk_tokens = 0;
   float z_loss = 0.0f;               // OLMo's z-loss: each token's loss adds z_loss * logsumexp(logits)^2
   SequenceParallel* sequence_parallel = nullptr;  // Ulysses group; null = the whole sequence is here
   uint64_t dropout_seed = 0;         // dropout's masks (residual_dropout, attention_dropout): the run's seed
@@ -63,6 +65,12 @@ class LlamaModel {
                                                           int64_t sp_size);
   // Pinned host bytes for offloaded checkpoints (0 when not offloaded).
   static size_t host_checkpoint_bytes(const ModelConfig& cfg, const ModelOptions& opts);
+  // Tokens per logits chunk, and per lm_head weight-gradient GEMM (a multiple of the chunk, or
+  // all tokens), from ModelOptions or from fixed byte budgets.
+  struct LossChunks {
+    int64_t chunk, grad_chunk;
+  };
+  static LossChunks loss_chunks(const ModelConfig& cfg, const ModelOptions& opts);
   // Tokens per MLP tile for this model's T tokens (T when untiled).
   static int64_t mlp_tile(const ModelOptions& opts);
   // The shape every attention call has: all tokens of a sequence, this rank's heads under Ulysses
@@ -81,7 +89,7 @@ class LlamaModel {
   // Forward of one micro-batch; adds loss_scale * sum of token losses to the device loss
   // accumulator. With backward = true it then runs the backward pass, accumulating every
   // parameter gradient into params.grad(). The output projection and its gradient are
-  // computed chunk by chunk in the forward pass, so [tokens x vocab] logits never exist.
+  // computed chunk by chunk in the forward pass, so [tokens x vocab] fp32 logits never exist.
   void forward_backward(const TokenBatch& batch, ParamStore& params, ModelHooks& hooks, float loss_scale,
                         bool backward);
 
@@ -109,7 +117,7 @@ class LlamaModel {
   static void layout_buffers(Activations& a, const ModelConfig& cfg, const ModelOptions& opts, int64_t sp_size,
                              Visit&& visit);
   void layer_forward(int l, ParamStore& p, LayerActs& a, const void* x_in, void* x_out);
-  std::pair<void*, void*> mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n, bool compute);
+  void* mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n, bool compute);
   void mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out);
   void mlp_backward(int l, ParamStore& p, LayerActs& s);
   // MoE layers: the block that runs layer l (one per MoE layer, or one shared when checkpointing:

@@ -15,11 +15,14 @@ struct ParamInfo {
                                 // unfused projection where the checkpoint fuses them, see HfTensor)
   std::vector<int64_t> shape;
   int64_t numel = 0;
-  int64_t offset = 0;           // element offset into the flat buffer (aligned)
+  int64_t offset = 0;           // element offset into the flat buffer (aligned, but after a joined one)
   int first_unit = 0;           // units reading it, lowest and highest (tied embeddings: 0 and L+1)
   int last_unit = 0;
   bool is_norm = false;         // RMSNorm weight: initialised to one
   bool is_bias = false;         // projection bias: initialised to zero
+  // Laid out right before the next parameter, no padding between, and never in another bucket:
+  // one GEMM reads both as one matrix (a dense MLP's [W_gate; W_up]).
+  bool joined_to_next = false;
 };
 
 struct LayerParamIds {

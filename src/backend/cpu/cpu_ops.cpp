@@ -116,6 +116,29 @@ void CpuOps::swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout
   }));
 }
 
+// Row by row: each row's gate and up are the two halves of its gate_up row.
+void CpuOps::swiglu_rows_forward(Stream& s, void* out, const void* gate_up, int64_t rows, int64_t cols, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    for (int64_t r = 0; r < rows; ++r) {
+      const X* gu = typed<X>(gate_up) + r * 2 * cols;
+      cpu::swiglu_forward(typed<X>(out) + r * cols, gu, gu + cols, cols);
+    }
+  }));
+}
+
+void CpuOps::swiglu_rows_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
+                                  int64_t cols, DType dt) {
+  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+    using X = decltype(t);
+    for (int64_t r = 0; r < rows; ++r) {
+      const X* gu = typed<X>(gate_up) + r * 2 * cols;
+      X* dgu = typed<X>(dgate_up) + r * 2 * cols;
+      cpu::swiglu_backward(dgu, dgu + cols, typed<X>(dout) + r * cols, gu, gu + cols, cols);
+    }
+  }));
+}
+
 void CpuOps::dropout_add(Stream& s, void* x, const void* y, int64_t rows, int64_t cols, const DropoutMask& m,
                          DType dt) {
   SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {

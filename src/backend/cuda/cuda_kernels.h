@@ -53,6 +53,11 @@ void launch_swiglu_forward(cudaStream_t stream, void* out, const void* gate, con
 // dgate = dout * up * sig * (1 + gate * (1 - sig)), dup = dout * silu(gate), elementwise.
 void launch_swiglu_backward(cudaStream_t stream, void* dgate, void* dup, const void* dout, const void* gate,
                             const void* up, int64_t n, DType dt);
+// gate_up [rows, 2 * cols]: each row's gate, then its up (Ops::swiglu_rows_forward).
+void launch_swiglu_rows_forward(cudaStream_t stream, void* out, const void* gate_up, int64_t rows, int64_t cols,
+                                DType dt);
+void launch_swiglu_rows_backward(cudaStream_t stream, void* dgate_up, const void* dout, const void* gate_up,
+                                 int64_t rows, int64_t cols, DType dt);
 
 // Residual dropout (Ops::dropout_add / dropout_backward), the mask of include/so/backend/dropout_mask.h.
 void launch_dropout_add(cudaStream_t stream, void* x, const void* y, int64_t rows, int64_t cols,

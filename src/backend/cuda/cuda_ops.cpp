@@ -169,6 +169,15 @@ void CudaOps::swiglu_forward(Stream& s, void* out, const void* gate, const void*
   launch_swiglu_forward(raw(s), out, gate, up, n, dt);
 }
 
+void CudaOps::swiglu_rows_forward(Stream& s, void* out, const void* gate_up, int64_t rows, int64_t cols, DType dt) {
+  launch_swiglu_rows_forward(raw(s), out, gate_up, rows, cols, dt);
+}
+
+void CudaOps::swiglu_rows_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
+                                   int64_t cols, DType dt) {
+  launch_swiglu_rows_backward(raw(s), dgate_up, dout, gate_up, rows, cols, dt);
+}
+
 void CudaOps::dropout_add(Stream& s, void* x, const void* y, int64_t rows, int64_t cols, const DropoutMask& m,
                           DType dt) {
   launch_dropout_add(raw(s), x, y, rows, cols, m, dt);

@@ -56,6 +56,9 @@ class CudaOps final : public Ops {
                         DType dt) override;
   void swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                        int64_t n, DType dt) override;
+  void swiglu_rows_forward(Stream& s, void* out, const void* gate_up, int64_t rows, int64_t cols, DType dt) override;
+  void swiglu_rows_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
+                            int64_t cols, DType dt) override;
   void cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
                      int64_t rows, int64_t V, float scale, float z_loss, DType dt) override;
   void moe_route(Stream& s, const MoeRouting& r, float* weights, int32_t* experts, const float* logits,
