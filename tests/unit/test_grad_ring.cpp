@@ -86,8 +86,9 @@ void check_ring(const std::vector<GradRingUse>& uses, int depth, const std::stri
       if (readied[j] < 0) continue;  // never held anything yet
       // The last copy of j's range must be done before i writes over it.
       EXPECT_GE(done[j], readied[j]) << "use " << i << " writes over use " << j << "'s copy without waiting for it";
-      if (t < static_cast<int64_t>(one.size()))  // within the first pass: released `depth` - 1 completions ago
+      if (t < static_cast<int64_t>(one.size())) {  // within the first pass: released `depth` - 1 completions ago
         EXPECT_GE(completions - completion_of[j], depth) << "use " << i << " takes use " << j << "'s range too soon";
+      }
     }
     touched[i] = t;
   }
