@@ -8,9 +8,11 @@
 
 Parts, in this order (--parts picks some), each under its own timeout within --budget-s (480 s in
 all; a part that would start with under 10 s left is not started):
-  gate       ctest -L gpu over $SO_MEASURE_GATE (default: the small attention op cases, plain,
-             cuDNN required and cuDNN with atomics, the MoE block against transformers and the
-             Transformers fixtures on the GPU), -j 8: pass/fail/skip counts
+  gate       ctest -L gpu over $SO_MEASURE_GATE (default: every small op case against the CPU, the
+             attention cases again with cuDNN required and with its atomic backward, the MoE block
+             against transformers, the memory plan and the offload modes on the GPU, the cast and
+             attention-choice checks, the Transformers fixtures on the GPU), -j 12: pass/fail/skip
+             counts
   peaks      so_bench gpu-peaks: bf16 GEMM 8192^3 on random operands (and on constant ones, and the
              backend's start-up measurement), device copy GB/s
   attention  so_bench attention vs bench/peers/sdpa_attention.py: causal GQA forward and backward
@@ -24,7 +26,7 @@ keeps what it measured; parts not reached say so) and $OUT/measure.log (every co
 Our binaries run with $SO_BUNDLE_LD_LIBRARY_PATH when set (the stage runner's bundle libraries),
 the peers and nvidia-smi with this process's environment (the GPU machine's own libraries).
 Environment: BUILD (build), OUT (results/gpu-measure), SO_PYTHON (the peers' interpreter),
-SO_MEASURE_GATE / SO_MEASURE_GATE_EXCLUDE (ctest -R / -E of the gate), SO_MEASURE_GATE_JOBS (8),
+SO_MEASURE_GATE / SO_MEASURE_GATE_EXCLUDE (ctest -R / -E of the gate), SO_MEASURE_GATE_JOBS (12),
 SO_BUNDLE_COMMIT (the bundle's commit, set by the stage runner).
 """
 import argparse
@@ -46,11 +48,11 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 PARTS = ["gate", "peaks", "attention", "train-1b", "train-3b", "moe", "step"]
 # Seconds each part may take at most (the whole run is capped by --budget-s as well). The gate's
 # timeout stops ctest; the tests it had not run are counted as not run.
-PART_BUDGET_S = {"gate": 120, "peaks": 30, "attention": 100, "train-1b": 100, "train-3b": 130, "moe": 120,
+PART_BUDGET_S = {"gate": 150, "peaks": 30, "attention": 100, "train-1b": 100, "train-3b": 130, "moe": 120,
                  "step": 100}
 MIN_START_S = 10
-DEFAULT_GATE = (r"^(Small/CudaOps\.MatchesCpu/attention|attention_cudnn(_atomic)?\.Small/CudaOps\.MatchesCpu/attention"
-                r"|Cuda/MoeVsTransformers|TransformersCuda/)")
+DEFAULT_GATE = (r"^(Small/CudaOps\.MatchesCpu/|attention_cudnn(_atomic)?\.Small/CudaOps\.MatchesCpu/attention"
+                r"|Cuda/|CudaTraining\.|CudaCast\.|Attention(Choice|Workspace)\.|TransformersCuda/)")
 DEFAULT_GATE_EXCLUDE = r"memcheck|racecheck|LongContext"
 
 TRAIN_CONFIGS = {"train-1b": "configs/runs/llama-1b-seq4096.json", "train-3b": "configs/runs/llama-3b-seq4096.json",
@@ -351,7 +353,7 @@ def part_gate(ctx):
     build = ctx.build
     sel = os.environ.get("SO_MEASURE_GATE", DEFAULT_GATE)
     excl = os.environ.get("SO_MEASURE_GATE_EXCLUDE", DEFAULT_GATE_EXCLUDE)
-    jobs = os.environ.get("SO_MEASURE_GATE_JOBS", "8")
+    jobs = os.environ.get("SO_MEASURE_GATE_JOBS", "12")
     budget = ctx.budget("gate")
     argv = ["ctest", "--test-dir", build, "-L", "gpu", "-R", sel, "-j", jobs, "--timeout", str(max(10, budget - 10)),
             "--output-on-failure"] + (["-E", excl] if excl else [])
