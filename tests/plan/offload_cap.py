@@ -7,9 +7,12 @@ and an offloaded run capped at its planned MiB (backend.device_memory_limit_mb) 
 gradients are on the device only in flight (the gradient ring), so the offloaded plans are far
 below the on-device one."""
 import math
-import re
+import os
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peak_run import peak_run  # noqa: E402
 
 so_train = sys.argv[1]
 base = ["--config", "configs/runs/tiny-demo.json", "--model", "configs/models/bench-m100.json", "--steps", "2",
@@ -24,13 +27,11 @@ modes = {
 failures = 0
 planned_of = {}
 for name, args in modes.items():
-    run = subprocess.run([so_train] + base + args, capture_output=True, text=True)
-    found = re.search(r"device peak ([0-9.]+) MiB measured, ([0-9.]+) MiB planned", run.stdout + run.stderr)
-    if run.returncode != 0 or not found:
-        print(f"FAIL {name}: run failed\n{(run.stdout + run.stderr)[-3000:]}")
+    measured, planned, out = peak_run([so_train] + base + args)
+    if measured is None:
+        print(f"FAIL {name}: run failed\n{out[-3000:]}")
         failures += 1
         continue
-    measured, planned = float(found.group(1)), float(found.group(2))
     planned_of[name] = planned
     ok = abs(measured / planned - 1) <= 0.001
     failures += not ok

@@ -4,9 +4,13 @@ the peak the CPU backend's pool measured (the largest over the ranks, printed at
 on configs that cover dp, sp and dp x sp meshes up to 4 ranks, ZeRO stages 0-3, SuperOffload with
 device casts, gradient accumulation, activation checkpointing, offloaded checkpoints and a tiled
 MLP. Each must agree within 10%."""
+import os
 import re
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peak_run import peak_run  # noqa: E402
 
 mpiexec, so_train = sys.argv[1], sys.argv[2]
 base = ["--config", "configs/runs/tiny-demo.json", "--steps", "2", "--set", "zero_optimization.sub_group_size=60000"]
@@ -37,13 +41,11 @@ for np, extra in cases:
     # check crashed ("Tracer caught signal 11") in the 1-rank mpirun launch of the bf16 offload
     # config, and not in the same run without mpirun.
     launch = [mpiexec, "--oversubscribe", "-np", str(np)] if np > 1 else []
-    run = subprocess.run(launch + [so_train] + args, capture_output=True, text=True)
-    found = re.search(r"device peak ([0-9.]+) MiB measured, ([0-9.]+) MiB planned", run.stdout + run.stderr)
-    if run.returncode != 0 or not found:
-        print(f"FAIL np {np} {' '.join(extra)}: run failed\n{run.stderr[-2000:]}")
+    measured, run_planned, out = peak_run(launch + [so_train] + args)
+    if measured is None:
+        print(f"FAIL np {np} {' '.join(extra)}: run failed\n{out[-2000:]}")
         failures += 1
         continue
-    measured, run_planned = float(found.group(1)), float(found.group(2))
     ratio = planned / measured
     ok = abs(ratio - 1) <= 0.10 and abs(run_planned - planned) <= 0.05
     failures += not ok
