@@ -165,7 +165,7 @@ def alpaca_sample(tok, where, record, args):
                                                                                           input=inp)
     ids, mask = tokenize_with_spans(tok, prompt + output, [(len(prompt), len(prompt) + len(output))],
                                     add_special_tokens=True)
-    return ids, mask
+    return with_eos(tok, where, ids, mask, args)
 
 
 def chat_sample(tok, where, record, args):
@@ -198,14 +198,26 @@ def chat_sample(tok, where, record, args):
         while end > len(before) and upto[end - 1].isspace():  # the turn ends at its end token, not the newline
             end -= 1
         spans.append((len(before), end))
-    # The template writes any BOS itself: nothing added on top (as apply_chat_template does).
+    # The template writes any BOS and each turn's end token itself: nothing added on top, neither
+    # the tokenizer's special tokens nor --eos (as apply_chat_template and TRL's SFT do).
     return tokenize_with_spans(tok, text, spans, add_special_tokens=False)
 
 
 def text_sample(tok, where, record, args):
     text = field(where, record, "text", allow_empty=False)
     ids = list(tok(text, add_special_tokens=True)["input_ids"])
-    return ids, [1] * len(ids)
+    return with_eos(tok, where, ids, [1] * len(ids), args)
+
+
+def with_eos(tok, where, ids, mask, args):
+    """--eos: the tokenizer's EOS after an Alpaca or text sample, supervised when the sample is.
+    Chat samples end where their template ends them and never get one."""
+    if args.eos:
+        if tok.eos_token_id is None:
+            raise DataError(f"{where}: --eos, but the tokenizer has no EOS token; pass --no-eos")
+        ids.append(tok.eos_token_id)
+        mask.append(1 if any(mask) else 0)
+    return ids, mask
 
 
 SHAPES = {"alpaca": alpaca_sample, "chat": chat_sample, "text": text_sample}
@@ -239,9 +251,6 @@ def load_documents(tok, paths, args, counts):
                 counts.empty += 1
                 counts.warn(f"skipped: {e}")
                 continue
-            if args.eos:
-                ids.append(tok.eos_token_id)
-                mask.append(1 if shape == "text" or any(mask) else 0)
             if args.example_compatible:
                 mask = [1] * len(ids)
             counts.samples += 1
@@ -355,7 +364,8 @@ def parse_args(argv):
     p.add_argument("--overflow", choices=["truncate", "drop"], default="truncate",
                    help="what happens to a sample longer than --max-length (counted either way)")
     p.add_argument("--eos", action=argparse.BooleanOptionalAction, default=True,
-                   help="append the tokenizer's EOS to every sample (supervised when the sample is)")
+                   help="append the tokenizer's EOS to every Alpaca and text sample (supervised when the sample is); "
+                   "chat samples end as their template ends them")
     p.add_argument("--train-roles", default="assistant", help="chat roles whose messages are trained on, "
                    "comma-separated")
     p.add_argument("--alpaca-template", choices=["alpaca", "example", "chat"], default="alpaca",
@@ -395,8 +405,6 @@ def load_tokenizer(model_dir, args):
     if needs_template and not tok.chat_template:
         raise DataError(f"{model_dir}: the tokenizer has no chat template (neither in tokenizer_config.json nor in "
                         f"chat_template.jinja); chat data cannot be rendered")
-    if args.eos and tok.eos_token_id is None:
-        raise DataError(f"{model_dir}: the tokenizer has no EOS token; pass --no-eos")
     return tok
 
 

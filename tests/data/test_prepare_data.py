@@ -87,6 +87,34 @@ def documents(h5, split="train"):
     return out
 
 
+def chat_ids(tok, messages):
+    ref = tok.apply_chat_template(messages, tokenize=True)
+    return list(ref["input_ids"] if hasattr(ref, "keys") else ref)
+
+
+def check_chat_documents(tok, path, conversations, what):
+    """The file's documents are apply_chat_template's ids of the conversations, and each one's
+    supervised runs, decoded, are exactly its assistant turns, each ending at <|im_end|>."""
+    with h5py.File(path) as f:
+        by_ids = {tuple(ids): m for ids, m in documents(f)}
+    check(len(by_ids) == len(conversations), f"{what}: one document per conversation")
+    for messages in conversations:
+        ref = chat_ids(tok, messages)
+        check(tuple(ref) in by_ids, f"{what}: tokens equal apply_chat_template token for token")
+        m = by_ids.get(tuple(ref), [0] * len(ref))
+        runs, cur = [], []
+        for i, k in zip(ref, m):
+            if k:
+                cur.append(i)
+            elif cur:
+                runs.append(cur)
+                cur = []
+        if cur:
+            runs.append(cur)
+        want_runs = [a["content"] + "<|im_end|>" for a in messages if a["role"] == "assistant"]
+        check([tok.decode(x) for x in runs] == want_runs, f"{what}: mask = assistant turns: {[tok.decode(x) for x in runs]}")
+
+
 def main():
     work = sys.argv[1]
     os.makedirs(work, exist_ok=True)
@@ -127,32 +155,36 @@ def main():
         check(sup[-1] == eos and tok.decode(sup[:-1]).strip() == want.get(tuple(ids), "").strip(),
               f"alpaca mask covers the output and EOS, got {tok.decode(sup)!r}")
 
-    # Chat, packed: tokens equal apply_chat_template, masks end at <|im_end|>.
-    out = os.path.join(work, "chat.h5")
-    r = run(["--model-dir", model, "--input", chat, "--out", out, "--max-length", "512", "--no-eos"])
-    with h5py.File(out) as f:
-        docs = documents(f)
-        check(f["train/tokens"].shape[0] == 1, "two short chats pack into one row")
+    # Chat, packed, with the default options (--eos on): tokens equal apply_chat_template token for
+    # token (the template ends each turn; no EOS is added after it), masks end at <|im_end|>;
+    # --no-eos changes nothing for chat. Alpaca rendered by the chat template likewise.
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    by_ids = {tuple(ids): m for ids, m in docs}
-    for s in CHAT:
-        ref = tok.apply_chat_template(s["messages"], tokenize=True)
-        ref = ref["input_ids"] if isinstance(ref, dict) or hasattr(ref, "keys") else ref
-        check(tuple(ref) in by_ids, "chat tokens equal apply_chat_template token for token")
-        m = by_ids.get(tuple(ref), [0] * len(ref))
-        # The supervised runs, decoded, are exactly the assistant turns and their <|im_end|>.
-        runs, cur = [], []
-        for i, k in zip(ref, m):
-            if k:
-                cur.append(i)
-            elif cur:
-                runs.append(cur)
-                cur = []
-        if cur:
-            runs.append(cur)
-        want_runs = [a["content"] + "<|im_end|>" for a in s["messages"] if a["role"] == "assistant"]
-        check([tok.decode(x) for x in runs] == want_runs, f"chat mask = assistant turns: {[tok.decode(x) for x in runs]}")
-        check(all(x[-1] == im_end for x in runs), "each assistant run ends at <|im_end|>")
+    out = os.path.join(work, "chat.h5")
+    run(["--model-dir", model, "--input", chat, "--out", out, "--max-length", "512"])
+    with h5py.File(out) as f:
+        check(f["train/tokens"].shape[0] == 1, "two short chats pack into one row")
+    check_chat_documents(tok, out, [s["messages"] for s in CHAT], "chat (default options)")
+    run(["--model-dir", model, "--input", chat, "--out", os.path.join(work, "chat_no_eos.h5"), "--max-length", "512",
+         "--no-eos"])
+    with h5py.File(out) as f, h5py.File(os.path.join(work, "chat_no_eos.h5")) as g:
+        check((f["train/tokens"][...] == g["train/tokens"][...]).all() and
+              (f["train/loss_mask"][...] == g["train/loss_mask"][...]).all(), "chat: --no-eos gives the same rows")
+    out = os.path.join(work, "alpaca_chat.h5")
+    run(["--model-dir", model, "--input", alpaca, "--out", out, "--max-length", "512", "--alpaca-template", "chat"])
+    conversations = [[{"role": "user", "content": s["instruction"] if not s["input"] else f"{s['instruction']}\n\n{s['input']}"},
+                      {"role": "assistant", "content": s["output"]}] for s in ALPACA]
+    check_chat_documents(tok, out, conversations, "alpaca rendered by the chat template")
+    # The smallest conversation: exactly transformers' 4 labels ("Yes." and <|im_end|>), no fifth.
+    tiny = write_jsonl(os.path.join(work, "tiny_chat.jsonl"),
+                       [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yes."}]}])
+    out = os.path.join(work, "tiny_chat.h5")
+    run(["--model-dir", model, "--input", tiny, "--out", out, "--max-length", "64"])
+    with h5py.File(out) as f:
+        (ids, m), = documents(f)
+    ref = chat_ids(tok, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yes."}])
+    want_labels = len(tok("Yes.", add_special_tokens=False)["input_ids"]) + 1
+    check(ids == ref and sum(m) == want_labels and ids.count(im_end) == 2,
+          f"one short chat: {len(ids)} tokens / {sum(m)} supervised; transformers {len(ref)} / {want_labels}")
 
     # Roles: user turns trained too.
     out = os.path.join(work, "chat_roles.h5")
