@@ -1,8 +1,10 @@
 #include "so/model/model_config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 
 #include "so/core/error.h"
 #include "so/core/json_reader.h"
@@ -34,11 +36,19 @@ struct Family {
   // Qwen2/Qwen3: sliding_window applies only with use_sliding_window, on the layers layer_types
   // marks "sliding_attention" (by default those from max_window_layers on).
   bool window_layers = false;
+  // Qwen3-MoE: with use_sliding_window, on every layer (its config has no layer_types).
+  bool window_flagged = false;
   bool attention_sinks = false;  // self_attn.sinks per layer (GPT-OSS)
   bool fused = false;         // qkv_proj and gate_up_proj in the checkpoint
   bool scaled_rope = true;    // transformers' class takes linear/dynamic/yarn/llama3 (Phi-3's only longrope)
-  int64_t default_pad = -1;   // pad_token_id when the config has none (-1: no padding row)
-  int64_t default_head_dim = 0;  // head_dim when the config has none (0: hidden_size / num_attention_heads)
+  // The family's defaults, as its transformers config class has them, for a key the config leaves
+  // out (a key given as null means None: see nullable).
+  int64_t default_pad = -1;   // pad_token_id (-1: no padding row)
+  int64_t default_head_dim = 0;  // head_dim (0: hidden_size / num_attention_heads)
+  int64_t default_kv_heads = 0;  // num_key_value_heads (0: num_attention_heads)
+  int64_t default_max_positions = 0;  // max_position_embeddings
+  float default_rms_norm_eps = 1e-6f;
+  int64_t default_window = 0;  // sliding_window (0: none), where the family has windows
   double default_dropout = 0.0;  // attention_dropout and residual_dropout when the config has none
   bool trains_dropout = false;  // attention_dropout and residual_dropout are honoured (else only 0 is accepted)
   // Mixture-of-experts layers and whose keys, routing and expert tensors they have (Moe::Style).
@@ -46,25 +56,63 @@ struct Family {
   // Every layer's window from layer_types, sliding_window always applying (GPT-OSS).
   bool typed_windows = false;
   bool default_yarn = false;  // no RoPE keys means GPT-OSS's yarn (factor 32 over 4096 positions)
+  // Keys whose null the family's config takes as None, beyond kNullableEverywhere (space-separated):
+  // null pad_token_id = no padding row, head_dim = derived, num_key_value_heads = num_attention_heads,
+  // sliding_window = no window, layer_types = derived, mlp_only_layers = none; keys the family has
+  // no field for are ignored by transformers whatever they hold. Any other null is refused: its
+  // typed field refuses None (or the model fails to build or train with it).
+  const char* nullable = "";
 };
 constexpr Family kFamilies[] = {
     {.model_type = "llama", .architecture = "LlamaForCausalLM", .qkv_bias_key = "attention_bias",
-     .o_bias_key = "attention_bias"},
+     .o_bias_key = "attention_bias", .default_max_positions = 2048,
+     .nullable = "head_dim num_key_value_heads sliding_window use_sliding_window max_window_layers layer_types"},
     {.model_type = "qwen3", .architecture = "Qwen3ForCausalLM", .qk_norm = true, .qkv_bias_key = "attention_bias",
-     .o_bias_key = "attention_bias", .window_layers = true},
-    {.model_type = "qwen2", .architecture = "Qwen2ForCausalLM", .qkv_bias = true, .window_layers = true},
-    {.model_type = "mistral", .architecture = "MistralForCausalLM", .window = true},
+     .o_bias_key = "attention_bias", .window_layers = true, .default_head_dim = 128, .default_kv_heads = 32,
+     .default_max_positions = 32768, .default_window = 4096, .nullable = "num_key_value_heads sliding_window layer_types"},
+    {.model_type = "qwen2", .architecture = "Qwen2ForCausalLM", .qkv_bias = true, .window_layers = true,
+     .default_kv_heads = 32, .default_max_positions = 32768, .default_window = 4096,
+     .nullable = "num_key_value_heads sliding_window layer_types attention_bias"},
+    {.model_type = "mistral", .architecture = "MistralForCausalLM", .window = true, .default_kv_heads = 8,
+     .default_max_positions = 131072, .default_window = 4096,
+     .nullable = "head_dim sliding_window use_sliding_window max_window_layers layer_types attention_bias"},
     {.model_type = "phi3", .architecture = "Phi3ForCausalLM", .window = true, .fused = true, .scaled_rope = false,
-     .default_pad = 32000},
+     .default_pad = 32000, .default_max_positions = 4096, .default_rms_norm_eps = 1e-5f,
+     .nullable = "num_key_value_heads sliding_window use_sliding_window max_window_layers layer_types attention_bias"},
     {.model_type = "seed_oss", .architecture = "SeedOssForCausalLM", .qkv_bias_key = "attention_bias", .qkv_bias = true,
-     .o_bias_key = "attention_out_bias", .default_pad = 1, .default_head_dim = 128, .default_dropout = 0.1,
-     .trains_dropout = true},
+     .o_bias_key = "attention_out_bias", .default_pad = 1, .default_head_dim = 128, .default_kv_heads = 8,
+     .default_max_positions = 524288, .default_dropout = 0.1, .trains_dropout = true,
+     .nullable = "head_dim num_key_value_heads sliding_window use_sliding_window max_window_layers layer_types"},
     {.model_type = "qwen3_moe", .architecture = "Qwen3MoeForCausalLM", .qk_norm = true,
-     .qkv_bias_key = "attention_bias", .o_bias_key = "attention_bias", .moe = Family::Moe::Qwen3},
+     .qkv_bias_key = "attention_bias", .o_bias_key = "attention_bias", .window_flagged = true, .default_kv_heads = 4,
+     .default_max_positions = 32768, .default_window = 4096, .moe = Family::Moe::Qwen3,
+     .nullable = "sliding_window max_window_layers layer_types mlp_only_layers"},
     {.model_type = "gpt_oss", .architecture = "GptOssForCausalLM", .qkv_bias_key = "attention_bias", .qkv_bias = true,
-     .o_bias_key = "attention_bias", .o_bias = true, .attention_sinks = true, .moe = Family::Moe::GptOss,
-     .typed_windows = true, .default_yarn = true},
+     .o_bias_key = "attention_bias", .o_bias = true, .attention_sinks = true, .default_head_dim = 64,
+     .default_kv_heads = 8, .default_max_positions = 131072, .default_rms_norm_eps = 1e-5f, .default_window = 128,
+     .moe = Family::Moe::GptOss, .typed_windows = true, .default_yarn = true,
+     .nullable = "layer_types use_sliding_window max_window_layers"},
 };
+// Keys whose null every family takes as None: no padding row, no RoPE scaling, token ids and
+// bookkeeping so_train does not read.
+const char* kNullableEverywhere[] = {"pad_token_id", "rope_scaling", "rope_parameters", "dtype", "torch_dtype"};
+
+bool listed(const char* space_separated, const std::string& key) {
+  const std::string list = str_cat(" ", space_separated, " ");
+  return list.find(str_cat(" ", key, " ")) != std::string::npos;
+}
+
+// A null value is refused by name unless the family (or every family) takes it as None.
+void refuse_nulls(JsonReader& r, const Family& family, const char* const* ignored, size_t n_ignored) {
+  for (const auto& [key, value] : r.raw().items()) {
+    if (!value.is_null() || listed(family.nullable, key)) continue;
+    if (std::find(std::begin(kNullableEverywhere), std::end(kNullableEverywhere), key) != std::end(kNullableEverywhere))
+      continue;
+    if (std::find(ignored, ignored + n_ignored, key) != ignored + n_ignored) continue;
+    r.fail(key, str_cat("is null; ", family.model_type, "'s configuration takes a value there (transformers refuses "
+                        "None for it): give one, or leave the key out for ", family.model_type, "'s default"));
+  }
+}
 const Family* find_family(const std::string& model_type) {
   for (const Family& f : kFamilies)
     if (model_type == f.model_type) return &f;
@@ -253,8 +301,13 @@ void read_sliding_window(JsonReader& r, const Family& family, ModelConfig& c) {
       r.fail("layer_types", str_cat("is ", brief_json(*types), "; it must list \"full_attention\" or "
                                     "\"sliding_attention\" for each of the ", c.num_layers, " layers"));
   }
+  // The window: as given, the family's default when the key is absent, none when it is null.
+  const auto window = [&]() -> int64_t {
+    if (r.raw().contains("sliding_window") && r.raw().at("sliding_window").is_null()) return 0;
+    return r.get_in("sliding_window", family.default_window, 1, INT32_MAX);
+  };
   if (family.typed_windows) {  // GPT-OSS: layer_types decides, by default every other layer from 0
-    c.sliding_window = r.get_in("sliding_window", 128, 1, INT32_MAX);
+    c.sliding_window = window();
     c.sliding_layers.resize(static_cast<size_t>(c.num_layers));
     for (int64_t l = 0; l < c.num_layers; ++l)
       c.sliding_layers[l] = types != nullptr ? (*types)[l] == "sliding_attention" : l % 2 == 0;
@@ -262,11 +315,11 @@ void read_sliding_window(JsonReader& r, const Family& family, ModelConfig& c) {
   }
   // Mistral and Phi-3 window every layer whatever use_sliding_window says (transformers reads it not).
   const bool flag = r.get<bool>("use_sliding_window", false);
-  if (flag && !family.window_layers && !family.window)
+  if (flag && !family.window_layers && !family.window && !family.window_flagged)
     r.fail("use_sliding_window", str_cat("is true; ", c.model_type, " models have no sliding-window attention"));
-  const bool use = family.window_layers && flag;
-  if (family.window || use) c.sliding_window = r.get_in("sliding_window", 0, 1, INT32_MAX);
-  if (family.window) {  // every layer
+  const bool use = (family.window_layers || family.window_flagged) && flag;
+  if (family.window || use) c.sliding_window = window();
+  if (family.window || family.window_flagged) {  // every layer (Qwen3-MoE: when use_sliding_window)
     c.sliding_layers.assign(static_cast<size_t>(c.num_layers), c.sliding_window > 0);
     return;
   }
@@ -295,6 +348,9 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   if (!family)
     r.fail("model_type", str_cat("is '", c.model_type, "'; supported: llama, qwen3, qwen2, mistral, phi3, seed_oss, qwen3_moe, gpt_oss"));
   c.fused_projections = family->fused;
+  refuse_nulls(r, *family, kIgnoredHfKeys, std::size(kIgnoredHfKeys));
+  // Absent: the family's default; null (where the family takes it): None.
+  const auto is_null = [&](const char* key) { return j.contains(key) && j.at(key).is_null(); };
   auto size = [&](const char* key, int64_t fallback) {
     if (fallback < 0 && !r.has(key)) r.fail(key, "is required");
     return r.get_in(key, fallback, 1, size_bound(key));
@@ -304,20 +360,22 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   c.intermediate_size = size("intermediate_size", -1);
   c.num_layers = size("num_hidden_layers", -1);
   c.num_heads = size("num_attention_heads", -1);
-  c.num_kv_heads = size("num_key_value_heads", c.num_heads);
-  c.max_position_embeddings = size("max_position_embeddings", 4096);
-  // nn.Embedding takes a padding_idx in [-vocab, vocab), a negative one counted from the end.
+  c.num_kv_heads = size("num_key_value_heads", is_null("num_key_value_heads") || family->default_kv_heads == 0
+                                                    ? c.num_heads : family->default_kv_heads);
+  c.max_position_embeddings = size("max_position_embeddings", family->default_max_positions);
+  // nn.Embedding takes a padding_idx in [-vocab, vocab), a negative one counted from the end; null
+  // is no padding row (what transformers 5 writes when there is none).
   r.accept("pad_token_id");
   if (r.has("pad_token_id")) {
     c.pad_token_id = r.get_in("pad_token_id", -1, -c.vocab_size, c.vocab_size - 1);
     if (c.pad_token_id < 0) c.pad_token_id += c.vocab_size;
-  } else if (family->default_pad >= 0) {
+  } else if (family->default_pad >= 0 && !is_null("pad_token_id")) {
     if (family->default_pad >= c.vocab_size)
       r.fail("pad_token_id", str_cat("is absent and ", c.model_type, "'s default (", family->default_pad,
                                      ") is outside the vocabulary (", c.vocab_size, "); give pad_token_id"));
     c.pad_token_id = family->default_pad;
   }
-  c.rms_norm_eps = r.get<float>("rms_norm_eps", 1e-6f);
+  c.rms_norm_eps = r.get<float>("rms_norm_eps", family->default_rms_norm_eps);
   if (!(c.rms_norm_eps > 0.0f)) r.fail("rms_norm_eps", str_cat("is ", c.rms_norm_eps, "; it must be positive"));
   c.tie_word_embeddings = r.get<bool>("tie_word_embeddings", false);
   c.initializer_range = r.get<float>("initializer_range", 0.02f);
@@ -330,10 +388,10 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   if (c.num_kv_heads > c.num_heads || c.num_heads % c.num_kv_heads != 0)
     r.fail("num_attention_heads", str_cat("(", c.num_heads, ") is not divisible by num_key_value_heads (",
                                           c.num_kv_heads, ")"));
-  r.accept("head_dim");  // null: derived, as transformers derives it
+  r.accept("head_dim");  // null (where the family takes it): derived, as transformers derives it
   if (r.has("head_dim")) {
     c.head_dim = size("head_dim", -1);
-  } else if (family->default_head_dim > 0) {
+  } else if (family->default_head_dim > 0 && !is_null("head_dim")) {
     c.head_dim = family->default_head_dim;
   } else {
     if (c.hidden_size % c.num_heads != 0)
@@ -462,6 +520,10 @@ nlohmann::json ModelConfig::to_hf_json() const {
   }
   if (family.window)
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
+  if (family.window_flagged) {
+    j["use_sliding_window"] = sliding_window > 0;
+    j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
+  }
   if (family.window_layers) {
     j["use_sliding_window"] = sliding_window > 0;
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
