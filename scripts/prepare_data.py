@@ -16,6 +16,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 
 import h5py
 import numpy as np
@@ -394,6 +395,34 @@ def parse_args(argv):
     return args
 
 
+def files_read(args):
+    """Every file this run reads, each with what it is to the run: the inputs (a directory's files
+    too), the validation files and the model directory's files (tokenizer.json and the rest)."""
+    named = [("--input", p) for p in args.input] + [("--validation-file", p) for p in args.validation_file]
+    for role, d in named + [("--model-dir", args.model_dir)]:
+        if os.path.isdir(d):
+            named += [(f"{role} {d}: its file", os.path.join(d, f)) for f in sorted(os.listdir(d))]
+    return [(role, p) for role, p in named if os.path.isfile(p)]
+
+
+def check_output(args):
+    """--out must be a file this run can write, and none of the files it reads (compared by the
+    file itself, not its name: sub/../x, a hard link and a symbolic link are the same file)."""
+    out = args.out
+    if os.path.isdir(out):
+        raise DataError(f"--out {out}: is a directory; name the HDF5 file to write")
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise DataError(f"--out {out}: its directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DataError(f"--out {out}: its directory {parent} is not writable")
+    if os.path.exists(out):
+        for role, path in files_read(args):
+            if os.path.samefile(out, path):
+                raise DataError(f"--out {out} is the same file as {role} {path}, which this run reads: writing it would "
+                                f"destroy that file; name another output")
+
+
 def load_tokenizer(model_dir, args):
     from transformers import AutoTokenizer
     if not os.path.isdir(model_dir):
@@ -408,8 +437,31 @@ def load_tokenizer(model_dir, args):
     return tok
 
 
+def write_file(path, args, docs, val_docs, tok):
+    """The prepared file at path; the statistics of its splits."""
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad_id = 0 if pad_id is None else pad_id
+    identity = tokenizer_identity(args.model_dir, tok)
+    options = {k: v for k, v in vars(args).items() if k not in ("out",)}
+    with h5py.File(path, "w") as f:
+        f.attrs["format"] = "so_train prepared data"
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["options"] = json.dumps(options, sort_keys=True)
+        f.attrs["model_dir"] = os.path.abspath(args.model_dir)
+        for k, v in identity.items():
+            f.attrs[k] = v
+        stats = {"train": write_split(f.create_group("train"), make_rows(docs, args.max_length, args.pack),
+                                      args.max_length, pad_id, args.example_compatible)}
+        if val_docs:
+            stats["validation"] = write_split(f.create_group("validation"),
+                                              make_rows(val_docs, args.max_length, args.pack), args.max_length,
+                                              pad_id, args.example_compatible)
+    return stats
+
+
 def main(argv):
     args = parse_args(argv)
+    check_output(args)
     tok = load_tokenizer(args.model_dir, args)
     counts = Counts()
     docs = load_documents(tok, args.input, args, counts)
@@ -423,25 +475,19 @@ def main(argv):
     if not docs:
         raise DataError(f"no training sample left: {counts.samples} read, {counts.empty} empty, "
                         f"{counts.dropped_long} too long, {counts.unsupervised} with no supervised token")
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    pad_id = 0 if pad_id is None else pad_id
-    identity = tokenizer_identity(args.model_dir, tok)
-    options = {k: v for k, v in vars(args).items() if k not in ("out",)}
-    tmp = args.out + ".tmp"
-    with h5py.File(tmp, "w") as f:
-        f.attrs["format"] = "so_train prepared data"
-        f.attrs["format_version"] = FORMAT_VERSION
-        f.attrs["options"] = json.dumps(options, sort_keys=True)
-        f.attrs["model_dir"] = os.path.abspath(args.model_dir)
-        for k, v in identity.items():
-            f.attrs[k] = v
-        stats = {"train": write_split(f.create_group("train"), make_rows(docs, args.max_length, args.pack),
-                                      args.max_length, pad_id, args.example_compatible)}
-        if val_docs:
-            stats["validation"] = write_split(f.create_group("validation"),
-                                              make_rows(val_docs, args.max_length, args.pack), args.max_length,
-                                              pad_id, args.example_compatible)
-    os.replace(tmp, args.out)
+    # A fresh temporary name beside the output (never an existing file), renamed over it when complete.
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(args.out)), prefix=os.path.basename(args.out) + ".",
+                               suffix=".tmp")
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # as a file the user created (mkstemp's is private)
+    try:
+        stats = write_file(tmp, args, docs, val_docs, tok)
+        os.replace(tmp, args.out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     for w in counts.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(f"prepared {args.out}: {counts.samples} samples read; dropped {counts.dropped_long} too long, "

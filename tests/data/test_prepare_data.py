@@ -257,6 +257,39 @@ def main():
     r = run(["--model-dir", plain, "--input", chat, "--out", os.path.join(work, "x.h5")], expect_ok=False)
     check(r.returncode == 1 and "no chat template" in r.stderr, f"auto-detected chat, no template: {r.stderr}")
 
+    # --out naming a file the run reads (by any name: the same path, sub/../x, a hard link, a
+    # symbolic link) is refused before anything is written; the file is left as it was.
+    import hashlib
+    digest = lambda path: hashlib.sha256(open(path, "rb").read()).hexdigest()
+    sub = os.path.join(work, "sub")
+    os.makedirs(sub, exist_ok=True)
+    hard, soft = os.path.join(work, "alpaca_hard.jsonl"), os.path.join(work, "alpaca_soft.jsonl")
+    for p in (hard, soft):
+        os.path.lexists(p) and os.remove(p)
+    os.link(alpaca, hard)
+    os.symlink(alpaca, soft)
+    val = write_jsonl(os.path.join(work, "val.jsonl"), ALPACA[:1])
+    tokenizer_json = os.path.join(model, "tokenizer.json")
+    cases = [(alpaca, "--input"), (os.path.join(sub, "..", "alpaca.jsonl"), "--input"), (hard, "--input"),
+             (soft, "--input"), (val, "--validation-file"), (tokenizer_json, "--model-dir"),
+             (os.path.join(model, "tokenizer_config.json"), "--model-dir")]
+    for out, role in cases:
+        before = {p: digest(p) for p in (alpaca, val, tokenizer_json)}
+        r = run(["--model-dir", model, "--input", alpaca, "--validation-file", val, "--out", out, "--max-length", "256"],
+                expect_ok=False)
+        check(r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and f"--out {out} is the same file as {role}"
+              in r.stderr and before == {p: digest(p) for p in before},
+              f"--out {out} refused as {role}, nothing overwritten: {r.stderr.strip()}")
+    for out, why in ((work, "is a directory"), (os.path.join(work, "nowhere", "x.h5"), "does not exist")):
+        r = run(["--model-dir", model, "--input", alpaca, "--out", out], expect_ok=False)
+        check(r.returncode == 1 and why in r.stderr, f"--out {out}: {r.stderr.strip()}")
+    # The output's temporary file is a fresh name: a file called OUT.tmp is not touched.
+    decoy = write_jsonl(os.path.join(work, "decoy.h5.tmp"), ALPACA[:1])
+    before = digest(decoy)
+    run(["--model-dir", model, "--input", alpaca, "--out", os.path.join(work, "decoy.h5"), "--max-length", "256"])
+    check(digest(decoy) == before and not [f for f in os.listdir(work) if f.startswith("decoy.h5.") and f != "decoy.h5.tmp"],
+          "the temporary output neither overwrites OUT.tmp nor stays behind")
+
     # The same records as Parquet, an Arrow IPC file and a directory of Arrow IPC stream files
     # (the layout datasets.save_to_disk writes: data-NNNNN-of-NNNNN.arrow) give the JSONL's file.
     import pyarrow as pa
