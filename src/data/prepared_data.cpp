@@ -20,6 +20,24 @@ std::string attr_or_empty(const H5File& f, const std::string& name) {
   return f.has_attr("/", name) ? f.read_string_attr("/", name) : std::string();
 }
 
+// Token ids outside the vocabulary: how many, the first few distinct ones and where each was first.
+struct OutOfVocabulary {
+  int64_t count = 0;
+  std::vector<std::string> examples;
+  std::vector<int32_t> seen;
+  void add(int32_t id, int64_t row, int64_t position) {
+    ++count;
+    if (seen.size() >= 5 || std::find(seen.begin(), seen.end(), id) != seen.end()) return;
+    seen.push_back(id);
+    examples.push_back(str_cat(id, " (row ", row, ", position ", position, ")"));
+  }
+  std::string describe() const {
+    std::string s;
+    for (const std::string& e : examples) s += (s.empty() ? "" : ", ") + e;
+    return s + (seen.size() >= 5 ? ", ..." : "");
+  }
+};
+
 }  // namespace
 
 bool is_prepared_file(const std::string& path) {
@@ -90,13 +108,20 @@ PreparedSplit::PreparedSplit(const std::string& path, const std::string& split)
            " documents, '", split, "/document_lengths' has ", n_docs[0]);
 
   // Labels per row, counted once (the loss of a step is normalised by them before its
-  // micro-batches are read); every mask value is checked on the way.
+  // micro-batches are read); every mask value and every token id is checked on the way, so a split
+  // that would fail when it is read (at an evaluation after the last step) fails now.
+  SO_CHECK(tokenizer_.vocab_size >= 1, path, ": root attribute 'vocab_size' is ", tokenizer_.vocab_size);
   supervised_.assign(rows_, 0);
+  OutOfVocabulary outside;
   TokenBatch b;
   for (int64_t r = 0; r < rows_; ++r) {
     read_row(r, b, 0);
     supervised_[r] = std::count_if(b.targets.begin(), b.targets.end(), [](int32_t t) { return t >= 0; });
+    for (int64_t t = 0; t < row_length_; ++t)
+      if (b.inputs[t] < 0 || b.inputs[t] >= tokenizer_.vocab_size) outside.add(b.inputs[t], r, t);
   }
+  SO_CHECK(outside.count == 0, describe(), ": ", outside.count, " token ids lie outside the tokenizer's vocabulary [0, ",
+           tokenizer_.vocab_size, "): ", outside.describe());
   SO_CHECK(std::any_of(supervised_.begin(), supervised_.end(), [](int64_t n) { return n > 0; }), describe(),
            ": no row has a supervised token (every loss_mask is 0, or only on documents' first tokens): nothing to "
            "train on");

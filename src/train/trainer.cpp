@@ -338,9 +338,9 @@ void record_step(Run& run, const StepOutcome& out, StepLog& log, CsvMonitor& csv
   csv.step_events(out.samples_before, out.loss, out.samples_after, run.cfg.schedule.lr_at(run.engine->steps_taken()));
 }
 
-// A diverged run stops with an error, its state saved first when saving is on (the steps it
-// skipped changed nothing, so that state is the last good one).
-[[noreturn]] void stop_diverged(Run& run, RunSaves& saves, StepLog& log, const std::string& why) {
+// A run that diverged or whose evaluation failed stops with an error, its state saved first when
+// saving is on (a diverged run's skipped steps changed nothing, so that state is the last good one).
+[[noreturn]] void stop_saving(Run& run, RunSaves& saves, StepLog& log, const std::string& why) {
   std::string saved;
   if (saves.on()) saves.save_now(run.state), saved = str_cat("; saved to ", saves.directory());
   run.engine->finish();
@@ -385,12 +385,16 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   for (int64_t step = first_step; step <= run.steps; ++step) {
     // Step.
     const StepOutcome out = take_step(run, step, opts, log);
-    // Log.
-    record_step(run, out, log, csv, summary);
+    // Log (and evaluate when due: a failure there costs none of the steps trained).
+    try {
+      record_step(run, out, log, csv, summary);
+    } catch (const std::exception& e) {
+      stop_saving(run, saves, log, str_cat("step ", step, " was trained, then: ", e.what()));
+    }
     // Health: loss spikes reported, a diverged run stopped.
     const StepGuard::Verdict verdict = guard.observe(step, out.loss, out.result.skipped);
     if (run.lead() && !verdict.warning.empty()) log_warn(verdict.warning);
-    if (!verdict.stop.empty()) stop_diverged(run, saves, log, verdict.stop);
+    if (!verdict.stop.empty()) stop_saving(run, saves, log, verdict.stop);
     // Save (and stop on a termination signal).
     if (saves.after_step(step, run.state)) {
       summary.stopped_by_signal = true;

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """so_train on prepared data, beyond the numbers: a run resumed mid-epoch gives the uninterrupted
 run's losses bit for bit; a step with no supervised token trains to a loss of 0, never NaN; and
-what a user can get wrong is refused with an error naming it: a tokenizer larger than the model's
-vocabulary, data made with another tokenizer than the model directory's, a data.seq_len other
+what a user can get wrong is refused with an error naming it, before the first step: a tokenizer
+larger than the model's vocabulary, a validation split whose rows differ from train's, token ids
+outside the vocabulary in any split, data made with another tokenizer than the model directory's, a data.seq_len other
 than the rows', a file whose masks supervise nothing, and HDF5 token datasets declared but never
 written (prepared rows and the 1-D token reader alike).
 
@@ -110,6 +111,57 @@ def check_evaluation(work, so, model, launcher, zero_stage):
         check(abs(got["eval_perplexity"] - np.exp(ref)) <= 1e-3 * np.exp(ref), f"{tag}: perplexity at step {step}")
 
 
+def check_every_split(work, so, model):
+    """Every split is read in full before the first step: a validation split whose rows differ from
+    train's, or with token ids outside the vocabulary (any split, -1 included), is refused at start,
+    naming the ids; and an evaluation that fails after the checks costs none of the steps trained:
+    the state is saved first and the run resumes from it."""
+    split = os.path.join(work, "split.h5")  # rows of 160, made by check_evaluation
+    short = os.path.join(work, "split_128.h5")
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "prepare_data.py"), "--model-dir", model, "--input",
+                    os.path.join(work, "alpaca.jsonl"), "--out", short, "--max-length", "128",
+                    "--validation-fraction", "0.25"], check=True, capture_output=True)
+    mixed = os.path.join(work, "mixed_rows.h5")
+    shutil.copy(split, mixed)
+    with h5py.File(mixed, "a") as f, h5py.File(short) as g:
+        del f["validation"]
+        g.copy("validation", f)
+    for name, args in (("mixed", []), ("mixed_eval", ["--set", "train.eval_every=1"])):
+        metrics = os.path.join(work, name + ".jsonl")
+        os.path.exists(metrics) and os.remove(metrics)
+        refused(so, ["--config", config(work, name, model, mixed, steps=2), "--metrics", metrics] + args,
+                r"split 'validation' holds rows of 128 tokens and split 'train' rows of 160", "validation rows of another length")
+        check(not os.path.exists(metrics) or not open(metrics).read(), f"{name}: refused before the first step")
+    for split_name, value in (("validation", 100000), ("train", -1)):
+        bad = os.path.join(work, f"oov_{split_name}.h5")
+        shutil.copy(split, bad)
+        with h5py.File(bad, "a") as f:
+            t = f[f"{split_name}/tokens"][...]
+            if value < 0:
+                t[...] = value  # every token -1
+            else:
+                t[0, 3] = value
+            f[f"{split_name}/tokens"][...] = t
+        where = r"-1 \(row 0, position 0\)" if value < 0 else rf"{value} \(row 0, position 3\)"
+        refused(so, ["--config", config(work, f"oov_{split_name}", model, bad, steps=2)],
+                rf"split '{split_name}' .*token ids lie outside the tokenizer's vocabulary \[0, 384\): {where}",
+                f"token id {value} in the {split_name} split")
+    ck = os.path.join(work, "eval_fails_ck")
+    shutil.rmtree(ck, ignore_errors=True)
+    cfg = config(work, "eval_fails", model, split, steps=3, eval_every=2)
+    r = subprocess.run([so, "--config", cfg, "--save-dir", ck, "--async-save", "off", "--quiet"], capture_output=True,
+                       text=True, env=dict(os.environ, SO_TEST_EVALUATION_FAILS="1"))
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    check(r.returncode != 0 and len(errors) == 1 and "step 2 was trained, then: evaluation" in errors[0] and
+          "saved to" in errors[0] and os.path.exists(os.path.join(ck, "step-00000002.h5")),
+          f"a failed evaluation saves the steps trained first: {errors or r.stderr[-300:]}")
+    metrics = os.path.join(work, "eval_fails_resumed.jsonl")
+    os.path.exists(metrics) and os.remove(metrics)
+    r = so_train(so, ["--config", cfg, "--resume", ck, "--metrics", metrics])
+    steps = [json.loads(line)["step"] for line in open(metrics)] if r.returncode == 0 else []
+    check(steps == [3], f"and the run resumes from them (steps {steps}): {r.stderr[-300:]}")
+
+
 def main():
     work, so = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
@@ -163,6 +215,7 @@ def main():
           and all(np.isfinite(x["loss"]) for x in rec), f"steps without a supervised token: loss 0, no NaN ({r.stderr[-200:]})")
 
     check_evaluation(work, so, model, [], 0)
+    check_every_split(work, so, model)
 
     # Refusals.
     # A model of 300 tokens (its own config, freshly initialised: a checkpoint of that size) fed
