@@ -68,7 +68,7 @@ PreparedSplit::PreparedSplit(const std::string& path, const std::string& split)
   for (const std::string& d :
        {tokens, mask, split + "/row_documents", split + "/document_lengths", split + "/padding_start"}) {
     SO_CHECK(file_.is_integer(d), path, ": dataset '", d, "' holds ", file_.type_description(d), ", not integers");
-    file_.check_written(d);
+    file_.check_stored(d);
   }
   rows_ = shape[0];
   row_length_ = shape[1];

@@ -4,8 +4,9 @@ run's losses bit for bit; a step with no supervised token trains to a loss of 0,
 what a user can get wrong is refused with an error naming it, before the first step: a tokenizer
 larger than the model's vocabulary, a validation split whose rows differ from train's, token ids
 outside the vocabulary in any split, data made with another tokenizer than the model directory's, a data.seq_len other
-than the rows', a file whose masks supervise nothing, and HDF5 token datasets declared but never
-written (prepared rows and the 1-D token reader alike).
+than the rows', a file whose masks supervise nothing, HDF5 token datasets declared but never
+written (prepared rows and the 1-D token reader alike) and a filter the HDF5 library lacks (lzf);
+compressed prepared files (gzip, shuffle + gzip, szip) train as plain ones.
 
   check_prepared_runs.py WORK SO_TRAIN SO_CKPT [MPIEXEC]   (with MPIEXEC: validation under ZeRO-3, dp2)
 """
@@ -271,6 +272,30 @@ def main():
             f["train/padding_start"][0] = value
         refused(so, ["--config", config(work, f"padding_{value}", model, bad, steps=1)],
                 rf"row 0 of 'train' has padding_start {value}; its documents end at", f"padding_start {value}")
+    # Compressed prepared files (h5py's gzip, shuffle + gzip, szip) train exactly as the plain one;
+    # lzf, which the system's libhdf5 lacks, is refused by name.
+    plain_metrics = os.path.join(work, "plain_2.jsonl")
+    os.path.exists(plain_metrics) and os.remove(plain_metrics)
+    so_train(so, ["--config", config(work, "plain_2", model, data, steps=2), "--metrics", plain_metrics])
+    plain = losses(plain_metrics) if os.path.exists(plain_metrics) else None
+    for name, kw in (("gzip", {"compression": "gzip"}), ("shuffle_gzip", {"compression": "gzip", "shuffle": True}),
+                     ("szip", {"compression": "szip"}), ("lzf", {"compression": "lzf"})):
+        packed = os.path.join(work, f"compressed_{name}.h5")
+        with h5py.File(data) as src, h5py.File(packed, "w") as dst:
+            dst.attrs.update(src.attrs)
+            for split in src:
+                for k, v in src[split].items():
+                    dst.create_dataset(f"{split}/{k}", data=v[...], chunks=True, **kw)
+        cfg = config(work, f"compressed_{name}", model, packed, steps=2)
+        if name == "lzf":
+            refused(so, ["--config", cfg], r"dataset 'train/tokens' is compressed with the HDF5 filter 'lzf' \(id 32000\), "
+                    r"which this build's HDF5 library cannot decode", "an lzf-compressed prepared file")
+            continue
+        metrics = os.path.join(work, f"compressed_{name}.jsonl")
+        os.path.exists(metrics) and os.remove(metrics)
+        r = so_train(so, ["--config", cfg, "--metrics", metrics])
+        got = losses(metrics) if r.returncode == 0 else r.stderr[-300:]
+        check(plain is not None and got == plain, f"{name}-compressed prepared file trains as the plain one: {got} vs {plain}")
     flat = os.path.join(work, "flat_unwritten.h5")
     with h5py.File(flat, "w") as f:
         f.create_dataset("tokens", shape=(4096,), dtype="i4")
