@@ -1,5 +1,7 @@
 #include "so/data/prepared_data.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -48,7 +50,8 @@ bool is_prepared_file(const std::string& path) {
 int64_t prepared_row_length(const std::string& path) {
   const H5File f = H5File::open_read(path);
   const std::vector<int64_t> shape = f.shape("train/tokens");
-  SO_CHECK(shape.size() == 2 && shape[1] >= 2, path, ": dataset 'train/tokens' must be [rows, row length >= 2]");
+  SO_CHECK(shape.size() == 2 && shape[1] >= 2 && shape[1] <= INT32_MAX, path,
+           ": dataset 'train/tokens' must be [rows, row length in 2..", INT32_MAX, "]");
   return shape[1];
 }
 
@@ -72,17 +75,15 @@ PreparedSplit::PreparedSplit(const std::string& path, const std::string& split)
   }
   rows_ = shape[0];
   row_length_ = shape[1];
+  check_declared_sizes(path);
   tokenizer_.vocab_size = file_.read_int_attr("/", "vocab_size");
   tokenizer_.tokenizer_crc32c = static_cast<uint32_t>(file_.read_int_attr("/", "tokenizer_crc32c"));
   tokenizer_.tokenizer_sha256 = attr_or_empty(file_, "tokenizer_sha256");
   tokenizer_.model_dir = attr_or_empty(file_, "model_dir");
 
   const std::vector<int32_t> counts = file_.read_i32(split + "/row_documents", {rows_});
-  SO_CHECK(file_.shape(split + "/padding_start") == std::vector<int64_t>{rows_}, path, ": dataset '", split,
-           "/padding_start' must be [", rows_, "], one per row");
   padding_start_ = file_.read_i32(split + "/padding_start", {rows_});
   const std::vector<int64_t> n_docs = file_.shape(split + "/document_lengths");
-  SO_CHECK(n_docs.size() == 1, path, ": dataset '", split, "/document_lengths' must be 1-D");
   document_lengths_ = file_.read_i32(split + "/document_lengths", n_docs);
   first_document_.assign(rows_ + 1, 0);
   for (int64_t r = 0; r < rows_; ++r) {
@@ -125,6 +126,34 @@ PreparedSplit::PreparedSplit(const std::string& path, const std::string& split)
   SO_CHECK(std::any_of(supervised_.begin(), supervised_.end(), [](int64_t n) { return n > 0; }), describe(),
            ": no row has a supervised token (every loss_mask is 0, or only on documents' first tokens): nothing to "
            "train on");
+}
+
+void PreparedSplit::check_declared_sizes(const std::string& path) const {
+  const std::string& split = split_;
+  // Positions and offsets within a row are 32-bit.
+  SO_CHECK(row_length_ <= INT32_MAX, path, ": dataset '", split, "/tokens' declares rows of ", row_length_,
+           " tokens; a row (one sample, data.seq_len) holds at most ", INT32_MAX);
+  for (const char* per_row : {"/row_documents", "/padding_start"})
+    SO_CHECK(file_.shape(split + per_row) == std::vector<int64_t>{rows_}, path, ": dataset '", split, per_row,
+             "' must be [", rows_, "], one per row of '", split, "/tokens'");
+  const std::vector<int64_t> n_docs = file_.shape(split + "/document_lengths");
+  SO_CHECK(n_docs.size() == 1, path, ": dataset '", split, "/document_lengths' must be 1-D");
+  // Every row holds at least one document of at least one token.
+  int64_t cells = 0;
+  SO_CHECK(!__builtin_mul_overflow(rows_, row_length_, &cells), path, ": '", split, "/tokens' declares ", rows_,
+           " rows of ", row_length_, " tokens, more than 2^63 tokens");
+  SO_CHECK(n_docs[0] >= rows_ && n_docs[0] <= cells, path, ": '", split, "/document_lengths' declares ", n_docs[0],
+           " documents; ", rows_, " rows of ", row_length_, " tokens hold between ", rows_, " and ", cells);
+  // What reading the split holds in memory: per row its document count, first document, padding
+  // start and labels; per document its length; one row's buffers. Declared sizes the file cannot
+  // back (a sparse file, a crafted header) would otherwise end in an allocation failure.
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  const double memory = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+  const double needed = 24.0 * static_cast<double>(rows_) + 4.0 * static_cast<double>(n_docs[0]) +
+                        24.0 * static_cast<double>(row_length_);
+  SO_CHECK(memory == 0.0 || needed <= memory / 2, path, ": split '", split, "' declares ", rows_, " rows of ",
+           row_length_, " tokens and ", n_docs[0], " documents; reading it needs ", needed / (1 << 30),
+           " GiB of tables, more than half this machine's ", memory / (1 << 30), " GiB");
 }
 
 std::string PreparedSplit::describe() const {

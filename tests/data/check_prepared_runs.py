@@ -112,6 +112,15 @@ def check_evaluation(work, so, model, launcher, zero_stage):
         check(abs(got["eval_perplexity"] - np.exp(ref)) <= 1e-3 * np.exp(ref), f"{tag}: perplexity at step {step}")
 
 
+def sparse_dataset(group, name, shape, dtype):
+    """A dataset whose storage is allocated at creation and never written: in a sparse file, all
+    of it declared and none of it on disk."""
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    h5py.h5d.create(group.id, name.encode(), h5py.h5t.py_create(np.dtype(dtype)), h5py.h5s.create_simple(shape), dcpl=dcpl)
+
+
 def check_every_split(work, so, model):
     """Every split is read in full before the first step: a validation split whose rows differ from
     train's, or with token ids outside the vocabulary (any split, -1 included), is refused at start,
@@ -296,6 +305,32 @@ def main():
         r = so_train(so, ["--config", cfg, "--metrics", metrics])
         got = losses(metrics) if r.returncode == 0 else r.stderr[-300:]
         check(plain is not None and got == plain, f"{name}-compressed prepared file trains as the plain one: {got} vs {plain}")
+    # Declared-size bombs: datasets allocated early in a sparse file (terabytes declared, kilobytes
+    # on disk, every check of "written" passed) are refused from their extents before anything is
+    # sized by them: against each other and against what reading them would need.
+    def bomb(name, sizes):
+        path = os.path.join(work, f"bomb_{name}.h5")
+        with h5py.File(data) as src, h5py.File(path, "w") as dst:
+            dst.attrs.update(src.attrs)
+            for k, v in src["train"].items():
+                if k in sizes:
+                    sparse_dataset(dst.require_group("train"), k, sizes[k], v.dtype)
+                else:
+                    dst.create_dataset(f"train/{k}", data=v[...])
+        return path
+    huge = 2**39  # rows of 2 tokens: 2^40 token ids
+    refused(so, ["--config", config(work, "bomb_rows", model, bomb("rows", {
+                "tokens": (huge, 2), "loss_mask": (huge, 2), "row_documents": (huge,), "padding_start": (huge,),
+                "document_lengths": (huge,)}), steps=1)],
+            rf"split 'train' declares {huge} rows of 2 tokens and {huge} documents; reading it needs .* GiB of tables, "
+            r"more than half this machine's", "2^40 declared token ids")
+    refused(so, ["--config", config(work, "bomb_documents", model, bomb("documents", {"document_lengths": (2**40,)}), steps=1)],
+            rf"'train/document_lengths' declares {2**40} documents; {rows} rows of 160 tokens hold between {rows} and {rows * 160}",
+            "2^40 declared documents")
+    refused(so, ["--config", config(work, "bomb_row_documents", model, bomb("row_documents", {"row_documents": (2**32,)}), steps=1)],
+            rf"dataset 'train/row_documents' must be \[{rows}\], one per row of 'train/tokens'", "2^32 declared per-row counts")
+    refused(so, ["--config", config(work, "bomb_row_length", model, bomb("row_length", {"tokens": (1, 2**33)}))],
+            r"dataset 'train/tokens' must be \[rows, row length in 2..2147483647\]", "a row of 2^33 tokens")
     flat = os.path.join(work, "flat_unwritten.h5")
     with h5py.File(flat, "w") as f:
         f.create_dataset("tokens", shape=(4096,), dtype="i4")
