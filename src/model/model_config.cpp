@@ -256,28 +256,85 @@ void read_moe(JsonReader& r, const Family& family, ModelConfig& c) {
         r.fail("mlp_only_layers", str_cat("holds ", brief_json(v), "; layer indices are 0 to ", c.num_layers - 1));
       m.dense_layers.push_back(v.get<int64_t>());
     }
+    // A set of layers, however often the list names one (transformers tests membership).
+    std::sort(m.dense_layers.begin(), m.dense_layers.end());
+    m.dense_layers.erase(std::unique(m.dense_layers.begin(), m.dense_layers.end()), m.dense_layers.end());
   }
 }
 }  // namespace
 
-int64_t ModelConfig::num_parameters() const {
-  const int64_t H = hidden_size;
-  const int64_t per_layer = H * q_dim() + 2 * H * kv_dim() + q_dim() * H + 3 * H * intermediate_size + 2 * H +
-                            (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? q_dim() + 2 * kv_dim() : 0) + (o_bias ? H : 0) +
-                            (attention_sinks ? num_heads : 0);
-  int64_t total = vocab_size * H * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + H;
-  const bool gpt_oss = moe.style == Moe::Style::GptOss;  // router and experts with biases
-  const int64_t moe_layer = moe.experts * (H + 3 * H * moe.intermediate) +
-                            (gpt_oss ? moe.experts * (1 + 2 * moe.intermediate + H) : 0);
-  for (int64_t l = 0; l < num_layers; ++l)  // an MoE layer's router and experts instead of its MLP
-    if (is_moe_layer(l)) total += moe_layer - 3 * H * intermediate_size;
-  return total;
+namespace {
+
+// The tensors and parameters of a model, counted as ParamLayout::for_model lays them out, in 128
+// bits: a config is bounded by them before any per-tensor table is built.
+struct ModelSize {
+  __int128 tensors = 0, parameters = 0;
+};
+
+ModelSize model_size(const ModelConfig& c) {
+  using W = __int128;
+  const W H = c.hidden_size, V = c.vocab_size, q = c.q_dim(), kv = c.kv_dim();
+  ModelSize s;
+  s.tensors = 2 + (c.tie_word_embeddings ? 0 : 1);  // embedding, final norm, lm_head
+  s.parameters = V * H * (c.tie_word_embeddings ? 1 : 2) + H;
+  const W attention_tensors = 6 + (c.qkv_bias ? 3 : 0) + (c.o_bias ? 1 : 0) + (c.attention_sinks ? 1 : 0) +
+                              (c.qk_norm ? 2 : 0);  // with the two norms
+  const W attention = 2 * H * q + 2 * H * kv + 2 * H + (c.qk_norm ? 2 * W(c.head_dim) : 0) +
+                      (c.qkv_bias ? q + 2 * kv : 0) + (c.o_bias ? H : 0) + (c.attention_sinks ? W(c.num_heads) : 0);
+  const W E = c.moe.experts, Ie = c.moe.intermediate;
+  const bool gpt_oss = c.moe.style == ModelConfig::Moe::Style::GptOss;  // fused experts, router and experts with biases
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    s.tensors += attention_tensors;
+    s.parameters += attention;
+    if (!c.is_moe_layer(l)) {
+      s.tensors += 3, s.parameters += 3 * H * W(c.intermediate_size);
+    } else if (gpt_oss) {
+      s.tensors += 6, s.parameters += E * (H + 3 * H * Ie) + E * (1 + 2 * Ie + H);
+    } else {
+      s.tensors += 1 + 3 * E, s.parameters += E * (H + 3 * H * Ie);
+    }
+  }
+  return s;
 }
+
+// Far beyond any model so_train can hold: every size computed from the count (bytes of weights,
+// gradients and optimizer state, per rank) stays exact in 64 bits.
+constexpr int64_t kMaxParameters = int64_t{1} << 50;
+// Per-tensor tables (names, shapes, offsets, buckets) grow with this: Qwen3-MoE-235B has 36k.
+constexpr int64_t kMaxTensors = int64_t{1} << 18;
+
+std::string wide_text(__int128 v) {
+  std::string digits;
+  do digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(v % 10))), v /= 10;
+  while (v > 0);
+  return digits;
+}
+
+// Refuses, naming the keys, a model whose tensor or parameter count is past the bounds above.
+void check_model_size(JsonReader& r, const ModelConfig& c) {
+  const ModelSize s = model_size(c);
+  const char* experts_key = c.moe.style == ModelConfig::Moe::Style::GptOss ? "num_local_experts" : "num_experts";
+  if (s.tensors > kMaxTensors)
+    r.fail("num_hidden_layers", str_cat("(", c.num_layers, ") with ", experts_key, " (", c.moe.experts, ") makes ",
+                                        wide_text(s.tensors), " tensors (each expert of each MoE layer has its own), more "
+                                        "than the ", kMaxTensors, " so_train lays out"));
+  if (s.parameters > kMaxParameters)
+    r.fail("num_hidden_layers", str_cat("(", c.num_layers, ") with vocab_size ", c.vocab_size, ", hidden_size ",
+                                        c.hidden_size, ", intermediate_size ", c.intermediate_size,
+                                        c.moe.experts > 0 ? str_cat(", ", experts_key, " ", c.moe.experts,
+                                                                    ", moe_intermediate_size ", c.moe.intermediate)
+                                                          : "",
+                                        " makes ", wide_text(s.parameters), " parameters, more than 2^50 (",
+                                        static_cast<double>(kMaxParameters), "), far past any model that can be trained"));
+}
+
+}  // namespace
+
+int64_t ModelConfig::num_parameters() const { return static_cast<int64_t>(model_size(*this).parameters); }
 
 bool ModelConfig::is_moe_layer(int64_t l) const {
   if (moe.experts == 0) return false;
-  for (int64_t d : moe.dense_layers)
-    if (d == l) return false;
+  if (std::binary_search(moe.dense_layers.begin(), moe.dense_layers.end(), l)) return false;
   return (l + 1) % moe.sparse_step == 0;
 }
 
@@ -456,6 +513,7 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   if (r.get_in("pretraining_tp", 1, INT64_MIN, INT64_MAX) != 1)
     r.fail("pretraining_tp", "is not 1; only unsplit projections are supported");
   if (family->moe != Family::Moe::None) read_moe(r, *family, c);
+  check_model_size(r, c);
   const std::string arch = family->architecture;
   r.accept("architectures");
   if (r.has("architectures")) {
