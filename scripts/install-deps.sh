@@ -14,6 +14,7 @@ packages=(
   libopenblas-pthread-dev               # CPU GEMM; pthread build chosen on purpose (see cmake/SoDependencies.cmake)
   nlohmann-json3-dev libgtest-dev googletest
   libprotobuf-dev protobuf-compiler     # TensorBoard event files (src/train/tensorboard_event.proto)
+  libre2-dev                            # linear-time regular expressions (train.weight_decay_exclude)
   g++-aarch64-linux-gnu qemu-user       # Arm NEON/SVE optimizer kernels: cross build + emulated tests (tests/cross)
   clang libclang-rt-14-dev              # the ASan+UBSan tree and the libFuzzer targets (tests/sanitize, tests/fuzz)
 )
