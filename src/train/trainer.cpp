@@ -5,10 +5,12 @@
 #include "so/train/trainer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <string_view>
 
 #include "parallel/collective_watchdog.h"
 #include "so/core/cpu_affinity.h"
@@ -188,6 +190,18 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
   run.throughput.gemm_tflops = run.backend->measured_gemm_tflops(cfg.dtype);
 }
 
+// s as one word of a POSIX shell command, as Python's shlex.quote writes it: bare when it holds
+// only characters no shell treats specially, else in single quotes (a quote in it as '"'"').
+std::string shell_word(const std::string& s) {
+  const bool bare = !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) {
+    return std::isalnum(c) || std::string_view("@%+=:,./-_").find(static_cast<char>(c)) != std::string_view::npos;
+  });
+  if (bare) return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\"'\"'") : std::string(1, c);
+  return out + "'";
+}
+
 // The start-up notes (rank 0): batch, model, decay groups, attention, memory, cores, engine, and
 // what is done with DeepSpeed's wandb and flops_profiler sections.
 void announce(Run& run, const TrainOptions& opts) {
@@ -224,9 +238,10 @@ void announce(Run& run, const TrainOptions& opts) {
   if (cfg.wandb.enabled)
     log_info(str_cat("wandb: so_train writes no wandb run itself; scripts/wandb_log.py logs this run's --metrics file "
                      "through the official client, after the run: WANDB_MODE=offline $SO_PYTHON scripts/wandb_log.py "
-                     "--metrics ", opts.metrics_path, " --config ", cfg.source, " --project '", cfg.wandb.project, "'",
-                     cfg.wandb.group.empty() ? "" : str_cat(" --group '", cfg.wandb.group, "'"),
-                     cfg.wandb.team.empty() ? "" : str_cat(" --team '", cfg.wandb.team, "'"),
+                     "--metrics ", shell_word(opts.metrics_path), " --config ", shell_word(cfg.source), " --project ",
+                     shell_word(cfg.wandb.project),
+                     cfg.wandb.group.empty() ? "" : str_cat(" --group ", shell_word(cfg.wandb.group)),
+                     cfg.wandb.team.empty() ? "" : str_cat(" --team ", shell_word(cfg.wandb.team)),
                      ", then `wandb sync wandb/offline-run-*` where there is a network"));
   if (cfg.flops_profiler)
     log_info(str_cat("flops_profiler: DeepSpeed's per-module profile is not written; every step line and --metrics record "

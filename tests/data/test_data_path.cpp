@@ -87,6 +87,21 @@ TEST(MegatronDataset, BlendDrawsEachDatasetByItsWeight) {
   EXPECT_EQ(batch.doc_start.size(), 32u);
 }
 
+// Weights near the largest double: their sum would overflow to infinity, and every share but the
+// last read as 0. [1e308, 1, 1e308, 1]: half each for the big ones, ~1e-308 for the others.
+TEST(MegatronDataset, BlendWeightsNearTheLargestDoubleKeepTheirShares) {
+  const MegatronIndexedDataset a(kDir + "megatron_u16"), b(kDir + "megatron_i32_sentences");
+  std::vector<std::unique_ptr<BatchSampler>> parts;
+  for (int k = 0; k < 4; ++k) parts.push_back(std::make_unique<BatchSampler>(k % 2 ? b : a, 16, 2, 65536, 3));
+  const BlendedSampler blend(std::move(parts), {1e308, 1.0, 1e308, 1.0}, 2, 16, 3);
+  std::vector<int> drawn(4, 0);
+  const int n = 8000;
+  for (int i = 0; i < n; ++i) ++drawn[blend.part_of(i)];
+  EXPECT_NEAR(drawn[0] / static_cast<double>(n), 0.5, 0.02);
+  EXPECT_NEAR(drawn[2] / static_cast<double>(n), 0.5, 0.02);
+  EXPECT_EQ(drawn[1] + drawn[3], 0);
+}
+
 // A copy of the u16 fixture with `edit` applied to its index (or its .bin when `bin`).
 std::string damaged(const std::string& tag, bool bin, const std::function<void(std::string&)>& edit) {
   const std::string prefix = (std::filesystem::temp_directory_path() / ("so_megatron_" + tag)).string();
