@@ -143,11 +143,33 @@ class EmptyResponse(Exception):
 # supervised character spans decide the mask through the tokenizer's offsets.
 
 
-def tokenize_with_spans(tok, text, spans, add_special_tokens):
+# Tokens kept past --max-length when a long text is tokenized from a prefix: the prefix ends at
+# whitespace beyond them, so the tokens kept are the whole text's.
+CUT_MARGIN_TOKENS = 64
+
+
+def encode(tok, text, add_special_tokens, max_length):
+    """Token ids and character offsets of text as the tokenizer gives them for the whole text, but
+    at most max_length + CUT_MARGIN_TOKENS of them: a text far longer than that is tokenized from a
+    prefix, cut at whitespace and doubled until it yields more (a 50 MB record tokenized whole took
+    10 GB for the few thousand tokens kept)."""
+    limit = max_length + CUT_MARGIN_TOKENS
+    chars = 8 * limit
+    while chars < len(text):
+        space = max(text.rfind(c, chars // 2, chars) for c in " \n\t")
+        enc = tok(text[:space if space > 0 else chars], add_special_tokens=add_special_tokens,
+                  return_offsets_mapping=True)
+        if len(enc["input_ids"]) > limit:
+            return list(enc["input_ids"])[:limit], list(enc["offset_mapping"])[:limit]
+        chars *= 2
     enc = tok(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
-    ids = list(enc["input_ids"])
+    return list(enc["input_ids"]), list(enc["offset_mapping"])
+
+
+def tokenize_with_spans(tok, text, spans, add_special_tokens, max_length):
+    ids, offsets = encode(tok, text, add_special_tokens, max_length)
     mask = []
-    for (a, b) in enc["offset_mapping"]:
+    for (a, b) in offsets:
         # Special tokens added by the tokenizer have an empty span (0, 0): never supervised here.
         mask.append(1 if b > a and any(s <= a < e for s, e in spans) else 0)
     return ids, mask
@@ -165,7 +187,7 @@ def alpaca_sample(tok, where, record, args):
     prompt = (prompts["with_input"] if inp.strip() else prompts["without_input"]).format(instruction=instruction,
                                                                                           input=inp)
     ids, mask = tokenize_with_spans(tok, prompt + output, [(len(prompt), len(prompt) + len(output))],
-                                    add_special_tokens=True)
+                                    add_special_tokens=True, max_length=args.max_length)
     return with_eos(tok, where, ids, mask, args)
 
 
@@ -201,12 +223,12 @@ def chat_sample(tok, where, record, args):
         spans.append((len(before), end))
     # The template writes any BOS and each turn's end token itself: nothing added on top, neither
     # the tokenizer's special tokens nor --eos (as apply_chat_template and TRL's SFT do).
-    return tokenize_with_spans(tok, text, spans, add_special_tokens=False)
+    return tokenize_with_spans(tok, text, spans, add_special_tokens=False, max_length=args.max_length)
 
 
 def text_sample(tok, where, record, args):
     text = field(where, record, "text", allow_empty=False)
-    ids = list(tok(text, add_special_tokens=True)["input_ids"])
+    ids, _ = encode(tok, text, True, args.max_length)
     return with_eos(tok, where, ids, [1] * len(ids), args)
 
 
@@ -258,7 +280,7 @@ def load_documents(tok, paths, args, counts):
             if len(ids) > args.max_length:
                 if args.overflow == "drop":
                     counts.dropped_long += 1
-                    counts.warn(f"dropped: {where} has {len(ids)} tokens, more than --max-length {args.max_length}")
+                    counts.warn(f"dropped: {where} has more tokens than --max-length {args.max_length}")
                     continue
                 counts.truncated += 1
                 ids, mask = ids[:args.max_length], mask[:args.max_length]

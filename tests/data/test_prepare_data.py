@@ -115,6 +115,47 @@ def check_chat_documents(tok, path, conversations, what):
         check([tok.decode(x) for x in runs] == want_runs, f"{what}: mask = assistant turns: {[tok.decode(x) for x in runs]}")
 
 
+def peak_address_space(args):
+    """prepare_data run as a command under no limit: its exit status and peak address space (bytes)."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import prepare_data; rc = prepare_data.main(sys.argv[2:]); "
+            "print([l for l in open('/proc/self/status') if l.startswith('VmPeak')][0].split()[1])")
+    r = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "scripts")] + args, capture_output=True, text=True)
+    return r.returncode, int(r.stdout.strip().splitlines()[-1]) * 1024 if r.returncode == 0 else 0
+
+
+def check_huge_records(work, model, tok):
+    import resource
+    corpus = open(os.path.join(ROOT, "data", "corpus", "austen.txt")).read()
+    n = 30_000_000
+    text = (corpus * (n // len(corpus) + 1))[:n]
+    messages = lambda t: [{"role": "user", "content": "Go on."}, {"role": "assistant", "content": t}]
+    records = [{"text": text}, {"instruction": "Continue.", "input": "", "output": text}, {"messages": messages(text)}]
+    small = write_jsonl(os.path.join(work, "small_records.jsonl"), [{"text": corpus[:2000]}])
+    rc, peak = peak_address_space(["--model-dir", model, "--input", small, "--out", os.path.join(work, "small.h5"),
+                                   "--max-length", "256"])
+    check(rc == 0 and peak > 0, "a small run's peak address space measured")
+    big = write_jsonl(os.path.join(work, "huge_records.jsonl"), records)
+    out = os.path.join(work, "huge.h5")
+    cap = peak + (3 << 29)
+    r = subprocess.run([sys.executable, PREPARE, "--model-dir", model, "--input", big, "--out", out, "--max-length", "256"],
+                       capture_output=True, text=True, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (cap, cap)))
+    check(r.returncode == 0 and "3 truncated" in r.stdout,
+          f"3 records of 30 MB under a cap of {cap >> 20} MiB: {r.stdout.strip()} {r.stderr.strip()[-300:]}")
+    if r.returncode != 0:
+        return
+    with h5py.File(out) as f:
+        got = {tuple(ids) for ids, _ in documents(f)}
+    prefix = text[:400_000]  # 150x what the cut needed, far past the 256 tokens kept
+    prompt = prepare_data_module().ALPACA_PROMPT["without_input"].format(instruction="Continue.")
+    want = [tok(prefix)["input_ids"][:256], tok(prompt + prefix)["input_ids"][:256], chat_ids(tok, messages(prefix))[:256]]
+    check(all(tuple(w) in got for w in want) and len(got) == 3, "the huge records' tokens are the tokenizer's")
+
+
+def prepare_data_module():
+    import prepare_data
+    return prepare_data
+
+
 def main():
     work = sys.argv[1]
     os.makedirs(work, exist_ok=True)
@@ -223,13 +264,19 @@ def main():
     cut = str(sorted(full)[1])  # the longest sample is over it
     r = run(["--model-dir", model, "--input", alpaca, "--out", os.path.join(work, "drop.h5"), "--max-length", cut,
              "--overflow", "drop"])
-    check("dropped 1 too long" in r.stdout and "more than --max-length" in r.stderr, f"drops counted: {r.stdout}")
+    check("dropped 1 too long" in r.stdout and "more tokens than --max-length" in r.stderr, f"drops counted: {r.stdout}")
     r = run(["--model-dir", model, "--input", alpaca, "--out", os.path.join(work, "trunc.h5"), "--max-length", cut])
     check("1 truncated" in r.stdout, f"truncations counted: {r.stdout}")
     r = run(["--model-dir", model, "--input", alpaca, "--out", os.path.join(work, "trunc.h5"), "--max-length",
              str(min(prompt_lens))], expect_ok=False)
     check(r.returncode != 0 and "no training sample left" in r.stderr and "with no supervised token" in r.stderr,
           f"truncation that leaves no supervised token: {r.stderr}")
+
+    # A record far longer than --max-length is tokenized from a prefix: 30 MB records (text, an
+    # Alpaca output, an assistant turn) prepare under an address-space cap of what a small run
+    # takes plus 1.5 GiB (tokenized whole, each took several GB), and their tokens are the ones the
+    # tokenizer gives for a far longer prefix of each record.
+    check_huge_records(work, model, tok)
 
     # Bad input.
     bad = os.path.join(work, "bad.jsonl")
