@@ -293,20 +293,33 @@ def load_documents(tok, paths, args, counts):
 
 
 def make_rows(docs, max_length, pack):
-    """Rows of documents: first-fit in the given order when packing, one per row otherwise."""
-    rows = []
+    """Rows of documents, one per row with --pad. Packed: best-fit decreasing (TRL's "bfd"): the
+    documents longest first, each into the fullest row it fits, a new row when none has room; so
+    no two rows could be one. In a row the documents keep their order, and rows are ordered by
+    their first document (the input order with --no-shuffle)."""
     if not pack:
         return [[d] for d in docs]
-    current, used = [], 0
-    for d in docs:
-        if used + len(d[0]) > max_length:
-            rows.append(current)
-            current, used = [], 0
-        current.append(d)
-        used += len(d[0])
-    if current:
-        rows.append(current)
-    return rows
+    rows = []                # document indices per row
+    with_space = {}          # room left -> rows with exactly that much room
+    nonempty = 0             # bit s set while some row has s tokens of room
+    for i in sorted(range(len(docs)), key=lambda i: -len(docs[i][0])):  # stable: ties in order
+        n = len(docs[i][0])
+        fits = nonempty >> n
+        if fits:
+            room = n + (fits & -fits).bit_length() - 1  # the least room >= n: the fullest row that fits
+            r = with_space[room].pop()
+            if not with_space[room]:
+                nonempty &= ~(1 << room)
+        else:
+            r, room = len(rows), max_length
+            rows.append([])
+        rows[r].append(i)
+        with_space.setdefault(room - n, []).append(r)
+        nonempty |= 1 << (room - n)
+    for row in rows:
+        row.sort()
+    rows.sort(key=lambda row: row[0])
+    return [[docs[i] for i in row] for row in rows]
 
 
 def write_split(group, rows, max_length, pad_id, supervise_padding):
@@ -333,6 +346,7 @@ def write_split(group, rows, max_length, pad_id, supervise_padding):
     group.create_dataset("row_documents", data=doc_counts)
     group.create_dataset("document_lengths", data=np.asarray(doc_lengths, dtype=np.int32))
     group.create_dataset("padding_start", data=padding_start)
+    group.attrs["padding_fraction"] = 1.0 - sum(len(ids) for docs in rows for ids, _ in docs) / max(1, n * max_length)
     real = sum(len(ids) for docs in rows for ids, _ in docs)
     # A label is a token predicted from the one before it in its document: a document's first
     # token is never one.
@@ -342,7 +356,7 @@ def write_split(group, rows, max_length, pad_id, supervise_padding):
         at += len(docs)
         supervised += int(mask[r].sum()) - int(mask[r, starts].sum())
     return {"rows": n, "documents": len(doc_lengths), "tokens": real, "supervised_tokens": supervised,
-            "padding_fraction": 1.0 - real / max(1, n * max_length)}
+            "padding_fraction": float(group.attrs["padding_fraction"])}
 
 
 def tokenizer_identity(model_dir, tok):
@@ -396,11 +410,15 @@ def parse_args(argv):
                    "rendered as a user/assistant conversation by the tokenizer's chat template")
     packing = p.add_mutually_exclusive_group()
     packing.add_argument("--pack", dest="pack", action="store_true", default=True,
-                         help="several documents per row, attention kept within each (default)")
+                         help="several documents per row (best-fit decreasing), attention kept within each "
+                         "(default)")
     packing.add_argument("--pad", dest="pack", action="store_false", help="one document per row, padded")
     p.add_argument("--validation-fraction", type=float, default=0.0, help="share of samples held out")
     p.add_argument("--validation-file", action="append", default=[], help="validation data instead of a fraction")
     p.add_argument("--seed", type=int, default=1234, help="order of the samples and the validation split")
+    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
+                   help="shuffle the samples (seeded) before the validation split and packing; --no-shuffle keeps "
+                   "the input order (rows in the order of their first document)")
     p.add_argument("--example-compatible", action="store_true",
                    help="reproduce the public SuperOffload example: its Alpaca template, no EOS, every row padded "
                    "to --max-length, every token (prompt and padding) trained on")
@@ -487,13 +505,13 @@ def main(argv):
     tok = load_tokenizer(args.model_dir, args)
     counts = Counts()
     docs = load_documents(tok, args.input, args, counts)
-    rng = random.Random(args.seed)
-    rng.shuffle(docs)
+    if args.shuffle:
+        random.Random(args.seed).shuffle(docs)
     if args.validation_file:
         val_docs = load_documents(tok, args.validation_file, args, Counts())
-    else:
+    else:  # the last samples (of the shuffled order, or the input's with --no-shuffle)
         n_val = int(round(len(docs) * args.validation_fraction))
-        val_docs, docs = docs[:n_val], docs[n_val:]
+        docs, val_docs = docs[:len(docs) - n_val], docs[len(docs) - n_val:]
     if not docs:
         raise DataError(f"no training sample left: {counts.samples} read, {counts.empty} empty, "
                         f"{counts.dropped_long} too long, {counts.unsupervised} with no supervised token")

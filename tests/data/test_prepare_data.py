@@ -190,6 +190,7 @@ def main():
         t = prepare_data.ALPACA_PROMPT["with_input" if s["input"] else "without_input"].format(**s)
         ids = tok(t + s["output"])["input_ids"] + [eos]
         want[tuple(ids)] = s["output"]
+    want_by_ids = want
     for ids, m in docs:
         check(tuple(ids) in want, f"alpaca tokens equal tokenizer(prompt + output) + [eos]: {tok.decode(ids)!r}")
         sup = [i for i, k in zip(ids, m) if k]
@@ -248,6 +249,43 @@ def main():
     ids = tok(prepare_data.EXAMPLE_PROMPT["without_input"].format(**s) + s["output"])["input_ids"]
     check(any(row[:len(ids)] == ids and row[len(ids)] == tok.pad_token_id for row in first),
           "example-compatible: the example's template, no EOS, then padding")
+
+    # Packing: best-fit decreasing. Lengths 6 5 5 4 4 3 3 2 2 1 in rows of 10 take 4 rows (next-fit
+    # in that order: 5); on 300 seeded random lengths no two rows would fit in one (any-fit's
+    # guarantee, which next-fit lacks) and every document is placed once, its order kept.
+    import random
+    fake = lambda lengths: [([k] * n, [1] * n) for k, n in enumerate(lengths)]
+    rows = prepare_data.make_rows(fake([6, 5, 5, 4, 4, 3, 3, 2, 2, 1]), 10, True)
+    check(len(rows) == 4 and sorted(sum(len(ids) for ids, _ in row) for row in rows) == [5, 10, 10, 10],
+          f"6 5 5 4 4 3 3 2 2 1 in rows of 10: {[[len(ids) for ids, _ in row] for row in rows]}")
+    rng = random.Random(7)
+    lengths = [rng.randrange(1, 200) for _ in range(300)]
+    rows = prepare_data.make_rows(fake(lengths), 256, True)
+    fill = [sum(len(ids) for ids, _ in row) for row in rows]
+    firsts = [[ids[0] for ids, _ in row] for row in rows]
+    check(max(fill) <= 256 and all(a + b > 256 for i, a in enumerate(fill) for b in fill[i + 1:]) and
+          sorted(sum(firsts, [])) == list(range(300)) and all(r == sorted(r) for r in firsts) and
+          [r[0] for r in firsts] == sorted(r[0] for r in firsts),
+          f"300 random documents: {len(rows)} rows, no two of which fit together; each document once, in order")
+    next_fit, used = 1, 0
+    for n in lengths:
+        next_fit, used = (next_fit + 1, n) if used + n > 256 else (next_fit, used + n)
+    check(len(rows) < next_fit, f"best-fit decreasing takes fewer rows than next-fit: {len(rows)} vs {next_fit}")
+    # The padding fraction is reported per split, and recorded in the file.
+    r = run(["--model-dir", model, "--input", alpaca, "--out", os.path.join(work, "packed.h5"), "--max-length", "256"])
+    with h5py.File(os.path.join(work, "packed.h5")) as f:
+        g = f["train"]
+        want = 1 - int(g["document_lengths"][...].sum()) / g["tokens"].size
+        check(abs(g.attrs["padding_fraction"] - want) < 1e-12 and f"padding {100 * want:.1f}%" in r.stdout,
+              f"padding fraction reported: {r.stdout.strip()}")
+    # --no-shuffle: the input's order (one row per sample with --pad), the validation split its last samples.
+    out = os.path.join(work, "ordered.h5")
+    run(["--model-dir", model, "--input", alpaca, "--out", out, "--max-length", "256", "--pad", "--no-shuffle",
+         "--validation-fraction", "0.34"])
+    with h5py.File(out) as f:
+        order = [want_by_ids.get(tuple(ids)) for ids, _ in documents(f)] + \
+                [want_by_ids.get(tuple(ids)) for ids, _ in documents(f, "validation")]
+    check(order == [s["output"] for s in ALPACA], f"--no-shuffle keeps the input order: {order}")
 
     # Validation split by fraction and by file; seed decides the order.
     out = os.path.join(work, "split.h5")
