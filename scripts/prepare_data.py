@@ -46,26 +46,44 @@ class DataError(Exception):
 # Reading records
 
 
+def parse_json(where, text, one_line=False):
+    """json.loads, its failures as DataError naming where (and the place within text)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        if one_line:
+            raise DataError(f"{where}: malformed JSON line: {e.msg} (column {e.colno})")
+        raise DataError(f"{where}:{e.lineno}: malformed JSON: {e.msg} (column {e.colno})")
+    except RecursionError:
+        raise DataError(f"{where}: JSON nested deeper than Python's reader follows ({sys.getrecursionlimit()} levels)")
+
+
+def read_utf8(path):
+    """The text of a file, which must be UTF-8 (a byte-order mark allowed); an encoding error is
+    named by line and byte."""
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: not a regular file")
+    with open(path, "rb") as f:
+        data = f.read()
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise DataError(f"{path}: UTF-16 text (it starts with a UTF-16 byte-order mark); convert it to UTF-8")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}: {e.reason})")
+
+
 def read_json_records(path):
     """JSON (an array of objects) or JSON Lines; a malformed line is named by file and line."""
-    with open(path, "r", encoding="utf-8") as f:
-        text = f.read()
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            records = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{e.lineno}: malformed JSON: {e.msg}")
-        for i, r in enumerate(records):
+    text = read_utf8(path)
+    if text.lstrip().startswith("["):
+        for i, r in enumerate(parse_json(path, text)):
             yield f"{path}: record {i}", r
         return
     for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield f"{path}:{lineno}", json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{lineno}: malformed JSON line: {e.msg} (column {e.colno})")
+        if line.strip():
+            yield f"{path}:{lineno}", parse_json(f"{path}:{lineno}", line, one_line=True)
 
 
 def read_arrow_records(path):
@@ -77,25 +95,30 @@ def read_arrow_records(path):
     except ImportError:
         raise DataError(f"{path}: reading Parquet/Arrow needs the PyPI package pyarrow, which this Python "
                         f"({sys.executable}) does not have; convert to JSON Lines or use an environment with it")
-    if os.path.isdir(path):  # datasets.save_to_disk: data-*.arrow files (streaming IPC) in order
-        files = sorted(f for f in os.listdir(path) if f.endswith(".arrow"))
-        if not files:
-            raise DataError(f"{path}: a directory, but no .arrow files in it (not a datasets.save_to_disk directory)")
-        tables = []
-        for f in files:
-            with open(os.path.join(path, f), "rb") as fh:
-                tables.append(ipc.open_stream(fh).read_all())
-        table = pa.concat_tables(tables)
-    elif path.endswith(".parquet"):
-        table = pq.read_table(path)
-    else:
-        with open(path, "rb") as fh:
-            try:
-                table = ipc.open_file(fh).read_all()
-            except pa.ArrowInvalid:
-                fh.seek(0)
-                table = ipc.open_stream(fh).read_all()
-    for i, r in enumerate(table.to_pylist()):
+    try:
+        if os.path.isdir(path):  # datasets.save_to_disk: data-*.arrow files (streaming IPC) in order
+            files = sorted(f for f in os.listdir(path) if f.endswith(".arrow"))
+            if not files:
+                raise DataError(f"{path}: a directory, but no .arrow files in it (not a datasets.save_to_disk directory)")
+            tables = []
+            for f in files:
+                with open(os.path.join(path, f), "rb") as fh:
+                    tables.append(ipc.open_stream(fh).read_all())
+            table = pa.concat_tables(tables)
+        elif path.endswith(".parquet"):
+            table = pq.read_table(path)
+        else:
+            with open(path, "rb") as fh:
+                try:
+                    table = ipc.open_file(fh).read_all()
+                except pa.ArrowInvalid:
+                    fh.seek(0)
+                    table = ipc.open_stream(fh).read_all()
+        rows = table.to_pylist()
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise DataError(f"{path}: not a readable {'Parquet' if path.endswith('.parquet') else 'Arrow'} file or "
+                        f"dataset directory ({type(e).__name__}: {e})")
+    for i, r in enumerate(rows):
         yield f"{path}: row {i}", r
 
 
@@ -201,6 +224,13 @@ def chat_sample(tok, where, record, args):
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise DataError(f"{where}: message {i} must have 'role' and 'content'")
+        if not isinstance(m["role"], str):
+            raise DataError(f"{where}: message {i}: 'role' must be a string, got {type(m['role']).__name__}")
+        if m["content"] is None:  # as a null Alpaca field: empty
+            messages[i] = m = dict(m, content="")
+        if not isinstance(m["content"], str):
+            raise DataError(f"{where}: message {i} ({m['role']}): 'content' must be a string, got "
+                            f"{type(m['content']).__name__}")
     render = lambda msgs, gen=False: tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
     text = render(messages)
     spans = []
@@ -251,13 +281,26 @@ SHAPES = {"alpaca": alpaca_sample, "chat": chat_sample, "text": text_sample}
 
 
 class Counts:
-    def __init__(self):
-        self.samples = self.truncated = self.dropped_long = self.empty = self.unsupervised = 0
-        self.warnings = []
+    """What became of the records read: counts, and the first record of each kind skipped (one
+    warning line per kind, however many there are)."""
+    KINDS = {"dropped_long": "dropped as too long", "empty": "skipped as empty",
+             "unsupervised": "skipped with no supervised token left"}
 
-    def warn(self, msg):
-        if len(self.warnings) < 5:
-            self.warnings.append(msg)
+    def __init__(self):
+        self.records = self.truncated = self.dropped_long = self.empty = self.unsupervised = 0
+        self.first = {}
+
+    def skip(self, kind, what):
+        setattr(self, kind, getattr(self, kind) + 1)
+        self.first.setdefault(kind, what)
+
+    def summary(self):
+        return (f"{self.records} records read; dropped {self.dropped_long} too long, {self.empty} empty, "
+                f"{self.unsupervised} without a supervised token; {self.truncated} truncated")
+
+    def warnings(self):
+        return [f"{getattr(self, k)} {'record' if getattr(self, k) == 1 else 'records'} {self.KINDS[k]} (the first: "
+                f"{what})" for k, what in self.first.items()]
 
 
 def load_documents(tok, paths, args, counts):
@@ -265,28 +308,31 @@ def load_documents(tok, paths, args, counts):
     docs = []
     for path in paths:
         for where, record in read_records(path):
+            counts.records += 1
             shape = args.format if args.format != "auto" else detect_format(where, record)
             if not isinstance(record, dict):
                 raise DataError(f"{where}: a record must be an object, got {type(record).__name__}")
             try:
                 ids, mask = SHAPES[shape](tok, where, record, args)
             except EmptyResponse as e:
-                counts.empty += 1
-                counts.warn(f"skipped: {e}")
+                counts.skip("empty", str(e))
                 continue
+            except DataError:
+                raise
+            except RecursionError:
+                raise DataError(f"{where}: nested too deeply to render")
+            except Exception as e:  # the chat template or the tokenizer failing on this record
+                raise DataError(f"{where}: cannot be rendered or tokenized ({type(e).__name__}: {e})")
             if args.example_compatible:
                 mask = [1] * len(ids)
-            counts.samples += 1
             if len(ids) > args.max_length:
                 if args.overflow == "drop":
-                    counts.dropped_long += 1
-                    counts.warn(f"dropped: {where} has more tokens than --max-length {args.max_length}")
+                    counts.skip("dropped_long", f"{where} has more tokens than --max-length {args.max_length}")
                     continue
                 counts.truncated += 1
                 ids, mask = ids[:args.max_length], mask[:args.max_length]
             if not any(mask):
-                counts.unsupervised += 1
-                counts.warn(f"skipped: {where} has no supervised token left (after truncation to {args.max_length})")
+                counts.skip("unsupervised", f"{where} (after truncation to {args.max_length} tokens)")
                 continue
             docs.append((ids, mask))
     return docs
@@ -390,8 +436,19 @@ def crc32c(data):
 crc32c.table = None
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A command-line error in one line (argparse's own adds the usage above it)."""
+
+    def error(self, message):
+        raise DataError(f"{message} (--help lists the options)")
+
+
+# A row holds at most this many tokens (so_train's positions are 32-bit).
+MAX_ROW_TOKENS = 2**31 - 1
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", required=True, help="the model's directory (its tokenizer files)")
     p.add_argument("--input", required=True, action="append", help="JSON/JSONL/Parquet/Arrow file or "
                    "datasets.save_to_disk directory; repeatable")
@@ -426,8 +483,8 @@ def parse_args(argv):
     args.train_roles = [r for r in args.train_roles.split(",") if r]
     if args.example_compatible:
         args.alpaca_template, args.eos, args.pack = "example", False, False
-    if args.max_length < 2:
-        p.error("--max-length must be at least 2")
+    if not 2 <= args.max_length <= MAX_ROW_TOKENS:
+        p.error(f"--max-length is {args.max_length}; a row holds 2 to {MAX_ROW_TOKENS} tokens")
     if not 0.0 <= args.validation_fraction < 1.0:
         p.error("--validation-fraction must lie in [0, 1)")
     if args.validation_fraction and args.validation_file:
@@ -464,10 +521,17 @@ def check_output(args):
 
 
 def load_tokenizer(model_dir, args):
-    from transformers import AutoTokenizer
+    import transformers
+    transformers.logging.set_verbosity_error()  # its notes (long sequences, ...) are not this tool's output
     if not os.path.isdir(model_dir):
         raise DataError(f"--model-dir {model_dir}: not a directory")
-    tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    if not os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
+        raise DataError(f"--model-dir {model_dir}: no tokenizer.json (the model's tokenizer, which so_train identifies "
+                        f"the data's token ids by)")
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    except Exception as e:  # a damaged tokenizer.json or tokenizer_config.json, an unknown tokenizer class, ...
+        raise DataError(f"--model-dir {model_dir}: its tokenizer cannot be loaded ({type(e).__name__}: {e})")
     if not tok.is_fast:
         raise DataError(f"{model_dir}: the tokenizer is not a fast (tokenizers) one; token offsets are needed")
     needs_template = args.format == "chat" or (args.format in ("alpaca", "auto") and args.alpaca_template == "chat")
@@ -475,6 +539,16 @@ def load_tokenizer(model_dir, args):
         raise DataError(f"{model_dir}: the tokenizer has no chat template (neither in tokenizer_config.json nor in "
                         f"chat_template.jinja); chat data cannot be rendered")
     return tok
+
+
+def check_memory(rows, max_length):
+    """The rows of a split are built in memory (int32 tokens and a uint8 mask): refused when they
+    would not fit in half of this machine's memory."""
+    need = rows * max_length * 5
+    have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if need > have // 2:
+        raise DataError(f"{rows} rows of --max-length {max_length} tokens need {need / 2**30:.1f} GiB, more than half "
+                        f"this machine's {have / 2**30:.1f} GiB: lower --max-length (or pack)")
 
 
 def write_file(path, args, docs, val_docs, tok):
@@ -490,12 +564,12 @@ def write_file(path, args, docs, val_docs, tok):
         f.attrs["model_dir"] = os.path.abspath(args.model_dir)
         for k, v in identity.items():
             f.attrs[k] = v
-        stats = {"train": write_split(f.create_group("train"), make_rows(docs, args.max_length, args.pack),
-                                      args.max_length, pad_id, args.example_compatible)}
-        if val_docs:
-            stats["validation"] = write_split(f.create_group("validation"),
-                                              make_rows(val_docs, args.max_length, args.pack), args.max_length,
-                                              pad_id, args.example_compatible)
+        stats = {}
+        for split, split_docs in (("train", docs), ("validation", val_docs)):
+            if split_docs:
+                rows = make_rows(split_docs, args.max_length, args.pack)
+                check_memory(len(rows), args.max_length)
+                stats[split] = write_split(f.create_group(split), rows, args.max_length, pad_id, args.example_compatible)
     return stats
 
 
@@ -503,17 +577,17 @@ def main(argv):
     args = parse_args(argv)
     check_output(args)
     tok = load_tokenizer(args.model_dir, args)
-    counts = Counts()
+    counts, val_counts = Counts(), Counts()
     docs = load_documents(tok, args.input, args, counts)
     if args.shuffle:
         random.Random(args.seed).shuffle(docs)
     if args.validation_file:
-        val_docs = load_documents(tok, args.validation_file, args, Counts())
+        val_docs = load_documents(tok, args.validation_file, args, val_counts)
     else:  # the last samples (of the shuffled order, or the input's with --no-shuffle)
         n_val = int(round(len(docs) * args.validation_fraction))
         docs, val_docs = docs[:len(docs) - n_val], docs[len(docs) - n_val:]
     if not docs:
-        raise DataError(f"no training sample left: {counts.samples} read, {counts.empty} empty, "
+        raise DataError(f"no training sample left: {counts.records} records read, {counts.empty} empty, "
                         f"{counts.dropped_long} too long, {counts.unsupervised} with no supervised token")
     # A fresh temporary name beside the output (never an existing file), renamed over it when complete.
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(args.out)), prefix=os.path.basename(args.out) + ".",
@@ -525,22 +599,38 @@ def main(argv):
     try:
         stats = write_file(tmp, args, docs, val_docs, tok)
         os.replace(tmp, args.out)
+    except OSError as e:  # a full disk, a vanished directory
+        raise DataError(f"--out {args.out}: writing it failed ({e.strerror or e})")
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    for w in counts.warnings:
+    for w in counts.warnings() + [f"--validation-file: {w}" for w in val_counts.warnings()]:
         print(f"warning: {w}", file=sys.stderr)
-    print(f"prepared {args.out}: {counts.samples} samples read; dropped {counts.dropped_long} too long, "
-          f"{counts.empty} empty, {counts.unsupervised} without a supervised token; {counts.truncated} truncated")
+    print(f"prepared {args.out}: {counts.summary()}")
+    if args.validation_file:
+        print(f"  --validation-file: {val_counts.summary()}")
     for split, s in stats.items():
         print(f"  {split}: {s['rows']} rows of {args.max_length}, {s['documents']} documents, {s['tokens']} tokens, "
               f"{s['supervised_tokens']} supervised, padding {100 * s['padding_fraction']:.1f}%")
     return 0
 
 
-if __name__ == "__main__":
+def cli(argv):
+    """main as a command: whatever goes wrong ends in one line on stderr (the file, the record and
+    the problem) and exit status 1, never a traceback."""
     try:
-        sys.exit(main(sys.argv[1:]))
+        return main(argv)
     except DataError as e:
-        print(f"prepare_data: {e}", file=sys.stderr)
-        sys.exit(1)
+        problem = str(e)
+    except MemoryError:
+        problem = "out of memory (a record or --max-length too large for this machine)"
+    except RecursionError:
+        problem = "input nested too deeply"
+    except Exception as e:  # noqa: BLE001 - a failure no check above foresaw, still in one line
+        problem = f"unexpected {type(e).__name__}: {e}"
+    print("prepare_data: " + " ".join(problem.split()), file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

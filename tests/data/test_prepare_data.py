@@ -55,11 +55,7 @@ def run(args, expect_ok=True):
     import prepare_data
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = prepare_data.main(args)
-        except prepare_data.DataError as e:
-            print(f"prepare_data: {e}", file=sys.stderr)
-            rc = 1
+        rc = prepare_data.cli(args)
     r = Result(rc, out.getvalue(), err.getvalue())
     if expect_ok and r.returncode != 0:
         raise SystemExit(f"prepare_data {args} failed: {r.stderr}")
@@ -149,6 +145,68 @@ def check_huge_records(work, model, tok):
     prompt = prepare_data_module().ALPACA_PROMPT["without_input"].format(instruction="Continue.")
     want = [tok(prefix)["input_ids"][:256], tok(prompt + prefix)["input_ids"][:256], chat_ids(tok, messages(prefix))[:256]]
     check(all(tuple(w) in got for w in want) and len(got) == 3, "the huge records' tokens are the tokenizer's")
+
+
+def check_bad_inputs(work, model, alpaca):
+    """Every kind of bad input ends in one line on stderr naming the file (and the record) and the
+    problem, exit status 1, no traceback; empty records are counted, one warning line in all."""
+    def path(name, data):
+        p = os.path.join(work, name)
+        with open(p, "wb") as f:
+            f.write(data if isinstance(data, bytes) else data.encode())
+        return p
+    good = json.dumps(ALPACA[0]) + "\n"
+    chat = lambda *m: json.dumps({"messages": [{"role": r, "content": c} for r, c in m]}) + "\n"
+    no_tokenizer = os.path.join(work, "model_no_tokenizer")
+    os.makedirs(no_tokenizer, exist_ok=True)
+    with open(os.path.join(no_tokenizer, "config.json"), "w") as f:
+        f.write("{}")
+    broken_tokenizer = os.path.join(work, "model_broken_tokenizer")
+    os.makedirs(broken_tokenizer, exist_ok=True)
+    for name in os.listdir(model):
+        with open(os.path.join(model, name), "rb") as src, open(os.path.join(broken_tokenizer, name), "wb") as dst:
+            dst.write(b"this is not JSON" if name == "tokenizer.json" else src.read())
+    out = os.path.join(work, "bad_out.h5")
+    cases = [  # (arguments, the file (or option) the line names, the problem it states)
+        (["--input", path("bad_utf8.jsonl", good.encode() + b'{"text": "caf\xe9"}\n')], "bad_utf8.jsonl:2",
+         "not UTF-8 (byte 0xe9"),
+        (["--input", path("utf16.jsonl", good.encode("utf-16"))], "utf16.jsonl", "UTF-16 text"),
+        (["--input", path("deep.jsonl", good + "[" * 100000 + "]" * 100000 + "\n")], "deep.jsonl:2",
+         "JSON nested deeper than"),
+        (["--input", path("deep_array.json", "[" * 100000)], "deep_array.json", "JSON nested deeper than"),
+        (["--input", path("not_object.json", "[1, 2]")], "not_object.json: record 0", "a record must be an object"),
+        (["--input", path("chat_number.jsonl", chat(("user", 5), ("assistant", "x")))], "chat_number.jsonl:1",
+         "message 0 (user): 'content' must be a string, got int"),
+        (["--input", path("chat_role.jsonl", chat((7, "hi"), ("assistant", "x")))], "chat_role.jsonl:1",
+         "message 0: 'role' must be a string, got int"),
+        (["--input", path("garbage.parquet", "not parquet at all")], "garbage.parquet", "not a readable Parquet file"),
+        (["--input", path("garbage.arrow", "not arrow at all")], "garbage.arrow", "not a readable Arrow file"),
+        (["--input", path("fifo_dir", "")[:-len("fifo_dir")] + "nowhere.jsonl"], "nowhere.jsonl", "no such file"),
+        (["--input", alpaca, "--model-dir", no_tokenizer], no_tokenizer, "no tokenizer.json"),
+        (["--input", alpaca, "--model-dir", broken_tokenizer], broken_tokenizer, "its tokenizer cannot be loaded"),
+        (["--input", alpaca, "--max-length", str(2**40)], "--max-length is 1099511627776",
+         "a row holds 2 to 2147483647 tokens"),
+        (["--input", alpaca, "--max-length", str(2**31 - 1), "--pad"], "rows of --max-length 2147483647", "GiB"),
+        (["--input", alpaca, "--bogus"], "unrecognized arguments: --bogus", "--help lists the options"),
+    ]
+    for args, names, problem in cases:
+        args = args + ([] if "--model-dir" in args else ["--model-dir", model]) + ["--out", out]
+        r = run(args, expect_ok=False)
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 1 and len(lines) == 1 and names in lines[0] and problem in lines[0]
+              and "Traceback" not in r.stderr, f"{names}: one line naming it and '{problem}': {r.stderr.strip()[-300:]}")
+    # As a command too (the line is all the command prints: no traceback, exit status 1).
+    r = subprocess.run([sys.executable, PREPARE, "--model-dir", model, "--input", os.path.join(work, "garbage.parquet"),
+                        "--out", out], capture_output=True, text=True)
+    check(r.returncode == 1 and r.stderr.count("\n") == 1 and "not a readable Parquet file" in r.stderr,
+          f"the command's one line: {r.stderr.strip()[-300:]}")
+    # A null chat content is an empty one; 52 empty records: counted, one warning line.
+    empties = path("empties.jsonl", good + chat(("user", "hi"), ("assistant", None)) +
+                   "".join(json.dumps(dict(ALPACA[1], output="")) + "\n" for _ in range(51)))
+    r = run(["--model-dir", model, "--input", empties, "--out", out, "--max-length", "256"])
+    check(r.stderr.strip().splitlines() == [f"warning: 52 records skipped as empty (the first: {empties}:2: message 1 "
+                                            f"(assistant) is empty)"] and "53 records read;" in r.stdout
+          and "52 empty" in r.stdout, f"empty records counted: {r.stdout.strip()} / {r.stderr.strip()}")
 
 
 def prepare_data_module():
@@ -315,6 +373,8 @@ def main():
     # takes plus 1.5 GiB (tokenized whole, each took several GB), and their tokens are the ones the
     # tokenizer gives for a far longer prefix of each record.
     check_huge_records(work, model, tok)
+
+    check_bad_inputs(work, model, alpaca)
 
     # Bad input.
     bad = os.path.join(work, "bad.jsonl")
