@@ -9,6 +9,9 @@ output is documented in docs/finetuning.md; so_train reads it with data.type "pr
 
   $SO_PYTHON scripts/prepare_data.py --model-dir DIR --input alpaca.json --format alpaca \
       --max-length 4096 --out train.h5
+
+$SO_PYTHON is the project's Python environment ($(scripts/python_env.sh path)/bin/python, which
+scripts/install-deps.sh makes with transformers, h5py and pyarrow pinned).
 """
 import argparse
 import hashlib
@@ -23,7 +26,7 @@ import numpy as np
 
 FORMAT_VERSION = 2
 
-# Stanford Alpaca's prompt (tatsu-lab/stanford_alpaca train.py), the one the public example uses.
+# Stanford Alpaca's prompt (tatsu-lab/stanford_alpaca train.py), with its preamble: the default.
 ALPACA_PROMPT = {
     "with_input": ("Below is an instruction that describes a task, paired with an input that provides further "
                    "context. Write a response that appropriately completes the request.\n\n"

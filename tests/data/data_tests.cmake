@@ -32,7 +32,7 @@ set_tests_properties(mpi.prepared_eval_zero3_np2 PROPERTIES LABELS mpi ENVIRONME
 add_test(NAME jobs.finetune_demo COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/data/check_finetune_demo.sh
                                          ${CMAKE_CURRENT_BINARY_DIR}/finetune_demo WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(jobs.finetune_demo PROPERTIES LABELS unit PASS_REGULAR_EXPRESSION "finetune demo ok" TIMEOUT 300
-                     ENVIRONMENT "SO_TRAIN=$<TARGET_FILE:so_train>;SO_CKPT=$<TARGET_FILE:so_ckpt>")
+                     ENVIRONMENT "SO_TRAIN=$<TARGET_FILE:so_train>;SO_CKPT=$<TARGET_FILE:so_ckpt>;SO_PYTHON=${SO_PYTHON}")
 # Megatron-LM .bin/.idx (fixtures by make_megatron_fixture.py), windows with documents, blends,
 # damaged index files; loss scales.
 so_add_gtest(test_data_path LABELS unit SOURCES data/test_data_path.cpp)
