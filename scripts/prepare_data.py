@@ -24,6 +24,8 @@ import tempfile
 import h5py
 import numpy as np
 
+from script_errors import InputError, OneLineParser, run_as_command
+
 FORMAT_VERSION = 2
 
 # Stanford Alpaca's prompt (tatsu-lab/stanford_alpaca train.py), with its preamble: the default.
@@ -41,7 +43,7 @@ EXAMPLE_PROMPT = {
 }
 
 
-class DataError(Exception):
+class DataError(InputError):
     """A problem with the user's input: printed as one line, exit status 1."""
 
 
@@ -439,13 +441,6 @@ def crc32c(data):
 crc32c.table = None
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """A command-line error in one line (argparse's own adds the usage above it)."""
-
-    def error(self, message):
-        raise DataError(f"{message} (--help lists the options)")
-
-
 # A row holds at most this many tokens (so_train's positions are 32-bit).
 MAX_ROW_TOKENS = 2**31 - 1
 
@@ -621,18 +616,7 @@ def main(argv):
 def cli(argv):
     """main as a command: whatever goes wrong ends in one line on stderr (the file, the record and
     the problem) and exit status 1, never a traceback."""
-    try:
-        return main(argv)
-    except DataError as e:
-        problem = str(e)
-    except MemoryError:
-        problem = "out of memory (a record or --max-length too large for this machine)"
-    except RecursionError:
-        problem = "input nested too deeply"
-    except Exception as e:  # noqa: BLE001 - a failure no check above foresaw, still in one line
-        problem = f"unexpected {type(e).__name__}: {e}"
-    print("prepare_data: " + " ".join(problem.split()), file=sys.stderr)
-    return 1
+    return run_as_command("prepare_data", main, argv)
 
 
 if __name__ == "__main__":

@@ -20,16 +20,7 @@ import json
 import numbers
 import sys
 
-
-class InputError(Exception):
-    """A problem with what the user gave: printed as one line, exit status 1."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """A command-line error in one line (argparse's own adds the usage above it)."""
-
-    def error(self, message):
-        raise InputError(f"{message} (--help lists the options)")
+from script_errors import InputError, OneLineParser, run_as_command
 
 
 def read_text(path, what):
@@ -124,14 +115,7 @@ def main(argv):
 
 def cli(argv):
     """main as a command: whatever goes wrong ends in one line on stderr and exit status 1."""
-    try:
-        return main(argv)
-    except InputError as e:
-        problem = str(e)
-    except Exception as e:  # noqa: BLE001 - a failure no check above foresaw, still in one line
-        problem = f"unexpected {type(e).__name__}: {e}"
-    print("wandb_log: " + " ".join(problem.split()), file=sys.stderr)
-    return 1
+    return run_as_command("wandb_log", main, argv)
 
 
 if __name__ == "__main__":
