@@ -24,7 +24,7 @@ import tempfile
 import h5py
 import numpy as np
 
-from script_errors import InputError, OneLineParser, run_as_command
+from script_input import InputError, OneLineParser, parse_json, read_utf8, run_as_command
 
 FORMAT_VERSION = 2
 
@@ -51,37 +51,9 @@ class DataError(InputError):
 # Reading records
 
 
-def parse_json(where, text, one_line=False):
-    """json.loads, its failures as DataError naming where (and the place within text)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        if one_line:
-            raise DataError(f"{where}: malformed JSON line: {e.msg} (column {e.colno})")
-        raise DataError(f"{where}:{e.lineno}: malformed JSON: {e.msg} (column {e.colno})")
-    except RecursionError:
-        raise DataError(f"{where}: JSON nested deeper than Python's reader follows ({sys.getrecursionlimit()} levels)")
-
-
-def read_utf8(path):
-    """The text of a file, which must be UTF-8 (a byte-order mark allowed); an encoding error is
-    named by line and byte."""
-    if not os.path.isfile(path):
-        raise DataError(f"{path}: not a regular file")
-    with open(path, "rb") as f:
-        data = f.read()
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise DataError(f"{path}: UTF-16 text (it starts with a UTF-16 byte-order mark); convert it to UTF-8")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}: {e.reason})")
-
-
 def read_json_records(path):
     """JSON (an array of objects) or JSON Lines; a malformed line is named by file and line."""
-    text = read_utf8(path)
+    text = read_utf8(path, "input")
     if text.lstrip().startswith("["):
         for i, r in enumerate(parse_json(path, text)):
             yield f"{path}: record {i}", r
@@ -322,7 +294,7 @@ def load_documents(tok, paths, args, counts):
             except EmptyResponse as e:
                 counts.skip("empty", str(e))
                 continue
-            except DataError:
+            except InputError:
                 raise
             except RecursionError:
                 raise DataError(f"{where}: nested too deeply to render")

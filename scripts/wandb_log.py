@@ -20,65 +20,42 @@ import json
 import numbers
 import sys
 
-from script_errors import InputError, OneLineParser, run_as_command
-
-
-def read_text(path, what):
-    """A UTF-8 file's text; any failure to read it named."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise InputError(f"'{path}': cannot read the {what}: {e.strerror or e}")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise InputError(f"'{path}' line {line}: the {what} is not UTF-8 (byte 0x{data[e.start]:02x})")
-
-
-def parse_json(where, text):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{where} is not JSON: {e.msg} (line {e.lineno}, column {e.colno})")
-    except RecursionError:
-        raise InputError(f"{where} is JSON nested deeper than Python's reader follows")
+from script_input import InputError, OneLineParser, parse_json, read_utf8, run_as_command
 
 
 def read_config(path):
     """The run's config and its `wandb` section (DeepSpeed's keys only)."""
-    config = parse_json(f"'{path}'", read_text(path, "run config"))
+    config = parse_json(path, read_utf8(path, "run config"))
     if not isinstance(config, dict):
-        raise InputError(f"'{path}': the run config is not a JSON object")
+        raise InputError(f"{path}: the run config is not a JSON object")
     section = config.get("wandb", {})
     if not isinstance(section, dict):
-        raise InputError(f"'{path}': 'wandb' is not an object")
+        raise InputError(f"{path}: 'wandb' is not an object")
     unknown = sorted(set(section) - {"enabled", "group", "team", "project"})
     if unknown:
-        raise InputError(f"'{path}': unknown key 'wandb.{unknown[0]}' (DeepSpeed's keys: enabled, group, team, project)")
+        raise InputError(f"{path}: unknown key 'wandb.{unknown[0]}' (DeepSpeed's keys: enabled, group, team, project)")
     for key in ("group", "team", "project"):
         if key in section and not isinstance(section[key], str):
-            raise InputError(f"'{path}': 'wandb.{key}' must be a string")
+            raise InputError(f"{path}: 'wandb.{key}' must be a string")
     return config, section
 
 
 def read_metrics(path):
     """The metrics lines, each an object with an integer step and numbers."""
     lines = []
-    for n, line in enumerate(read_text(path, "metrics file").splitlines(), 1):
+    for n, line in enumerate(read_utf8(path, "metrics file").splitlines(), 1):
         if not line.strip():
             continue
-        where = f"'{path}' line {n}"
-        record = parse_json(where, line)
+        where = f"{path}:{n}"
+        record = parse_json(where, line, one_line=True)
         if not isinstance(record, dict) or not isinstance(record.get("step"), int) or isinstance(record["step"], bool):
-            raise InputError(f"{where} has no integer 'step': not a so_train metrics line")
+            raise InputError(f"{where}: no integer 'step': not a so_train metrics line")
         for key, value in record.items():
             if not isinstance(value, numbers.Real):  # bool included: logged as 0/1
                 raise InputError(f"{where}: '{key}' is {json.dumps(value)[:40]}, not a number")
         lines.append(record)
     if not lines:
-        raise InputError(f"'{path}' holds no metrics lines")
+        raise InputError(f"{path}: holds no metrics lines")
     return lines
 
 
