@@ -7,8 +7,10 @@
 #       [prepare_data.py options...] [-- so_train options...]
 #
 # OUT_DIR receives data.h5, checkpoints/, metrics.jsonl and hf/. --epochs (default 1) sets
-# train.num_train_epochs unless the config gives train.steps. SO_TRAIN, SO_CKPT: the binaries
-# (default build/launcher/); SO_EXPORT_DTYPE: bf16 (default) or fp32.
+# train.num_train_epochs unless the config gives train.steps. SO_PYTHON: the Python that runs
+# scripts/prepare_data.py (default: the project's environment, scripts/python_env.sh path, which
+# scripts/install-deps.sh makes); SO_TRAIN, SO_CKPT: the binaries (default build/launcher/);
+# SO_EXPORT_DTYPE: bf16 (default) or fp32.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 ranks=1 epochs=1 dry=0
@@ -26,6 +28,11 @@ prepare=() train=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do prepare+=("$1"); shift; done
 [ $# -gt 0 ] && shift
 train=("$@")
+python=${SO_PYTHON:-$("$root/scripts/python_env.sh" path)/bin/python}
+if [ $dry -eq 0 ] && [ ! -x "$python" ]; then
+  echo "$0: no Python at $python: run scripts/install-deps.sh (it makes the project's environment) or set SO_PYTHON" >&2
+  exit 2
+fi
 so_train=${SO_TRAIN:-$root/build/launcher/so_train}
 so_ckpt=${SO_CKPT:-$root/build/launcher/so_ckpt}
 
@@ -37,7 +44,7 @@ if [ "$ranks" -gt 1 ]; then
   [ "$ranks" -gt "$(nproc)" ] && launch+=(--oversubscribe)
 fi
 [ $dry -eq 1 ] || mkdir -p "$out"
-run "${SO_PYTHON:?set SO_PYTHON to the project Python, $(scripts/python_env.sh path)/bin/python}" "$root/scripts/prepare_data.py" \
+run "$python" "$root/scripts/prepare_data.py" \
   --model-dir "$model" --input "$data" --out "$out/data.h5" "${prepare[@]}"
 run "${launch[@]}" "$so_train" --config "$config" --model "$model" --data "$out/data.h5" \
   --set "train.num_train_epochs=$epochs" --save-dir "$out/checkpoints" --save-at-end \

@@ -49,14 +49,14 @@ gpu_tests=$(ctest --test-dir "$build" -N "${selection[@]}" --show-only=json-v1 2
 [ -n "$gpu_tests" ] || { echo "gpu_pack.sh: ctest lists no gpu-labelled test in $build${SO_PACK_TESTS:+ matching '$SO_PACK_TESTS'}" >&2; exit 2; }
 [ -z "${SO_PACK_TESTS:-}" ] || echo "gpu_pack.sh: the test executables of ctest -L gpu -R '$SO_PACK_TESTS' only:" $gpu_tests
 rm -rf "$tree/build/fuzz" "$tree/build/aarch64"
-(cd "$tree/build" && find tests -type f -perm -u+x -exec sh -c 'head -c4 "$1" | grep -q ELF' _ {} \; -print) |
+(cd "$tree/build" && find tests -type f -perm -u+x -exec sh -c 'head -c4 "$1" | grep ELF >/dev/null' _ {} \; -print) |
   while read -r f; do
-    echo "$gpu_tests" | grep -qx "$built_at/$f" || rm -f "$tree/build/$f"
+    echo "$gpu_tests" | grep -x "$built_at/$f" >/dev/null || rm -f "$tree/build/$f"
   done
 # 2. Shared libraries, but those the GPU machine has (CUDA, NVIDIA's, the C and C++ runtimes).
 machine_has='linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread|librt\.so|libcuda\.so|libcudart|libcublas|libnccl|libcudnn|libnvidia|libstdc\+\+|libgcc_s'
 ompi=/usr/lib/x86_64-linux-gnu/openmpi
-elves=$(find "$tree/build" -type f -perm -u+x -exec sh -c 'head -c4 "$1" | grep -q ELF && echo "$1"' _ {} \;)
+elves=$(find "$tree/build" -type f -perm -u+x -exec sh -c 'head -c4 "$1" | grep ELF >/dev/null && echo "$1"' _ {} \;)
 # h5diff: the checkpoint tests compare files with it (Debian's hdf5-tools; not on the GPU machine).
 mkdir -p "$tree/bin"
 cp -L /usr/bin/h5diff "$tree/bin/"
@@ -73,7 +73,7 @@ cp -a /usr/share/openmpi "$tree/ompi/share/"
 cp -L /usr/bin/orted /usr/bin/orterun "$tree/ompi/bin/"
 ln -s orterun "$tree/ompi/bin/mpirun"
 # 4. Debug info off every ELF file (symbols stay: backtraces still name functions).
-find "$tree" -type f -exec sh -c 'head -c4 "$1" | grep -q ELF && strip --strip-debug "$1"' _ {} \; 2>/dev/null || true
+find "$tree" -type f -exec sh -c 'head -c4 "$1" | grep ELF >/dev/null && strip --strip-debug "$1"' _ {} \; 2>/dev/null || true
 mkdir -p "$out"
 if [ "$out" = "$root/.gpu" ]; then
   # A worktree's .git is a file: ask git where its exclude file is.

@@ -52,12 +52,13 @@ BlendedSampler::BlendedSampler(std::vector<std::unique_ptr<BatchSampler>> parts,
                                int64_t micro_batch, int64_t seq_len, uint64_t seed)
     : parts_(std::move(parts)), micro_batch_(micro_batch), seq_len_(seq_len), seed_(seed) {
   SO_CHECK(!parts_.empty() && parts_.size() == weights.size(), "a blend needs one weight per dataset");
+  for (double w : weights) SO_CHECK(w > 0.0 && std::isfinite(w), "blend weight ", w, " must be positive and finite");
+  // Relative to the largest weight first: the sum of weights near 1e308 would overflow to
+  // infinity (and every share but the last read as 0); the sum of these is at most their count.
+  const double largest = *std::max_element(weights.begin(), weights.end());
   double total = 0.0;
-  for (double w : weights) {
-    SO_CHECK(w > 0.0 && std::isfinite(w), "blend weight ", w, " must be positive");
-    total += w;
-  }
-  for (double w : weights) cumulative_.push_back((cumulative_.empty() ? 0.0 : cumulative_.back()) + w / total);
+  for (double w : weights) total += w / largest;
+  for (double w : weights) cumulative_.push_back((cumulative_.empty() ? 0.0 : cumulative_.back()) + w / largest / total);
   cumulative_.back() = 1.0;
 }
 

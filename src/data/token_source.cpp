@@ -91,7 +91,7 @@ class Hdf5Tokens final : public TokenSource {
     const std::string type = file_.type_description(dataset);
     SO_CHECK(file_.is_integer(dataset), "HDF5 token dataset '", dataset, "' in '", path, "' holds ", type,
              "; token ids must be integers (a float dataset would be truncated)");
-    file_.check_written(dataset);
+    file_.check_stored(dataset);
     count_ = shape[0];
   }
   int64_t size() const override { return count_; }

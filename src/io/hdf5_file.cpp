@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -180,14 +181,75 @@ void H5File::read_i32_slab(const std::string& dataset, int rank, int64_t first, 
            what, ": reading [", first, ", ", first + count, ") failed (damaged file)");
 }
 
-void H5File::check_written(const std::string& dataset) const {
+namespace {
+// The usual names of registered third-party filters, for a file whose pipeline records none.
+const char* filter_name(H5Z_filter_t id) {
+  switch (id) {
+    case H5Z_FILTER_DEFLATE: return "gzip";
+    case H5Z_FILTER_SHUFFLE: return "shuffle";
+    case H5Z_FILTER_FLETCHER32: return "fletcher32";
+    case H5Z_FILTER_SZIP: return "szip";
+    case H5Z_FILTER_NBIT: return "nbit";
+    case H5Z_FILTER_SCALEOFFSET: return "scaleoffset";
+    case 32000: return "lzf";
+    case 32001: return "blosc";
+    case 32004: return "lz4";
+    case 32008: return "bitshuffle";
+    case 32015: return "zstd";
+    default: return "unknown";
+  }
+}
+}  // namespace
+
+void H5File::check_stored(const std::string& dataset) const {
+  const std::string what = str_cat(path_, ": dataset '", dataset, "'");
   H5Id d = open_dataset(dataset);
   H5Id space(H5Dget_space(d.get()));
-  const std::vector<int64_t> dims = extent_of(space.get(), str_cat(path_, ": dataset '", dataset, "'"));
+  const std::vector<int64_t> dims = extent_of(space.get(), what);
+  H5Id plist(H5Dget_create_plist(d.get()));
+  const H5D_layout_t layout = H5Pget_layout(plist.get());
+  // Data kept elsewhere reads as the fill value wherever the other file is missing or short.
+  SO_CHECK(layout == H5D_COMPACT || layout == H5D_CONTIGUOUS || layout == H5D_CHUNKED, what,
+           " is a virtual dataset (its data lives in other files); store the data in this file (h5repack)");
+  SO_CHECK(H5Pget_external_count(plist.get()) == 0, what,
+           " keeps its data in external files; store the data in this file (h5repack)");
+  const int filters = H5Pget_nfilters(plist.get());
+  SO_CHECK(filters >= 0, what, ": its filter pipeline is unreadable");
+  for (int i = 0; i < filters; ++i) {
+    unsigned flags = 0, config = 0;
+    size_t n_values = 0;
+    char name[64] = {};
+    const H5Z_filter_t id = H5Pget_filter2(plist.get(), static_cast<unsigned>(i), &flags, &n_values, nullptr,
+                                           sizeof(name), name, &config);
+    SO_CHECK(id >= 0, what, ": filter ", i, " of its pipeline is unreadable");
+    SO_CHECK(quietly([&] { return H5Zfilter_avail(id); }) > 0, what, " is compressed with the HDF5 filter '",
+             name[0] ? name : filter_name(id), "' (id ", id, "), which this build's HDF5 library cannot decode: rewrite it "
+             "uncompressed or with gzip (h5repack -f GZIP=4)");
+  }
   if (numel(dims) == 0) return;
+  if (layout == H5D_CHUNKED) {
+    // Compressed chunks are smaller than their extent, so HDF5's space status calls a dataset
+    // whose every chunk is written "partly allocated": count the chunks instead.
+    std::vector<hsize_t> chunk(dims.size());
+    SO_CHECK(H5Pget_chunk(plist.get(), static_cast<int>(chunk.size()), chunk.data()) == static_cast<int>(chunk.size()),
+             what, ": its chunk shape is unreadable");
+    unsigned __int128 expected = 1;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      SO_CHECK(chunk[i] > 0, what, ": a chunk dimension is 0");
+      expected *= (static_cast<uint64_t>(dims[i]) + chunk[i] - 1) / chunk[i];
+      expected = std::min<unsigned __int128>(expected, UINT64_MAX);  // dims < 2^64 each: no wrap before this
+    }
+    hsize_t written = 0;
+    SO_CHECK(H5Dget_num_chunks(d.get(), space.get(), &written) >= 0, what, ": its chunk index is unreadable");
+    SO_CHECK(written == expected, what, " of shape ", shape_text(dims), " was ",
+             written == 0 ? "declared but never written"
+                          : str_cat("only partly written (", written, " of its ", static_cast<uint64_t>(expected), " chunks)"),
+             " (HDF5 would hand back its fill value, zeros, for what is missing): write it completely");
+    return;
+  }
   H5D_space_status_t status;
-  SO_CHECK(H5Dget_space_status(d.get(), &status) >= 0, path_, ": dataset '", dataset, "': storage status unreadable");
-  SO_CHECK(status == H5D_SPACE_STATUS_ALLOCATED, path_, ": dataset '", dataset, "' of shape ", shape_text(dims), " was ",
+  SO_CHECK(H5Dget_space_status(d.get(), &status) >= 0, what, ": storage status unreadable");
+  SO_CHECK(status == H5D_SPACE_STATUS_ALLOCATED, what, " of shape ", shape_text(dims), " was ",
            status == H5D_SPACE_STATUS_NOT_ALLOCATED ? "declared but never written" : "only partly written",
            " (HDF5 would hand back its fill value, zeros, for what is missing): write it completely");
 }

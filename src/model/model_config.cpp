@@ -1,8 +1,10 @@
 #include "so/model/model_config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 
 #include "so/core/error.h"
 #include "so/core/json_reader.h"
@@ -16,6 +18,8 @@ namespace {
 const char* kIgnoredHfKeys[] = {"bos_token_id", "eos_token_id", "transformers_version", "use_cache",
                                 "_name_or_path", "output_attentions", "output_hidden_states", "return_dict",
                                 "model_name", "is_decoder"};
+
+using MoeStyle = ModelConfig::Moe::Style;
 
 // A model family is data: its model_type, the class transformers builds for it, and which of the
 // decoder's optional pieces it switches on.
@@ -34,41 +38,93 @@ struct Family {
   // Qwen2/Qwen3: sliding_window applies only with use_sliding_window, on the layers layer_types
   // marks "sliding_attention" (by default those from max_window_layers on).
   bool window_layers = false;
+  // Qwen3-MoE: with use_sliding_window, on every layer (its config has no layer_types).
+  bool window_flagged = false;
   bool attention_sinks = false;  // self_attn.sinks per layer (GPT-OSS)
   bool fused = false;         // qkv_proj and gate_up_proj in the checkpoint
   bool scaled_rope = true;    // transformers' class takes linear/dynamic/yarn/llama3 (Phi-3's only longrope)
-  int64_t default_pad = -1;   // pad_token_id when the config has none (-1: no padding row)
-  int64_t default_head_dim = 0;  // head_dim when the config has none (0: hidden_size / num_attention_heads)
+  // The family's defaults, as its transformers config class has them, for a key the config leaves
+  // out (a key given as null means None: see nullable).
+  int64_t default_pad = -1;   // pad_token_id (-1: no padding row)
+  int64_t default_head_dim = 0;  // head_dim (0: hidden_size / num_attention_heads)
+  int64_t default_kv_heads = 0;  // num_key_value_heads (0: num_attention_heads)
+  int64_t default_max_positions = 0;  // max_position_embeddings
+  float default_rms_norm_eps = 1e-6f;
+  int64_t default_window = 0;  // sliding_window (0: none), where the family has windows
   double default_dropout = 0.0;  // attention_dropout and residual_dropout when the config has none
   bool trains_dropout = false;  // attention_dropout and residual_dropout are honoured (else only 0 is accepted)
-  // Mixture-of-experts layers and whose keys, routing and expert tensors they have (Moe::Style).
-  enum class Moe { None, Qwen3, GptOss } moe = Moe::None;
+  // Mixture-of-experts layers and whose keys, routing and expert tensors they have.
+  MoeStyle moe = MoeStyle::None;
   // Every layer's window from layer_types, sliding_window always applying (GPT-OSS).
   bool typed_windows = false;
   bool default_yarn = false;  // no RoPE keys means GPT-OSS's yarn (factor 32 over 4096 positions)
+  // Keys whose null the family's config takes as None, beyond kNullableEverywhere (space-separated):
+  // null pad_token_id = no padding row, head_dim = derived, num_key_value_heads = num_attention_heads,
+  // sliding_window = no window, layer_types = derived, mlp_only_layers = none; keys the family has
+  // no field for are ignored by transformers whatever they hold. Any other null is refused: its
+  // typed field refuses None (or the model fails to build or train with it).
+  const char* nullable = "";
 };
 constexpr Family kFamilies[] = {
     {.model_type = "llama", .architecture = "LlamaForCausalLM", .qkv_bias_key = "attention_bias",
-     .o_bias_key = "attention_bias"},
+     .o_bias_key = "attention_bias", .default_max_positions = 2048,
+     .nullable = "head_dim num_key_value_heads sliding_window use_sliding_window max_window_layers layer_types"},
     {.model_type = "qwen3", .architecture = "Qwen3ForCausalLM", .qk_norm = true, .qkv_bias_key = "attention_bias",
-     .o_bias_key = "attention_bias", .window_layers = true},
-    {.model_type = "qwen2", .architecture = "Qwen2ForCausalLM", .qkv_bias = true, .window_layers = true},
-    {.model_type = "mistral", .architecture = "MistralForCausalLM", .window = true},
+     .o_bias_key = "attention_bias", .window_layers = true, .default_head_dim = 128, .default_kv_heads = 32,
+     .default_max_positions = 32768, .default_window = 4096, .nullable = "num_key_value_heads sliding_window layer_types"},
+    {.model_type = "qwen2", .architecture = "Qwen2ForCausalLM", .qkv_bias = true, .window_layers = true,
+     .default_kv_heads = 32, .default_max_positions = 32768, .default_window = 4096,
+     .nullable = "num_key_value_heads sliding_window layer_types attention_bias"},
+    {.model_type = "mistral", .architecture = "MistralForCausalLM", .window = true, .default_kv_heads = 8,
+     .default_max_positions = 131072, .default_window = 4096,
+     .nullable = "head_dim sliding_window use_sliding_window max_window_layers layer_types attention_bias"},
     {.model_type = "phi3", .architecture = "Phi3ForCausalLM", .window = true, .fused = true, .scaled_rope = false,
-     .default_pad = 32000},
+     .default_pad = 32000, .default_max_positions = 4096, .default_rms_norm_eps = 1e-5f,
+     .nullable = "num_key_value_heads sliding_window use_sliding_window max_window_layers layer_types attention_bias"},
     {.model_type = "seed_oss", .architecture = "SeedOssForCausalLM", .qkv_bias_key = "attention_bias", .qkv_bias = true,
-     .o_bias_key = "attention_out_bias", .default_pad = 1, .default_head_dim = 128, .default_dropout = 0.1,
-     .trains_dropout = true},
+     .o_bias_key = "attention_out_bias", .default_pad = 1, .default_head_dim = 128, .default_kv_heads = 8,
+     .default_max_positions = 524288, .default_dropout = 0.1, .trains_dropout = true,
+     .nullable = "head_dim num_key_value_heads sliding_window use_sliding_window max_window_layers layer_types"},
     {.model_type = "qwen3_moe", .architecture = "Qwen3MoeForCausalLM", .qk_norm = true,
-     .qkv_bias_key = "attention_bias", .o_bias_key = "attention_bias", .moe = Family::Moe::Qwen3},
+     .qkv_bias_key = "attention_bias", .o_bias_key = "attention_bias", .window_flagged = true, .default_kv_heads = 4,
+     .default_max_positions = 32768, .default_window = 4096, .moe = MoeStyle::Qwen3,
+     .nullable = "sliding_window max_window_layers layer_types mlp_only_layers"},
     {.model_type = "gpt_oss", .architecture = "GptOssForCausalLM", .qkv_bias_key = "attention_bias", .qkv_bias = true,
-     .o_bias_key = "attention_bias", .o_bias = true, .attention_sinks = true, .moe = Family::Moe::GptOss,
-     .typed_windows = true, .default_yarn = true},
+     .o_bias_key = "attention_bias", .o_bias = true, .attention_sinks = true, .default_head_dim = 64,
+     .default_kv_heads = 8, .default_max_positions = 131072, .default_rms_norm_eps = 1e-5f, .default_window = 128,
+     .moe = MoeStyle::GptOss, .typed_windows = true, .default_yarn = true,
+     .nullable = "layer_types use_sliding_window max_window_layers"},
 };
+// Keys whose null every family takes as None: no padding row, no RoPE scaling, token ids and
+// bookkeeping so_train does not read.
+const char* kNullableEverywhere[] = {"pad_token_id", "rope_scaling", "rope_parameters", "dtype", "torch_dtype"};
+
+bool listed(const char* space_separated, const std::string& key) {
+  const std::string list = str_cat(" ", space_separated, " ");
+  return list.find(str_cat(" ", key, " ")) != std::string::npos;
+}
+
+// A null value is refused by name unless the family (or every family) takes it as None.
+void refuse_nulls(JsonReader& r, const Family& family, const char* const* ignored, size_t n_ignored) {
+  for (const auto& [key, value] : r.raw().items()) {
+    if (!value.is_null() || listed(family.nullable, key)) continue;
+    if (std::find(std::begin(kNullableEverywhere), std::end(kNullableEverywhere), key) != std::end(kNullableEverywhere))
+      continue;
+    if (std::find(ignored, ignored + n_ignored, key) != ignored + n_ignored) continue;
+    r.fail(key, str_cat("is null; ", family.model_type, "'s configuration takes a value there (transformers refuses "
+                        "None for it): give one, or leave the key out for ", family.model_type, "'s default"));
+  }
+}
 const Family* find_family(const std::string& model_type) {
   for (const Family& f : kFamilies)
     if (model_type == f.model_type) return &f;
   return nullptr;
+}
+// The model_type of every row, for the error that names what is supported.
+std::string supported_model_types() {
+  std::string list;
+  for (const Family& f : kFamilies) list += (list.empty() ? "" : ", ") + std::string(f.model_type);
+  return list;
 }
 
 // Sizes far beyond any model so_train can hold, and small enough that no buffer size computed
@@ -153,8 +209,7 @@ void read_rope_scaling(JsonReader& rp, ModelConfig& c, int64_t top_original) {
 // width is intermediate_size, their GLU is clamped (swiglu_alpha, swiglu_limit).
 void read_moe(JsonReader& r, const Family& family, ModelConfig& c) {
   ModelConfig::Moe& m = c.moe;
-  const bool gpt_oss = family.moe == Family::Moe::GptOss;
-  m.style = gpt_oss ? ModelConfig::Moe::Style::GptOss : ModelConfig::Moe::Style::Qwen3;
+  const bool gpt_oss = family.moe == MoeStyle::GptOss;
   if (r.has("num_experts") && r.has("num_local_experts") &&
       r.raw().at("num_experts") != r.raw().at("num_local_experts"))
     r.fail("num_experts", "and num_local_experts differ; they name the same count");
@@ -208,28 +263,85 @@ void read_moe(JsonReader& r, const Family& family, ModelConfig& c) {
         r.fail("mlp_only_layers", str_cat("holds ", brief_json(v), "; layer indices are 0 to ", c.num_layers - 1));
       m.dense_layers.push_back(v.get<int64_t>());
     }
+    // A set of layers, however often the list names one (transformers tests membership).
+    std::sort(m.dense_layers.begin(), m.dense_layers.end());
+    m.dense_layers.erase(std::unique(m.dense_layers.begin(), m.dense_layers.end()), m.dense_layers.end());
   }
 }
 }  // namespace
 
-int64_t ModelConfig::num_parameters() const {
-  const int64_t H = hidden_size;
-  const int64_t per_layer = H * q_dim() + 2 * H * kv_dim() + q_dim() * H + 3 * H * intermediate_size + 2 * H +
-                            (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? q_dim() + 2 * kv_dim() : 0) + (o_bias ? H : 0) +
-                            (attention_sinks ? num_heads : 0);
-  int64_t total = vocab_size * H * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + H;
-  const bool gpt_oss = moe.style == Moe::Style::GptOss;  // router and experts with biases
-  const int64_t moe_layer = moe.experts * (H + 3 * H * moe.intermediate) +
-                            (gpt_oss ? moe.experts * (1 + 2 * moe.intermediate + H) : 0);
-  for (int64_t l = 0; l < num_layers; ++l)  // an MoE layer's router and experts instead of its MLP
-    if (is_moe_layer(l)) total += moe_layer - 3 * H * intermediate_size;
-  return total;
+namespace {
+
+// The tensors and parameters of a model, counted as ParamLayout::for_model lays them out, in 128
+// bits: a config is bounded by them before any per-tensor table is built.
+struct ModelSize {
+  __int128 tensors = 0, parameters = 0;
+};
+
+ModelSize model_size(const ModelConfig& c) {
+  using W = __int128;
+  const W H = c.hidden_size, V = c.vocab_size, q = c.q_dim(), kv = c.kv_dim();
+  ModelSize s;
+  s.tensors = 2 + (c.tie_word_embeddings ? 0 : 1);  // embedding, final norm, lm_head
+  s.parameters = V * H * (c.tie_word_embeddings ? 1 : 2) + H;
+  const W attention_tensors = 6 + (c.qkv_bias ? 3 : 0) + (c.o_bias ? 1 : 0) + (c.attention_sinks ? 1 : 0) +
+                              (c.qk_norm ? 2 : 0);  // with the two norms
+  const W attention = 2 * H * q + 2 * H * kv + 2 * H + (c.qk_norm ? 2 * W(c.head_dim) : 0) +
+                      (c.qkv_bias ? q + 2 * kv : 0) + (c.o_bias ? H : 0) + (c.attention_sinks ? W(c.num_heads) : 0);
+  const W E = c.moe.experts, Ie = c.moe.intermediate;
+  const bool gpt_oss = c.moe.style == MoeStyle::GptOss;  // fused experts, router and experts with biases
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    s.tensors += attention_tensors;
+    s.parameters += attention;
+    if (!c.is_moe_layer(l)) {
+      s.tensors += 3, s.parameters += 3 * H * W(c.intermediate_size);
+    } else if (gpt_oss) {
+      s.tensors += 6, s.parameters += E * (H + 3 * H * Ie) + E * (1 + 2 * Ie + H);
+    } else {
+      s.tensors += 1 + 3 * E, s.parameters += E * (H + 3 * H * Ie);
+    }
+  }
+  return s;
 }
+
+// Far beyond any model so_train can hold: every size computed from the count (bytes of weights,
+// gradients and optimizer state, per rank) stays exact in 64 bits.
+constexpr int64_t kMaxParameters = int64_t{1} << 50;
+// Per-tensor tables (names, shapes, offsets, buckets) grow with this: Qwen3-MoE-235B has 36k.
+constexpr int64_t kMaxTensors = int64_t{1} << 18;
+
+std::string wide_text(__int128 v) {
+  std::string digits;
+  do digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(v % 10))), v /= 10;
+  while (v > 0);
+  return digits;
+}
+
+// Refuses, naming the keys, a model whose tensor or parameter count is past the bounds above.
+void check_model_size(JsonReader& r, const ModelConfig& c) {
+  const ModelSize s = model_size(c);
+  const char* experts_key = c.moe.style == MoeStyle::GptOss ? "num_local_experts" : "num_experts";
+  if (s.tensors > kMaxTensors)
+    r.fail("num_hidden_layers", str_cat("(", c.num_layers, ") with ", experts_key, " (", c.moe.experts, ") makes ",
+                                        wide_text(s.tensors), " tensors (each expert of each MoE layer has its own), more "
+                                        "than the ", kMaxTensors, " so_train lays out"));
+  if (s.parameters > kMaxParameters)
+    r.fail("num_hidden_layers", str_cat("(", c.num_layers, ") with vocab_size ", c.vocab_size, ", hidden_size ",
+                                        c.hidden_size, ", intermediate_size ", c.intermediate_size,
+                                        c.moe.experts > 0 ? str_cat(", ", experts_key, " ", c.moe.experts,
+                                                                    ", moe_intermediate_size ", c.moe.intermediate)
+                                                          : "",
+                                        " makes ", wide_text(s.parameters), " parameters, more than 2^50 (",
+                                        static_cast<double>(kMaxParameters), "), far past any model that can be trained"));
+}
+
+}  // namespace
+
+int64_t ModelConfig::num_parameters() const { return static_cast<int64_t>(model_size(*this).parameters); }
 
 bool ModelConfig::is_moe_layer(int64_t l) const {
   if (moe.experts == 0) return false;
-  for (int64_t d : moe.dense_layers)
-    if (d == l) return false;
+  if (std::binary_search(moe.dense_layers.begin(), moe.dense_layers.end(), l)) return false;
   return (l + 1) % moe.sparse_step == 0;
 }
 
@@ -253,8 +365,13 @@ void read_sliding_window(JsonReader& r, const Family& family, ModelConfig& c) {
       r.fail("layer_types", str_cat("is ", brief_json(*types), "; it must list \"full_attention\" or "
                                     "\"sliding_attention\" for each of the ", c.num_layers, " layers"));
   }
+  // The window: as given, the family's default when the key is absent, none when it is null.
+  const auto window = [&]() -> int64_t {
+    if (r.raw().contains("sliding_window") && r.raw().at("sliding_window").is_null()) return 0;
+    return r.get_in("sliding_window", family.default_window, 1, INT32_MAX);
+  };
   if (family.typed_windows) {  // GPT-OSS: layer_types decides, by default every other layer from 0
-    c.sliding_window = r.get_in("sliding_window", 128, 1, INT32_MAX);
+    c.sliding_window = window();
     c.sliding_layers.resize(static_cast<size_t>(c.num_layers));
     for (int64_t l = 0; l < c.num_layers; ++l)
       c.sliding_layers[l] = types != nullptr ? (*types)[l] == "sliding_attention" : l % 2 == 0;
@@ -262,11 +379,11 @@ void read_sliding_window(JsonReader& r, const Family& family, ModelConfig& c) {
   }
   // Mistral and Phi-3 window every layer whatever use_sliding_window says (transformers reads it not).
   const bool flag = r.get<bool>("use_sliding_window", false);
-  if (flag && !family.window_layers && !family.window)
+  if (flag && !family.window_layers && !family.window && !family.window_flagged)
     r.fail("use_sliding_window", str_cat("is true; ", c.model_type, " models have no sliding-window attention"));
-  const bool use = family.window_layers && flag;
-  if (family.window || use) c.sliding_window = r.get_in("sliding_window", 0, 1, INT32_MAX);
-  if (family.window) {  // every layer
+  const bool use = (family.window_layers || family.window_flagged) && flag;
+  if (family.window || use) c.sliding_window = window();
+  if (family.window || family.window_flagged) {  // every layer (Qwen3-MoE: when use_sliding_window)
     c.sliding_layers.assign(static_cast<size_t>(c.num_layers), c.sliding_window > 0);
     return;
   }
@@ -293,8 +410,12 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   c.model_type = r.require<std::string>("model_type");
   const Family* family = find_family(c.model_type);
   if (!family)
-    r.fail("model_type", str_cat("is '", c.model_type, "'; supported: llama, qwen3, qwen2, mistral, phi3, seed_oss, qwen3_moe, gpt_oss"));
+    r.fail("model_type", str_cat("is '", c.model_type, "'; supported: ", supported_model_types()));
   c.fused_projections = family->fused;
+  refuse_nulls(r, *family, kIgnoredHfKeys, std::size(kIgnoredHfKeys));
+  // Absent: the family's default; null (where the family takes it): None.
+  const auto is_null = [&](const char* key) { return j.contains(key) && j.at(key).is_null(); };
+  c.moe.style = family->moe;
   auto size = [&](const char* key, int64_t fallback) {
     if (fallback < 0 && !r.has(key)) r.fail(key, "is required");
     return r.get_in(key, fallback, 1, size_bound(key));
@@ -304,20 +425,22 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   c.intermediate_size = size("intermediate_size", -1);
   c.num_layers = size("num_hidden_layers", -1);
   c.num_heads = size("num_attention_heads", -1);
-  c.num_kv_heads = size("num_key_value_heads", c.num_heads);
-  c.max_position_embeddings = size("max_position_embeddings", 4096);
-  // nn.Embedding takes a padding_idx in [-vocab, vocab), a negative one counted from the end.
+  c.num_kv_heads = size("num_key_value_heads", is_null("num_key_value_heads") || family->default_kv_heads == 0
+                                                    ? c.num_heads : family->default_kv_heads);
+  c.max_position_embeddings = size("max_position_embeddings", family->default_max_positions);
+  // nn.Embedding takes a padding_idx in [-vocab, vocab), a negative one counted from the end; null
+  // is no padding row (what transformers 5 writes when there is none).
   r.accept("pad_token_id");
   if (r.has("pad_token_id")) {
     c.pad_token_id = r.get_in("pad_token_id", -1, -c.vocab_size, c.vocab_size - 1);
     if (c.pad_token_id < 0) c.pad_token_id += c.vocab_size;
-  } else if (family->default_pad >= 0) {
+  } else if (family->default_pad >= 0 && !is_null("pad_token_id")) {
     if (family->default_pad >= c.vocab_size)
       r.fail("pad_token_id", str_cat("is absent and ", c.model_type, "'s default (", family->default_pad,
                                      ") is outside the vocabulary (", c.vocab_size, "); give pad_token_id"));
     c.pad_token_id = family->default_pad;
   }
-  c.rms_norm_eps = r.get<float>("rms_norm_eps", 1e-6f);
+  c.rms_norm_eps = r.get<float>("rms_norm_eps", family->default_rms_norm_eps);
   if (!(c.rms_norm_eps > 0.0f)) r.fail("rms_norm_eps", str_cat("is ", c.rms_norm_eps, "; it must be positive"));
   c.tie_word_embeddings = r.get<bool>("tie_word_embeddings", false);
   c.initializer_range = r.get<float>("initializer_range", 0.02f);
@@ -330,10 +453,10 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   if (c.num_kv_heads > c.num_heads || c.num_heads % c.num_kv_heads != 0)
     r.fail("num_attention_heads", str_cat("(", c.num_heads, ") is not divisible by num_key_value_heads (",
                                           c.num_kv_heads, ")"));
-  r.accept("head_dim");  // null: derived, as transformers derives it
+  r.accept("head_dim");  // null (where the family takes it): derived, as transformers derives it
   if (r.has("head_dim")) {
     c.head_dim = size("head_dim", -1);
-  } else if (family->default_head_dim > 0) {
+  } else if (family->default_head_dim > 0 && !is_null("head_dim")) {
     c.head_dim = family->default_head_dim;
   } else {
     if (c.hidden_size % c.num_heads != 0)
@@ -397,7 +520,8 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   }
   if (r.get_in("pretraining_tp", 1, INT64_MIN, INT64_MAX) != 1)
     r.fail("pretraining_tp", "is not 1; only unsplit projections are supported");
-  if (family->moe != Family::Moe::None) read_moe(r, *family, c);
+  if (family->moe != MoeStyle::None) read_moe(r, *family, c);
+  check_model_size(r, c);
   const std::string arch = family->architecture;
   r.accept("architectures");
   if (r.has("architectures")) {
@@ -444,16 +568,16 @@ nlohmann::json ModelConfig::to_hf_json() const {
     j["attention_dropout"] = shortest_decimal(attention_dropout);
     j["residual_dropout"] = shortest_decimal(residual_dropout);
   }
-  if (family.moe != Family::Moe::None) {
+  if (family.moe != MoeStyle::None) {
     j["num_experts_per_tok"] = moe.top_k;
     j["router_aux_loss_coef"] = moe.aux_loss_coef;
     j["output_router_logits"] = moe.aux_loss;
   }
-  if (family.moe == Family::Moe::GptOss) {
+  if (family.moe == MoeStyle::GptOss) {
     j["num_local_experts"] = moe.experts;
     j["swiglu_alpha"] = moe.glu_alpha;
     j["swiglu_limit"] = moe.glu_limit;
-  } else if (family.moe == Family::Moe::Qwen3) {
+  } else if (family.moe == MoeStyle::Qwen3) {
     j["num_experts"] = moe.experts;
     j["moe_intermediate_size"] = moe.intermediate;
     j["norm_topk_prob"] = moe.normalize;
@@ -462,6 +586,10 @@ nlohmann::json ModelConfig::to_hf_json() const {
   }
   if (family.window)
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
+  if (family.window_flagged) {
+    j["use_sliding_window"] = sliding_window > 0;
+    j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
+  }
   if (family.window_layers) {
     j["use_sliding_window"] = sliding_window > 0;
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);

@@ -1,8 +1,10 @@
 #include "so/train/decay_groups.h"
 
+#include <re2/re2.h>
+
 #include <algorithm>
 #include <cctype>
-#include <regex>
+#include <memory>
 #include <set>
 
 #include "so/core/error.h"
@@ -18,22 +20,35 @@ std::string lower(std::string s) {
 
 // "model.layers.3.input_layernorm.weight" -> "model.layers.*.input_layernorm.weight": one entry per
 // kind of tensor in the start-up line, not one per layer.
-std::string kind_of(const std::string& name) {
-  static const std::regex layer_index(R"(\.layers\.[0-9]+\.)");
-  return std::regex_replace(name, layer_index, ".layers.*.");
+std::string kind_of(std::string name) {
+  static const RE2 layer_index(R"(\.layers\.[0-9]+\.)");
+  RE2::GlobalReplace(&name, layer_index, ".layers.*.");
+  return name;
+}
+
+// A pattern of the config: searched in time linear in the name whatever it is (RE2 has no
+// backtracking; std::regex took exponential time on "(.+)+z" and overflowed its stack compiling
+// deeply nested groups), and bounded in length so that compiling it is too.
+constexpr size_t kMaxPatternBytes = 1024;
+
+std::unique_ptr<RE2> compile(const std::string& p) {
+  if (p.size() > kMaxPatternBytes)
+    throw Error(str_cat("has a pattern of ", p.size(), " characters ('", p.substr(0, 40), "...'); at most ",
+                        kMaxPatternBytes));
+  RE2::Options options;
+  options.set_log_errors(false);
+  auto re = std::make_unique<RE2>(p, options);
+  if (!re->ok())
+    throw Error(str_cat("has '", p, "', which is not a regular expression (", re->error(),
+                        "; RE2 syntax: no backreferences or lookaround)"));
+  return re;
 }
 
 }  // namespace
 
 DecayGroups decay_groups(const ParamLayout& layout, const DecayGroupsConfig& cfg, double weight_decay) {
-  std::vector<std::regex> patterns;
-  for (const std::string& p : cfg.exclude) {
-    try {
-      patterns.emplace_back(p, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      throw Error(str_cat("has '", p, "', which is not a regular expression (", e.what(), ")"));
-    }
-  }
+  std::vector<std::unique_ptr<RE2>> patterns;
+  for (const std::string& p : cfg.exclude) patterns.push_back(compile(p));
   DecayGroups g;
   g.no_decay.assign(layout.params.size(), 0);
   std::vector<int64_t> matched(patterns.size(), 0);
@@ -42,7 +57,7 @@ DecayGroups decay_groups(const ParamLayout& layout, const DecayGroupsConfig& cfg
   for (size_t id = 0; id < layout.params.size(); ++id) {
     const std::string name = lower(layout.params[id].name);
     for (size_t k = 0; k < patterns.size(); ++k)
-      if (std::regex_search(name, patterns[k])) g.no_decay[id] = 1, ++matched[k];
+      if (RE2::PartialMatch(name, *patterns[k])) g.no_decay[id] = 1, ++matched[k];
     if (!cfg.decay_embeddings && static_cast<int>(id) == layout.embedding) g.no_decay[id] = 1;
     const int group = g.no_decay[id] ? 1 : 0;
     if (group) excluded_kinds.insert(kind_of(layout.params[id].name));

@@ -2,13 +2,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
+#include "so/core/error.h"
 #include "so/data/batch_sampler.h"
 
 namespace so {
 
 Evaluation evaluate(LlamaModel& model, ParamStore& params, ModelHooks& hooks, const SampleStream& validation,
                     const EvaluationShare& s, Communicator& world) {
+  // Tests make an evaluation fail after every split passed its start-up checks (the run must keep
+  // the steps it trained).
+  SO_CHECK(std::getenv("SO_TEST_EVALUATION_FAILS") == nullptr, "evaluation on ", validation.describe(),
+           " failed: SO_TEST_EVALUATION_FAILS is set");
   const int64_t rows = validation.samples_per_epoch(), per_round = s.micro_batch * s.dp_size;
   double sums[2] = {0.0, 0.0};  // token losses, supervised tokens
   model.zero_loss();

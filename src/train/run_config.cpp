@@ -49,12 +49,40 @@ constexpr int64_t kMaxSteps = int64_t{1} << 40;
 constexpr int64_t kMaxElements = int64_t{1} << 40;
 constexpr int64_t kMaxBatch = int64_t{1} << 30;  // sequences; a product of two stays below 2^60
 
+// The kernels compute in float: a learning rate (and eps, wd) must survive the rounding.
+bool float_finite(double x) { return std::isfinite(static_cast<float>(x)); }
+
+// A learning rate of the config (optimizer.params.lr and the schedules' lr keys): >= 0 (or > 0)
+// and finite as a 32-bit float. A negative one trains by gradient ascent, one past 3.4e38 is
+// infinite in the kernels and every loss NaN.
+double read_lr(JsonReader& p, const char* key, double fallback, bool positive = false) {
+  const double lr = p.get<double>(key, fallback);
+  if (!((positive ? lr > 0 : lr >= 0) && float_finite(lr)))
+    p.fail(key, str_cat("is ", lr, "; it must be ", positive ? "> 0" : ">= 0",
+                        " and finite as a 32-bit float (<= 3.4e38)"));
+  return lr;
+}
+
+// A fraction of optimizer.params.lr, in [0, 1].
+double read_fraction(JsonReader& p, const char* key, double fallback) {
+  const double v = p.get<double>(key, fallback);
+  if (!(v >= 0 && v <= 1)) p.fail(key, str_cat("is ", v, "; it must be in [0, 1] (a fraction of optimizer.params.lr)"));
+  return v;
+}
+
+// A rate (a factor per step): >= 0 and finite.
+double read_rate(JsonReader& p, const char* key, double fallback) {
+  const double v = p.get<double>(key, fallback);
+  if (!(v >= 0 && std::isfinite(v))) p.fail(key, str_cat("is ", v, "; it must be >= 0 and finite"));
+  return v;
+}
+
 void parse_optimizer(JsonReader r, RunConfig& c) {
   const std::string type = r.get<std::string>("type", "AdamW");
   // DeepSpeed's "Adam" defaults to adam_w_mode (decoupled decay): both mean AdamW here.
   if (type != "AdamW" && type != "Adam") r.fail("type", "is '" + type + "'; supported: AdamW, Adam (AdamW mode)");
   JsonReader p = r.child("params");
-  c.schedule.base_lr = p.get<double>("lr", 1e-3);
+  c.schedule.base_lr = read_lr(p, "lr", 1e-3);
   const auto betas = p.get<std::vector<double>>("betas", {0.9, 0.999});
   if (betas.size() != 2) p.fail("betas", "must have two elements");
   for (double b : betas)
@@ -63,15 +91,11 @@ void parse_optimizer(JsonReader r, RunConfig& c) {
   c.adam.beta2 = betas[1];
   c.adam.eps = p.get<double>("eps", 1e-8);
   c.adam.weight_decay = p.get<double>("weight_decay", 0.0);
-  // The kernels compute in float: eps must survive the rounding (below 1.4e-45 it is 0, and a zero
-  // second moment would then divide by zero; above 3.4e38 it is infinite), and so must lr and wd.
-  const auto float_finite = [](double x) { return std::isfinite(static_cast<float>(x)); };
+  // eps below 1.4e-45 is 0 in float, and a zero second moment would then divide by zero.
   if (!(static_cast<float>(c.adam.eps) > 0.0f && float_finite(c.adam.eps)))
     p.fail("eps", str_cat("is ", c.adam.eps, "; it must be a positive number that a 32-bit float can hold (1.4e-45 .. 3.4e38)"));
   if (!p.get<bool>("adam_w_mode", true)) p.fail("adam_w_mode", "false (L2-coupled Adam) is not supported");
   p.accept("torch_adam");
-  if (!(c.schedule.base_lr >= 0 && float_finite(c.schedule.base_lr)))
-    p.fail("lr", str_cat("is ", c.schedule.base_lr, "; it must be >= 0 and finite as a 32-bit float (<= 3.4e38)"));
   if (!(c.adam.weight_decay >= 0 && float_finite(c.adam.weight_decay)))
     p.fail("weight_decay", str_cat("is ", c.adam.weight_decay, "; it must be >= 0 and finite as a 32-bit float"));
   p.finish();
@@ -80,9 +104,11 @@ void parse_optimizer(JsonReader r, RunConfig& c) {
 
 // DeepSpeed's OneCycle (deepspeed/runtime/lr_schedules.py), its parameter names and defaults.
 void parse_one_cycle(JsonReader& p, LrSchedule& s) {
-  s.cycle_min_lr = p.require<double>("cycle_min_lr");
-  s.cycle_max_lr = p.require<double>("cycle_max_lr");
-  s.decay_lr_rate = p.get<double>("decay_lr_rate", 0.0);
+  for (const char* k : {"cycle_min_lr", "cycle_max_lr"})
+    if (!p.has(k)) p.fail(k, "is required");
+  s.cycle_min_lr = read_lr(p, "cycle_min_lr", 0.0);
+  s.cycle_max_lr = read_lr(p, "cycle_max_lr", 0.0);
+  s.decay_lr_rate = read_rate(p, "decay_lr_rate", 0.0);
   s.cycle_first_step_size = static_cast<double>(p.get_in("cycle_first_step_size", 2000, 1, kMaxSteps));
   // DeepSpeed takes None (null) for "as long as the first half".
   const auto given = [&](const char* k) { return p.has(k) && !p.raw().at(k).is_null(); };
@@ -91,10 +117,8 @@ void parse_one_cycle(JsonReader& p, LrSchedule& s) {
                                  : s.cycle_first_step_size;
   p.accept("cycle_second_step_size");
   s.decay_step_size = p.get_in("decay_step_size", 0, 0, kMaxSteps);
-  if (!(s.cycle_min_lr >= 0)) p.fail("cycle_min_lr", str_cat("is ", s.cycle_min_lr, "; it must be >= 0"));
   if (!(s.cycle_max_lr >= s.cycle_min_lr))
     p.fail("cycle_max_lr", str_cat("is ", s.cycle_max_lr, ", below cycle_min_lr (", s.cycle_min_lr, ")"));
-  if (!(s.decay_lr_rate >= 0)) p.fail("decay_lr_rate", str_cat("is ", s.decay_lr_rate, "; it must be >= 0"));
   // A staircase is refused rather than ignored.
   for (const char* k : {"cycle_first_stair_count", "cycle_second_stair_count"}) {
     if (given(k) && p.get<int64_t>(k, 0) != 0)
@@ -115,13 +139,10 @@ void parse_one_cycle(JsonReader& p, LrSchedule& s) {
 
 // DeepSpeed's LRRangeTest.
 void parse_range_test(JsonReader& p, LrSchedule& s) {
-  s.range_min_lr = p.get<double>("lr_range_test_min_lr", 1e-3);
+  s.range_min_lr = read_lr(p, "lr_range_test_min_lr", 1e-3, true);
   s.range_step_size = static_cast<double>(p.get_in("lr_range_test_step_size", 2000, 1, kMaxSteps));
-  s.range_step_rate = p.get<double>("lr_range_test_step_rate", 1.0);
+  s.range_step_rate = read_rate(p, "lr_range_test_step_rate", 1.0);
   s.range_staircase = p.get<bool>("lr_range_test_staircase", false);
-  if (!(s.range_min_lr > 0)) p.fail("lr_range_test_min_lr", str_cat("is ", s.range_min_lr, "; it must be > 0"));
-  if (!(s.range_step_rate >= 0))
-    p.fail("lr_range_test_step_rate", str_cat("is ", s.range_step_rate, "; it must be >= 0"));
 }
 
 // Warmup-stable-decay with transformers.get_wsd_schedule's names: the stable phase given, or what
@@ -148,11 +169,14 @@ void parse_wsd(JsonReader& p, LrSchedule& s) {
   };
   s.warmup_type = shape("warmup_type", "linear");
   s.decay_type = shape("decay_type", "cosine");
-  s.min_lr_ratio = p.get<double>("min_lr_ratio", 0.0);
-  if (!(s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1))
-    p.fail("min_lr_ratio", str_cat("is ", s.min_lr_ratio, "; it must be in [0, 1] (a fraction of optimizer.params.lr)"));
+  s.min_lr_ratio = read_fraction(p, "min_lr_ratio", 0.0);
+  // More than half a period per decay step samples the cosine below its period: the lr the steps
+  // see is an alias (at 1e308 periods, 0 throughout).
   s.num_cycles = p.get<double>("num_cycles", 0.5);
-  if (!(s.num_cycles > 0)) p.fail("num_cycles", str_cat("is ", s.num_cycles, "; it must be > 0"));
+  const double most = std::max(0.5, static_cast<double>(s.decay_steps) / 2.0);
+  if (!(s.num_cycles > 0 && s.num_cycles <= most))
+    p.fail("num_cycles", str_cat("is ", s.num_cycles, "; it must be in (0, ", most,
+                                 "]: at most half a cosine period per decay step (num_decay_steps ", s.decay_steps, ")"));
 }
 
 void parse_scheduler(JsonReader r, RunConfig& c) {
@@ -175,11 +199,14 @@ void parse_scheduler(JsonReader r, RunConfig& c) {
     if (s.type == "WarmupCosineLR") {
       s.total_steps = p.get_in("total_num_steps", -1, 1, kMaxSteps);
       if (s.total_steps < 0) p.fail("total_num_steps", "is required");
-      s.warmup_min_ratio = p.get<double>("warmup_min_ratio", 0.0);
-      s.cos_min_ratio = p.get<double>("cos_min_ratio", 0.0001);
+      s.warmup_min_ratio = read_fraction(p, "warmup_min_ratio", 0.0);
+      s.cos_min_ratio = read_fraction(p, "cos_min_ratio", 0.0001);
     } else {
-      s.warmup_min_lr = p.get<double>("warmup_min_lr", 0.0);
-      s.warmup_max_lr = p.get<double>("warmup_max_lr", 0.001);
+      s.warmup_min_lr = read_lr(p, "warmup_min_lr", 0.0);
+      s.warmup_max_lr = read_lr(p, "warmup_max_lr", 0.001);
+      if (s.warmup_min_lr > s.warmup_max_lr)
+        p.fail("warmup_min_lr", str_cat("is ", s.warmup_min_lr, ", above warmup_max_lr (", s.warmup_max_lr,
+                                        "): the warm-up rises from the one to the other"));
       if (s.type == "WarmupDecayLR") {
         s.total_steps = p.get_in("total_num_steps", -1, 1, kMaxSteps);
         if (s.total_steps < 0) p.fail("total_num_steps", "is required");
@@ -533,6 +560,16 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
                    "section in the config");
   parse_data(r.child("data"), c);
   parse_train(r.child("train"), c);
+  // LRRangeTest's lr grows without end: it must stay finite as a float through the run's last step
+  // (through the most steps a run can take when its epochs decide them).
+  if (c.schedule.type == "LRRangeTest") {
+    const int64_t last = c.steps > 0 ? c.steps : kMaxSteps;
+    if (!float_finite(c.schedule.lr_at(last)))
+      r.fail("scheduler.params.lr_range_test_step_rate",
+             str_cat("is ", c.schedule.range_step_rate, ": with lr_range_test_min_lr ", c.schedule.range_min_lr,
+                     " and lr_range_test_step_size ", c.schedule.range_step_size, " the lr reaches ",
+                     c.schedule.lr_at(last), " by step ", last, ", past a 32-bit float"));
+  }
   parse_backend(r.child("backend"), c);
   if (r.has("csv_monitor")) parse_monitor(r.child("csv_monitor"), c.csv_monitor);
   if (r.has("tensorboard")) parse_monitor(r.child("tensorboard"), c.tensorboard);

@@ -5,10 +5,12 @@
 #include "so/train/trainer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <string_view>
 
 #include "parallel/collective_watchdog.h"
 #include "so/checkpoint/checkpoint.h"
@@ -185,6 +187,18 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
   run.throughput.gemm_tflops = run.backend->measured_gemm_tflops(cfg.dtype);
 }
 
+// s as one word of a POSIX shell command, as Python's shlex.quote writes it: bare when it holds
+// only characters no shell treats specially, else in single quotes (a quote in it as '"'"').
+std::string shell_word(const std::string& s) {
+  const bool bare = !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) {
+    return std::isalnum(c) || std::string_view("@%+=:,./-_").find(static_cast<char>(c)) != std::string_view::npos;
+  });
+  if (bare) return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\"'\"'") : std::string(1, c);
+  return out + "'";
+}
+
 // The start-up notes (rank 0): batch, model, decay groups, attention, memory, cores, engine, and
 // what is done with DeepSpeed's wandb and flops_profiler sections.
 void announce(Run& run, const TrainOptions& opts) {
@@ -221,9 +235,10 @@ void announce(Run& run, const TrainOptions& opts) {
   if (cfg.wandb.enabled)
     log_info(str_cat("wandb: so_train writes no wandb run itself; scripts/wandb_log.py logs this run's --metrics file "
                      "through the official client, after the run: WANDB_MODE=offline $SO_PYTHON scripts/wandb_log.py "
-                     "--metrics ", opts.metrics_path, " --config ", cfg.source, " --project '", cfg.wandb.project, "'",
-                     cfg.wandb.group.empty() ? "" : str_cat(" --group '", cfg.wandb.group, "'"),
-                     cfg.wandb.team.empty() ? "" : str_cat(" --team '", cfg.wandb.team, "'"),
+                     "--metrics ", shell_word(opts.metrics_path), " --config ", shell_word(cfg.source), " --project ",
+                     shell_word(cfg.wandb.project),
+                     cfg.wandb.group.empty() ? "" : str_cat(" --group ", shell_word(cfg.wandb.group)),
+                     cfg.wandb.team.empty() ? "" : str_cat(" --team ", shell_word(cfg.wandb.team)),
                      ", then `wandb sync wandb/offline-run-*` where there is a network"));
   if (cfg.flops_profiler)
     log_info(str_cat("flops_profiler: DeepSpeed's per-module profile is not written; every step line and --metrics record "
@@ -335,9 +350,9 @@ void record_step(Run& run, const StepOutcome& out, StepLog& log, CsvMonitor& csv
   csv.step_events(out.samples_before, out.loss, out.samples_after, run.cfg.schedule.lr_at(run.engine->steps_taken()));
 }
 
-// A diverged run stops with an error, its state saved first when saving is on (the steps it
-// skipped changed nothing, so that state is the last good one).
-[[noreturn]] void stop_diverged(Run& run, RunSaves& saves, StepLog& log, const std::string& why) {
+// A run that diverged or whose evaluation failed stops with an error, its state saved first when
+// saving is on (a diverged run's skipped steps changed nothing, so that state is the last good one).
+[[noreturn]] void stop_saving(Run& run, RunSaves& saves, StepLog& log, const std::string& why) {
   std::string saved;
   if (saves.on()) saves.save_now(run.state), saved = str_cat("; saved to ", saves.directory());
   run.engine->finish();
@@ -382,12 +397,16 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   for (int64_t step = first_step; step <= run.steps; ++step) {
     // Step.
     const StepOutcome out = take_step(run, step, opts, log);
-    // Log.
-    record_step(run, out, log, csv, summary);
+    // Log (and evaluate when due: a failure there costs none of the steps trained).
+    try {
+      record_step(run, out, log, csv, summary);
+    } catch (const std::exception& e) {
+      stop_saving(run, saves, log, str_cat("step ", step, " was trained, then: ", e.what()));
+    }
     // Health: loss spikes reported, a diverged run stopped.
     const StepGuard::Verdict verdict = guard.observe(step, out.loss, out.result.skipped);
     if (run.lead() && !verdict.warning.empty()) log_warn(verdict.warning);
-    if (!verdict.stop.empty()) stop_diverged(run, saves, log, verdict.stop);
+    if (!verdict.stop.empty()) stop_saving(run, saves, log, verdict.stop);
     // Save (and stop on a termination signal).
     if (saves.after_step(step, run.state)) {
       summary.stopped_by_signal = true;

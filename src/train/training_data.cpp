@@ -22,8 +22,13 @@ TrainingData open_streams(const RunConfig& cfg, int64_t micro_batch) {
              " tokens but data.seq_len is ", d.seq_len, " (leave data.seq_len out to take the file's)");
     out.train = std::make_unique<EpochSampler>(*out.train_rows, micro_batch, vocab, d.seed);
     out.tokens_count = out.train_rows->rows() * out.train_rows->row_length();
+    // Every split is read in full now (masks, document tables, token ids against the vocabulary)
+    // and must have the train split's rows: nothing is found only at an evaluation.
     if (H5File::open_read(d.path).exists("validation")) {
       out.validation_rows = std::make_unique<PreparedSplit>(d.path, "validation");
+      SO_CHECK(out.validation_rows->row_length() == out.train_rows->row_length(), d.path, ": split 'validation' holds rows of ",
+               out.validation_rows->row_length(), " tokens and split 'train' rows of ", out.train_rows->row_length(),
+               ": every split is read as data.seq_len-token sequences; prepare both with the same --max-length");
       out.validation = std::make_unique<EpochSampler>(*out.validation_rows, micro_batch, vocab, d.seed);
     }
     return out;

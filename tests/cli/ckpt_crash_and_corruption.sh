@@ -24,7 +24,7 @@ wait "$pid" 2>/dev/null
 [ "$(cat "$work/run/latest")" = "step-00000002.h5" ] || fail "latest moved to $(cat "$work/run/latest")"
 ls "$work/run"/.step-00000004.h5.partial >/dev/null 2>&1 || fail "no partial file: the kill came too late"
 "$so_ckpt" verify "$work/run" || fail "previous checkpoint does not verify"
-"$so_train" "${args[@]}" --steps 3 --resume "$work/run" 2>&1 | grep -q "done: 3 steps" || fail "resume after the crash"
+"$so_train" "${args[@]}" --steps 3 --resume "$work/run" 2>&1 | grep "done: 3 steps" >/dev/null || fail "resume after the crash"
 echo "crash: previous checkpoint intact, verified and resumed"
 
 # (3) A save that cannot fit (a file-size limit standing in for a full disk; SIGXFSZ ignored so that
@@ -34,7 +34,7 @@ out=$( (trap '' XFSZ; ulimit -f 4096; "$so_train" "${args[@]}" --steps 4 --resum
   --save-every 2) 2>&1)
 rc=$?
 [ $rc -eq 1 ] || fail "full disk: exit code $rc (expected 1): $(echo "$out" | tail -3)"
-echo "$out" | grep -Eq "error: checkpoint save to '.*': the checkpoint needs about .* MB but this process may not write files larger than" ||
+echo "$out" | grep -E "error: checkpoint save to '.*': the checkpoint needs about .* MB but this process may not write files larger than" >/dev/null ||
   fail "full disk: message: $(echo "$out" | grep error)"
 [ "$(cat "$work/run/latest")" = "step-00000002.h5" ] || fail "full disk: latest moved to $(cat "$work/run/latest")"
 ls "$work/run"/.step-*.partial >/dev/null 2>&1 && fail "full disk: a partial file was left behind"
@@ -51,9 +51,9 @@ printf '\xff' | dd of="$work/flip/step-00000002.h5" bs=1 seek=$((size / 2)) conv
 for d in trunc flip; do
   before=$(md5sum < "$work/$d/step-00000002.h5")
   out=$("$so_ckpt" verify "$work/$d" 2>&1) && fail "verify accepted the $d file"
-  echo "$out" | grep -q "DAMAGED" || fail "verify did not name the damage: $out"
+  echo "$out" | grep "DAMAGED" >/dev/null || fail "verify did not name the damage: $out"
   out=$("$so_train" "${args[@]}" --steps 3 --resume "$work/$d" 2>&1) && fail "resume accepted the $d file"
-  echo "$out" | grep -Eq "error: .*(truncated|checksum|damaged)" || fail "resume message: $out"
+  echo "$out" | grep -E "error: .*(truncated|checksum|damaged)" >/dev/null || fail "resume message: $out"
   [ "$(md5sum < "$work/$d/step-00000002.h5")" = "$before" ] || fail "$d file was modified"
   echo "$d: refused ($(echo "$out" | grep -o 'error: .*' | head -1))"
 done

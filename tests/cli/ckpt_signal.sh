@@ -23,7 +23,7 @@ check() {  # name signal command...
   "$so_ckpt" verify "$work/$name" >/dev/null || fail "$name: checkpoint does not verify"
   local at
   at=$(grep -o "stopping after step [0-9]*" "$work/$name.log" | grep -o "[0-9]*$")
-  "$so_train" "${args[@]}" --steps $((at + 1)) --resume "$work/$name" 2>&1 | grep -q "done: $((at + 1)) steps" ||
+  "$so_train" "${args[@]}" --steps $((at + 1)) --resume "$work/$name" 2>&1 | grep "done: $((at + 1)) steps" >/dev/null ||
     fail "$name: resume from step $at"
   echo "$name: $sig -> saved at step $at, exit 0, resumed"
 }

@@ -24,7 +24,7 @@
 namespace {
 
 // Corrupts the size of the heap's top chunk and allocates from it: glibc aborts inside malloc,
-// holding the arena lock (the crash of issue #32). ASan's allocator has no such header.
+// holding the arena lock. ASan's allocator has no such header.
 void corrupt_heap() {
 #ifdef SO_ASAN
   std::abort();

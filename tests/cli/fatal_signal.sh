@@ -16,7 +16,7 @@ check() {  # label how rank command...
   rc=$?
   local took=$((($(date +%s%N) - start) / 1000000))
   if [ $rc -eq 124 ] || [ $rc -eq 137 ] || [ $rc -eq 0 ] || [ $took -gt 10000 ] ||
-     ! echo "$out" | grep -q "fatal signal ${name[$how]} (.*) on rank $rank: exiting"; then
+     ! echo "$out" | grep "fatal signal ${name[$how]} (.*) on rank $rank: exiting" >/dev/null; then
     echo "BAD $label $how: exit $rc after ${took} ms: $(echo "$out" | tail -4)"
     failures=$((failures + 1))
   else

@@ -17,7 +17,7 @@ echo "$out" | grep -E "tensorboard|^done"
 [ $rc -eq 0 ] || { echo "FAIL: so_train exited $rc"; exit 1; }
 warnings=$(echo "$out" | grep -c "tensorboard: writing .* failed (File too large); no more TensorBoard events are written, training goes on")
 [ "$warnings" -eq 1 ] || { echo "FAIL: $warnings failure reports, want 1"; exit 1; }
-echo "$out" | grep -q "^done: 8 steps" || { echo "FAIL: the run did not finish its 8 steps"; exit 1; }
+echo "$out" | grep "^done: 8 steps" >/dev/null || { echo "FAIL: the run did not finish its 8 steps"; exit 1; }
 "$python" - "$dir/DeepSpeedJobName" <<'PY' || exit 1
 import sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -36,5 +36,5 @@ echo "$out" | grep -E "csv_monitor|^done"
 [ $rc -eq 0 ] || { echo "FAIL: so_train exited $rc"; exit 1; }
 warnings=$(echo "$out" | grep -c "csv_monitor: writing to .* failed; no more CSV rows are written, training goes on")
 [ "$warnings" -eq 1 ] || { echo "FAIL: $warnings csv_monitor failure reports, want 1"; exit 1; }
-echo "$out" | grep -q "^done: 60 steps" || { echo "FAIL: the run did not finish its 60 steps"; exit 1; }
+echo "$out" | grep "^done: 60 steps" >/dev/null || { echo "FAIL: the run did not finish its 60 steps"; exit 1; }
 echo "monitors on a full disk ok"

@@ -34,7 +34,7 @@ if ! cmake --build "$build" -j2 --target test_grace_adam >"$build/build.log" 2>&
   exit 1
 fi
 bin="$build/tests/test_grace_adam"
-readelf -h "$bin" | grep -q "Machine: *AArch64" || { echo "FAILED: $bin is not an aarch64 binary"; exit 1; }
+readelf -h "$bin" | grep "Machine: *AArch64" >/dev/null || { echo "FAILED: $bin is not an aarch64 binary"; exit 1; }
 
 failures=0
 # run NAME QEMU_CPU ISA [SVE_BITS]

@@ -2,10 +2,19 @@
 # check_finetune_demo.sh WORK: jobs/local/finetune.sh on the shipped demo (jobs/local/finetune-demo)
 # with a tiny model made here: prepare -> train (SuperOffload, ZeRO-3, 2 epochs, validation) ->
 # export; the exported directory loads in transformers with its tokenizer, and the validation loss
-# went down. SO_TRAIN, SO_CKPT, SO_PYTHON as for finetune.sh.
+# went down. SO_TRAIN, SO_CKPT, SO_PYTHON as for finetune.sh; finetune.sh's default Python (the
+# project's environment, when SO_PYTHON is not set) is checked in a dry run.
 set -euo pipefail
 work=$1
 rm -rf "$work" && mkdir -p "$work"
+default_python="$(scripts/python_env.sh path)/bin/python"
+# (The whole dry run is read before grep: grep -q stopping at its match would end finetune.sh by
+# SIGPIPE, a failure under pipefail.)
+dry_run=$(env -u SO_PYTHON jobs/local/finetune.sh --dry-run "$work/model" data.json ds.json "$work/out")
+grep -q "^$(printf '%q' "$default_python") .*/scripts/prepare_data.py " <<<"$dry_run" ||
+  { echo "finetune.sh does not default to the project's Python ($default_python)"; exit 1; }
+SO_PYTHON=${SO_PYTHON:-$default_python}
+export SO_PYTHON
 "$SO_PYTHON" tests/data/make_chat_model.py "$work/model" >/dev/null
 jobs/local/finetune.sh --epochs 2 "$work/model" jobs/local/finetune-demo/alpaca-demo.jsonl \
   jobs/local/finetune-demo/ds_config.json "$work/out" --max-length 256 --validation-fraction 0.125 -- --quiet

@@ -1,10 +1,12 @@
 #!/usr/bin/env python
 """so_train on prepared data, beyond the numbers: a run resumed mid-epoch gives the uninterrupted
 run's losses bit for bit; a step with no supervised token trains to a loss of 0, never NaN; and
-what a user can get wrong is refused with an error naming it: a tokenizer larger than the model's
-vocabulary, data made with another tokenizer than the model directory's, a data.seq_len other
-than the rows', a file whose masks supervise nothing, and HDF5 token datasets declared but never
-written (prepared rows and the 1-D token reader alike).
+what a user can get wrong is refused with an error naming it, before the first step: a tokenizer
+larger than the model's vocabulary, a validation split whose rows differ from train's, token ids
+outside the vocabulary in any split, data made with another tokenizer than the model directory's, a data.seq_len other
+than the rows', a file whose masks supervise nothing, HDF5 token datasets declared but never
+written (prepared rows and the 1-D token reader alike) and a filter the HDF5 library lacks (lzf);
+compressed prepared files (gzip, shuffle + gzip, szip) train as plain ones.
 
   check_prepared_runs.py WORK SO_TRAIN SO_CKPT [MPIEXEC]   (with MPIEXEC: validation under ZeRO-3, dp2)
 """
@@ -110,6 +112,66 @@ def check_evaluation(work, so, model, launcher, zero_stage):
         check(abs(got["eval_perplexity"] - np.exp(ref)) <= 1e-3 * np.exp(ref), f"{tag}: perplexity at step {step}")
 
 
+def sparse_dataset(group, name, shape, dtype):
+    """A dataset whose storage is allocated at creation and never written: in a sparse file, all
+    of it declared and none of it on disk."""
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    h5py.h5d.create(group.id, name.encode(), h5py.h5t.py_create(np.dtype(dtype)), h5py.h5s.create_simple(shape), dcpl=dcpl)
+
+
+def check_every_split(work, so, model):
+    """Every split is read in full before the first step: a validation split whose rows differ from
+    train's, or with token ids outside the vocabulary (any split, -1 included), is refused at start,
+    naming the ids; and an evaluation that fails after the checks costs none of the steps trained:
+    the state is saved first and the run resumes from it."""
+    split = os.path.join(work, "split.h5")  # rows of 160, made by check_evaluation
+    short = os.path.join(work, "split_128.h5")
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "prepare_data.py"), "--model-dir", model, "--input",
+                    os.path.join(work, "alpaca.jsonl"), "--out", short, "--max-length", "128",
+                    "--validation-fraction", "0.25"], check=True, capture_output=True)
+    mixed = os.path.join(work, "mixed_rows.h5")
+    shutil.copy(split, mixed)
+    with h5py.File(mixed, "a") as f, h5py.File(short) as g:
+        del f["validation"]
+        g.copy("validation", f)
+    for name, args in (("mixed", []), ("mixed_eval", ["--set", "train.eval_every=1"])):
+        metrics = os.path.join(work, name + ".jsonl")
+        os.path.exists(metrics) and os.remove(metrics)
+        refused(so, ["--config", config(work, name, model, mixed, steps=2), "--metrics", metrics] + args,
+                r"split 'validation' holds rows of 128 tokens and split 'train' rows of 160", "validation rows of another length")
+        check(not os.path.exists(metrics) or not open(metrics).read(), f"{name}: refused before the first step")
+    for split_name, value in (("validation", 100000), ("train", -1)):
+        bad = os.path.join(work, f"oov_{split_name}.h5")
+        shutil.copy(split, bad)
+        with h5py.File(bad, "a") as f:
+            t = f[f"{split_name}/tokens"][...]
+            if value < 0:
+                t[...] = value  # every token -1
+            else:
+                t[0, 3] = value
+            f[f"{split_name}/tokens"][...] = t
+        where = r"-1 \(row 0, position 0\)" if value < 0 else rf"{value} \(row 0, position 3\)"
+        refused(so, ["--config", config(work, f"oov_{split_name}", model, bad, steps=2)],
+                rf"split '{split_name}' .*token ids lie outside the tokenizer's vocabulary \[0, 384\): {where}",
+                f"token id {value} in the {split_name} split")
+    ck = os.path.join(work, "eval_fails_ck")
+    shutil.rmtree(ck, ignore_errors=True)
+    cfg = config(work, "eval_fails", model, split, steps=3, eval_every=2)
+    r = subprocess.run([so, "--config", cfg, "--save-dir", ck, "--async-save", "off", "--quiet"], capture_output=True,
+                       text=True, env=dict(os.environ, SO_TEST_EVALUATION_FAILS="1"))
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    check(r.returncode != 0 and len(errors) == 1 and "step 2 was trained, then: evaluation" in errors[0] and
+          "saved to" in errors[0] and os.path.exists(os.path.join(ck, "step-00000002.h5")),
+          f"a failed evaluation saves the steps trained first: {errors or r.stderr[-300:]}")
+    metrics = os.path.join(work, "eval_fails_resumed.jsonl")
+    os.path.exists(metrics) and os.remove(metrics)
+    r = so_train(so, ["--config", cfg, "--resume", ck, "--metrics", metrics])
+    steps = [json.loads(line)["step"] for line in open(metrics)] if r.returncode == 0 else []
+    check(steps == [3], f"and the run resumes from them (steps {steps}): {r.stderr[-300:]}")
+
+
 def main():
     work, so = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
@@ -163,6 +225,7 @@ def main():
           and all(np.isfinite(x["loss"]) for x in rec), f"steps without a supervised token: loss 0, no NaN ({r.stderr[-200:]})")
 
     check_evaluation(work, so, model, [], 0)
+    check_every_split(work, so, model)
 
     # Refusals.
     # A model of 300 tokens (its own config, freshly initialised: a checkpoint of that size) fed
@@ -218,6 +281,56 @@ def main():
             f["train/padding_start"][0] = value
         refused(so, ["--config", config(work, f"padding_{value}", model, bad, steps=1)],
                 rf"row 0 of 'train' has padding_start {value}; its documents end at", f"padding_start {value}")
+    # Compressed prepared files (h5py's gzip, shuffle + gzip, szip) train exactly as the plain one;
+    # lzf, which the system's libhdf5 lacks, is refused by name.
+    plain_metrics = os.path.join(work, "plain_2.jsonl")
+    os.path.exists(plain_metrics) and os.remove(plain_metrics)
+    so_train(so, ["--config", config(work, "plain_2", model, data, steps=2), "--metrics", plain_metrics])
+    plain = losses(plain_metrics) if os.path.exists(plain_metrics) else None
+    for name, kw in (("gzip", {"compression": "gzip"}), ("shuffle_gzip", {"compression": "gzip", "shuffle": True}),
+                     ("szip", {"compression": "szip"}), ("lzf", {"compression": "lzf"})):
+        packed = os.path.join(work, f"compressed_{name}.h5")
+        with h5py.File(data) as src, h5py.File(packed, "w") as dst:
+            dst.attrs.update(src.attrs)
+            for split in src:
+                for k, v in src[split].items():
+                    dst.create_dataset(f"{split}/{k}", data=v[...], chunks=True, **kw)
+        cfg = config(work, f"compressed_{name}", model, packed, steps=2)
+        if name == "lzf":
+            refused(so, ["--config", cfg], r"dataset 'train/tokens' is compressed with the HDF5 filter 'lzf' \(id 32000\), "
+                    r"which this build's HDF5 library cannot decode", "an lzf-compressed prepared file")
+            continue
+        metrics = os.path.join(work, f"compressed_{name}.jsonl")
+        os.path.exists(metrics) and os.remove(metrics)
+        r = so_train(so, ["--config", cfg, "--metrics", metrics])
+        got = losses(metrics) if r.returncode == 0 else r.stderr[-300:]
+        check(plain is not None and got == plain, f"{name}-compressed prepared file trains as the plain one: {got} vs {plain}")
+    # Declared-size bombs: datasets allocated early in a sparse file (terabytes declared, kilobytes
+    # on disk, every check of "written" passed) are refused from their extents before anything is
+    # sized by them: against each other and against what reading them would need.
+    def bomb(name, sizes):
+        path = os.path.join(work, f"bomb_{name}.h5")
+        with h5py.File(data) as src, h5py.File(path, "w") as dst:
+            dst.attrs.update(src.attrs)
+            for k, v in src["train"].items():
+                if k in sizes:
+                    sparse_dataset(dst.require_group("train"), k, sizes[k], v.dtype)
+                else:
+                    dst.create_dataset(f"train/{k}", data=v[...])
+        return path
+    huge = 2**39  # rows of 2 tokens: 2^40 token ids
+    refused(so, ["--config", config(work, "bomb_rows", model, bomb("rows", {
+                "tokens": (huge, 2), "loss_mask": (huge, 2), "row_documents": (huge,), "padding_start": (huge,),
+                "document_lengths": (huge,)}), steps=1)],
+            rf"split 'train' declares {huge} rows of 2 tokens and {huge} documents; reading it needs .* GiB of tables, "
+            r"more than half this machine's", "2^40 declared token ids")
+    refused(so, ["--config", config(work, "bomb_documents", model, bomb("documents", {"document_lengths": (2**40,)}), steps=1)],
+            rf"'train/document_lengths' declares {2**40} documents; {rows} rows of 160 tokens hold between {rows} and {rows * 160}",
+            "2^40 declared documents")
+    refused(so, ["--config", config(work, "bomb_row_documents", model, bomb("row_documents", {"row_documents": (2**32,)}), steps=1)],
+            rf"dataset 'train/row_documents' must be \[{rows}\], one per row of 'train/tokens'", "2^32 declared per-row counts")
+    refused(so, ["--config", config(work, "bomb_row_length", model, bomb("row_length", {"tokens": (1, 2**33)}))],
+            r"dataset 'train/tokens' must be \[rows, row length in 2..2147483647\]", "a row of 2^33 tokens")
     flat = os.path.join(work, "flat_unwritten.h5")
     with h5py.File(flat, "w") as f:
         f.create_dataset("tokens", shape=(4096,), dtype="i4")

@@ -2,6 +2,7 @@
 // writer (make_megatron_fixture.py) put in, windows that restart positions at documents, blends,
 // damaged index files; the loss scales of a step.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,7 +12,10 @@
 #include "so/core/error.h"
 #include "so/data/batch_sampler.h"
 #include "so/data/megatron_dataset.h"
+#include "so/data/token_source.h"
+#include "so/io/hdf5_file.h"
 #include "so/train/loss_normalization.h"
+#include "tests/test_util.h"
 
 namespace so {
 namespace {
@@ -83,6 +87,21 @@ TEST(MegatronDataset, BlendDrawsEachDatasetByItsWeight) {
   EXPECT_EQ(batch.doc_start.size(), 32u);
 }
 
+// Weights near the largest double: their sum would overflow to infinity, and every share but the
+// last read as 0. [1e308, 1, 1e308, 1]: half each for the big ones, ~1e-308 for the others.
+TEST(MegatronDataset, BlendWeightsNearTheLargestDoubleKeepTheirShares) {
+  const MegatronIndexedDataset a(kDir + "megatron_u16"), b(kDir + "megatron_i32_sentences");
+  std::vector<std::unique_ptr<BatchSampler>> parts;
+  for (int k = 0; k < 4; ++k) parts.push_back(std::make_unique<BatchSampler>(k % 2 ? b : a, 16, 2, 65536, 3));
+  const BlendedSampler blend(std::move(parts), {1e308, 1.0, 1e308, 1.0}, 2, 16, 3);
+  std::vector<int> drawn(4, 0);
+  const int n = 8000;
+  for (int i = 0; i < n; ++i) ++drawn[blend.part_of(i)];
+  EXPECT_NEAR(drawn[0] / static_cast<double>(n), 0.5, 0.02);
+  EXPECT_NEAR(drawn[2] / static_cast<double>(n), 0.5, 0.02);
+  EXPECT_EQ(drawn[1] + drawn[3], 0);
+}
+
 // A copy of the u16 fixture with `edit` applied to its index (or its .bin when `bin`).
 std::string damaged(const std::string& tag, bool bin, const std::function<void(std::string&)>& edit) {
   const std::string prefix = (std::filesystem::temp_directory_path() / ("so_megatron_" + tag)).string();
@@ -111,6 +130,63 @@ TEST(MegatronDataset, DamagedFilesAreRefusedByName) {
   expect_refused(damaged("float", false, [](std::string& b) { b[17] = 7; }), "float");
   expect_refused(damaged("count", false, [](std::string& b) { b[25] = 0x7f; }), "truncated or corrupt");
   expect_refused(damaged("short_idx", false, [](std::string& b) { b.resize(b.size() - 8); }), "truncated or corrupt");
+}
+
+// A 1-D int32 dataset "tokens" of `values` in a new file, chunked by 1000 with `filters` applied to
+// the dataset creation properties; only the first `chunks_written` chunks written (-1: all).
+std::string token_file(const std::string& tag, const std::vector<int32_t>& values,
+                       const std::function<void(hid_t)>& filters, int chunks_written = -1) {
+  const std::string path = (std::filesystem::temp_directory_path() / ("so_h5_" + tag + ".h5")).string();
+  const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  const hsize_t n = values.size(), chunk = 1000;
+  const hid_t space = H5Screate_simple(1, &n, nullptr);
+  const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_chunk(dcpl, 1, &chunk);
+  filters(dcpl);
+  const hid_t d = H5Dcreate2(f, "tokens", H5T_STD_I32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  EXPECT_GE(d, 0) << tag;
+  const hsize_t count = chunks_written < 0 ? n : chunks_written * chunk, start = 0;
+  const hid_t mem = H5Screate_simple(1, &count, nullptr);
+  H5Sselect_hyperslab(space, H5S_SELECT_SET, &start, nullptr, &count, nullptr);
+  EXPECT_GE(H5Dwrite(d, H5T_NATIVE_INT32, mem, space, H5P_DEFAULT, values.data()), 0) << tag;
+  H5Sclose(mem), H5Dclose(d), H5Pclose(dcpl), H5Sclose(space), H5Fclose(f);
+  return path;
+}
+
+// Compressed datasets are read (HDF5 calls a complete one "partly allocated": its chunks are
+// smaller than their extent); a filter this HDF5 lacks is named; chunks never written are counted.
+TEST(Hdf5Tokens, CompressedDatasetsReadAndMissingFiltersAreNamed) {
+  std::vector<int32_t> values(4000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int32_t>((i * 7919) % 300);  // compressible
+  std::vector<std::pair<std::string, std::function<void(hid_t)>>> kinds = {
+      {"gzip", [](hid_t p) { H5Pset_deflate(p, 6); }},
+      {"shuffle_gzip", [](hid_t p) { H5Pset_shuffle(p), H5Pset_deflate(p, 4); }},
+      {"fletcher32_gzip", [](hid_t p) { H5Pset_fletcher32(p), H5Pset_deflate(p, 1); }}};
+  unsigned szip = 0;
+  if (H5Zfilter_avail(H5Z_FILTER_SZIP) > 0 && H5Zget_filter_info(H5Z_FILTER_SZIP, &szip) >= 0 &&
+      (szip & H5Z_FILTER_CONFIG_ENCODE_ENABLED))
+    kinds.push_back({"szip", [](hid_t p) { H5Pset_szip(p, H5_SZIP_NN_OPTION_MASK, 16); }});
+  for (const auto& [name, filters] : kinds) {
+    SCOPED_TRACE(name);
+    const std::string path = token_file(name, values, filters);
+    const std::unique_ptr<TokenSource> tokens = open_hdf5_tokens(path, "tokens");
+    std::vector<int32_t> got(values.size());
+    tokens->read(0, static_cast<int64_t>(got.size()), got.data());
+    EXPECT_EQ(got, values);
+    EXPECT_LT(H5File::open_read(path).size(), values.size() * sizeof(int32_t));  // really compressed
+  }
+  // lzf (h5py's): recorded in the pipeline as optional, so HDF5 writes the chunks, but this HDF5 has no lzf.
+  ASSERT_LE(H5Zfilter_avail(32000), 0) << "this HDF5 decodes lzf: the test needs a filter it lacks";
+  const std::string lzf = token_file("lzf", values, [](hid_t p) {
+    H5Pset_filter(p, 32000, H5Z_FLAG_OPTIONAL, 0, nullptr);
+  });
+  std::string msg = test::error_message([&] { open_hdf5_tokens(lzf, "tokens"); });
+  EXPECT_NE(msg.find("compressed with the HDF5 filter 'lzf' (id 32000), which this build's HDF5 library cannot decode"),
+            std::string::npos) << msg;
+  msg = test::error_message([&] { open_hdf5_tokens(token_file("gzip_partial", values, [](hid_t p) { H5Pset_deflate(p, 6); }, 1), "tokens"); });
+  EXPECT_NE(msg.find("only partly written (1 of its 4 chunks)"), std::string::npos) << msg;
+  msg = test::error_message([&] { open_hdf5_tokens(token_file("gzip_none", values, [](hid_t p) { H5Pset_deflate(p, 6); }, 0), "tokens"); });
+  EXPECT_NE(msg.find("declared but never written"), std::string::npos) << msg;
 }
 
 // A stream whose sample i has (i % 3) labels.

@@ -149,6 +149,41 @@ TEST(DecayGroupsVsTorch, TenStepsWithHfTrainerGroupsInEveryOptimizerMode) {
 
 // decay_runs of every bucket on every rank, expanded element by element, against each element's
 // parameter found through owned_part (padding may go either way: its values are zeros).
+// train.weight_decay_exclude patterns run in time linear in each name (std::regex backtracked
+// exponentially on these and hung), and a pattern is bounded in length (200k nested groups
+// overflowed std::regex's compiler); deep nesting within the bound compiles or is refused by name.
+TEST(DecayGroups, PatternsAreMatchedInLinearTimeAndBoundedInSize) {
+  ModelConfig c;
+  c.vocab_size = 64, c.hidden_size = 32, c.intermediate_size = 64, c.num_layers = 2, c.num_heads = 4;
+  c.num_kv_heads = 2, c.head_dim = 8, c.max_position_embeddings = 64;
+  const ParamLayout layout = ParamLayout::for_model(c);
+  DecayGroupsConfig dc;
+  dc.exclude_given = true;
+  for (const std::string p : {"(.+)+z", "(a|aa)+$z", "(x+x+)+y", "^(([a-z._0-9])+)+#"}) {
+    SCOPED_TRACE(p);
+    dc.exclude = {"norm", p};
+    const std::string msg = test::error_message([&] { decay_groups(layout, dc, 0.1); });
+    EXPECT_NE(msg.find(str_cat("has '", p, "', which matches no parameter of this model")), std::string::npos) << msg;
+  }
+  dc.exclude = {"(.+)+weight"};  // the same shape matching: every weight
+  EXPECT_EQ(decay_groups(layout, dc, 0.1).description.find("weight decay 0.1 on 0 tensors"), 0u);
+  std::string nested(200000, '(');
+  nested += "norm" + std::string(200000, ')');
+  dc.exclude = {nested};
+  std::string msg = test::error_message([&] { decay_groups(layout, dc, 0.1); });
+  EXPECT_NE(msg.find("has a pattern of 400004 characters"), std::string::npos) << msg;
+  std::string deep = std::string(500, '(') + "norm" + std::string(500, ')');  // within the bound
+  dc.exclude = {deep};
+  try {
+    EXPECT_NE(decay_groups(layout, dc, 0.1).description.find("model.norm.weight"), std::string::npos);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("which is not a regular expression"), std::string::npos) << e.what();
+  }
+  dc.exclude = {"norm(?=x)"};  // lookahead: not RE2's
+  msg = test::error_message([&] { decay_groups(layout, dc, 0.1); });
+  EXPECT_NE(msg.find("has 'norm(?=x)', which is not a regular expression"), std::string::npos) << msg;
+}
+
 TEST(DecayRuns, ShardsOfEveryBucketFollowTheirParameters) {
   ModelConfig cfg = ModelConfig::from_hf_file("configs/models/tiny.json");
   const ParamLayout layout = ParamLayout::for_model(cfg);

@@ -577,6 +577,55 @@ TEST(ModelConfigs, ShippedShapesParseWithExpectedSizes) {
 namespace so {
 namespace {
 
+// A config is bounded by its tensor and parameter counts before any per-tensor table is built:
+// Qwen3-MoE with 4096 layers of 65536 experts (every key within its bound) is refused by name at
+// once, not after building 805M tensor entries; a dense model at every size bound (2.2e20
+// parameters, past int64 for the plan's byte counts) likewise. Below the bounds the count is exact.
+TEST(ModelConfigs, TensorAndParameterCountsAreBoundedBeforeAnyTable) {
+  nlohmann::json moe = {{"model_type", "qwen3_moe"}, {"vocab_size", 64}, {"hidden_size", 32},
+                        {"intermediate_size", 64}, {"num_hidden_layers", 4096}, {"num_attention_heads", 4},
+                        {"num_key_value_heads", 2}, {"num_experts", 65536}, {"num_experts_per_tok", 2},
+                        {"moe_intermediate_size", 16}};
+  std::string msg = test::error_message([&] { ModelConfig::from_hf_json(moe, "moe"); });
+  // 4096 layers x (1 router + 3 x 65536 experts + 8 attention and norm tensors) + embedding, norm, head.
+  const int64_t tensors = 4096 * (1 + 3 * 65536 + 8) + 3;
+  EXPECT_NE(msg.find(str_cat("'num_hidden_layers' (4096) with num_experts (65536) makes ", tensors, " tensors")),
+            std::string::npos) << msg;
+  moe["num_hidden_layers"] = 16;  // 3.1M tensors: the 1.5 GB of the first report
+  msg = test::error_message([&] { ModelConfig::from_hf_json(moe, "moe"); });
+  EXPECT_NE(msg.find("'num_hidden_layers' (16) with num_experts (65536) makes"), std::string::npos) << msg;
+
+  const nlohmann::json huge = {{"model_type", "llama"}, {"vocab_size", 1 << 26}, {"hidden_size", 1 << 18},
+                               {"intermediate_size", 1 << 20}, {"num_hidden_layers", 4096},
+                               {"num_attention_heads", 4096}, {"num_key_value_heads", 4096}};
+  msg = test::error_message([&] { ModelConfig::from_hf_json(huge, "huge"); });
+  // 2 V H + H + L (4 H^2 + 2 H + 3 H I): q, k, v, o of H x H (head_dim 64 x 4096 heads), two norms, the MLP.
+  const __int128 V = 1 << 26, H = 1 << 18, I = 1 << 20, L = 4096;
+  __int128 want = 2 * V * H + H + L * (4 * H * H + 2 * H + 3 * H * I);
+  std::string digits;
+  for (; want > 0; want /= 10) digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(want % 10)));
+  EXPECT_NE(msg.find(str_cat(" makes ", digits, " parameters, more than 2^50")), std::string::npos) << msg;
+  EXPECT_NE(msg.find("vocab_size 67108864, hidden_size 262144, intermediate_size 1048576"), std::string::npos) << msg;
+
+  // Just below the bound: the count equals the layout's, element for element.
+  nlohmann::json big = huge;
+  big["num_hidden_layers"] = 32, big["intermediate_size"] = 1 << 16, big["hidden_size"] = 1 << 16;
+  big["num_attention_heads"] = big["num_key_value_heads"] = 512;
+  const ModelConfig c = ModelConfig::from_hf_json(big, "big");
+  int64_t total = 0;
+  for (const ParamInfo& p : ParamLayout::for_model(c).params) total += p.numel;
+  EXPECT_EQ(c.num_parameters(), total);
+  EXPECT_GT(c.num_parameters(), int64_t{1} << 43);
+
+  // mlp_only_layers is a set: a million repeats of one layer read as that layer.
+  moe["num_hidden_layers"] = 4, moe["num_experts"] = 4;
+  moe["mlp_only_layers"] = std::vector<int64_t>(1'000'000, 2);
+  const ModelConfig dense2 = ModelConfig::from_hf_json(moe, "moe");
+  EXPECT_EQ(dense2.moe.dense_layers, std::vector<int64_t>{2});
+  EXPECT_FALSE(dense2.is_moe_layer(2));
+  EXPECT_TRUE(dense2.is_moe_layer(3));
+}
+
 // Sliding windows as transformers applies them: Mistral's on every layer; Qwen2's only with
 // use_sliding_window, on the layers layer_types marks (by default from max_window_layers on);
 // export writes what was trained; families without windows refuse sliding layers by name.

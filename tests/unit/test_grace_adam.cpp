@@ -480,10 +480,11 @@ TEST_P(KernelTest, ScaledSqrtIsIeeeDivisionForEveryFloat) {
       int64_t n = 0;
       for (; n < chunk && bits <= 0x7f800000u; ++n, bits += stride) x[n] = float_of(static_cast<uint32_t>(bits));
       if (bits > 0x7f800000u && x[n - 1] != INFINITY) x[n++] = INFINITY;
-      for (int64_t i = 0; i < n; ++i) want[i] = std::sqrt(x[i]) / c;
+      for (int64_t i = 0; i < n; ++i) want[i] = std::sqrt(x[i]) / c;  // vectorised: no errno (CMakeLists)
       k().scaled_sqrt(x.data(), n, hp);
-      for (int64_t i = 0; i < n; ++i)
-        ASSERT_EQ(bits_of(x[i]), bits_of(want[i])) << "beta2=" << beta2 << " step=" << step << " c=" << c;
+      if (std::memcmp(x.data(), want.data(), n * sizeof(float)) != 0)  // the bits of every element
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(bits_of(x[i]), bits_of(want[i])) << "beta2=" << beta2 << " step=" << step << " c=" << c;
       checked += n;
     }
   }

@@ -21,7 +21,9 @@ struct TokenizerIdentity {
 class PreparedSplit {
  public:
   // Reads the split's shape and document table; refuses a file that is not one prepare_data wrote,
-  // data that was declared but never written, and a document table that does not tile the rows.
+  // data that was declared but never written, declared sizes that disagree or that reading would
+  // not fit in memory, a document table that does not tile the rows, and token ids outside the
+  // tokenizer's vocabulary.
   PreparedSplit(const std::string& path, const std::string& split);
   int64_t rows() const { return rows_; }
   int64_t row_length() const { return row_length_; }
@@ -37,6 +39,10 @@ class PreparedSplit {
   int64_t supervised(int64_t row) const { return supervised_[row]; }
 
  private:
+  // The datasets' declared extents against each other (per-row tables of the rows' count, between
+  // one document per row and one per token) and what reading them would allocate against this
+  // machine's memory, before anything is allocated.
+  void check_declared_sizes(const std::string& path) const;
   H5File file_;
   std::string split_;
   int64_t rows_ = 0, row_length_ = 0;

@@ -59,9 +59,11 @@ class H5File {
   void read_i32_range(const std::string& dataset, int64_t offset, int64_t count, int32_t* out) const;
   // Reads rows [first_row, first_row + rows) of a 2-D integer dataset, row-major.
   void read_i32_rows(const std::string& dataset, int64_t first_row, int64_t rows, int32_t* out) const;
-  // Refuses a non-empty dataset whose storage was never (or only partly) written: HDF5 reads its
-  // fill value there without a word, and token data of zeros would train.
-  void check_written(const std::string& dataset) const;
+  // Refuses, by name, a dataset that cannot be read as it was written: data kept outside this file
+  // (external files, a virtual dataset), a filter this HDF5 library lacks (lzf, blosc, ...), or
+  // storage never (or only partly) written, where HDF5 would read its fill value without a word
+  // and token data of zeros would train. Compressed (chunked) data counts its chunks.
+  void check_stored(const std::string& dataset) const;
   // A scalar fixed-length string dataset of at most max_bytes, up to its first NUL.
   std::string read_string(const std::string& dataset, size_t max_bytes) const;
   // Scalar attributes: a string (fixed or variable length), a number, an integer.

@@ -51,13 +51,14 @@ struct ModelConfig {
   // Mixture of experts (Qwen3-MoE, GPT-OSS): the layers it names run the MoE block (so/model/moe_block.h)
   // in place of the dense MLP. experts = 0: a dense model.
   struct Moe {
+    // The family's kind of MoE layer, its config keys and expert tensors (None: a dense family).
     // Qwen3: softmax, top-k, SwiGLU experts (per-expert nn.Linear weights). GptOss: top-k of the
     // biased router's logits, softmax over them, clamped-GLU experts in fused interleaved tensors.
-    enum class Style { Qwen3, GptOss } style = Style::Qwen3;
+    enum class Style { None, Qwen3, GptOss } style = Style::None;
     int64_t experts = 0, top_k = 0, intermediate = 0;  // num_experts, num_experts_per_tok, moe_intermediate_size
     bool normalize = false;                           // norm_topk_prob
     int64_t sparse_step = 1;                          // decoder_sparse_step
-    std::vector<int64_t> dense_layers;                // mlp_only_layers
+    std::vector<int64_t> dense_layers;                // mlp_only_layers, ascending, each once
     double aux_loss_coef = 0.001;                     // router_aux_loss_coef (used when output_router_logits)
     bool aux_loss = false;                            // output_router_logits: the load-balancing loss is added
     double glu_alpha = 1.702, glu_limit = 7.0;        // GptOss: swiglu_alpha, swiglu_limit
@@ -74,6 +75,8 @@ struct ModelConfig {
   int64_t layer_window(int64_t l) const {
     return l < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[static_cast<size_t>(l)] ? sliding_window : 0;
   }
+  // Exact: a config is refused at reading when its count (or its tensor count) is past the bounds
+  // every size computed from it relies on (2^50 parameters, 2^18 tensors).
   int64_t num_parameters() const;
   std::string architecture() const;  // the transformers class, e.g. LlamaForCausalLM
 
