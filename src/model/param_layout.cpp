@@ -23,7 +23,8 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
     p.is_norm = init == One;
     p.is_bias = init == Zero;
     p.joined_to_next = joined;
-    L.total += joined ? p.numel : (p.numel + kAlign - 1) / kAlign * kAlign;
+    // The end of a run of joined parameters is aligned again (its last one's offset may not be).
+    L.total = joined ? L.total + p.numel : (L.total + p.numel + kAlign - 1) / kAlign * kAlign;
     L.params.push_back(std::move(p));
     return static_cast<int>(L.params.size()) - 1;
   };
@@ -36,13 +37,13 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
     const int u = static_cast<int>(l) + 1;
     LayerParamIds ids{};
     ids.attn_norm = add(p + "input_layernorm.weight", {H}, u, One);
-    ids.q = add(p + "self_attn.q_proj.weight", {c.q_dim(), H}, u);
-    ids.k = add(p + "self_attn.k_proj.weight", {c.kv_dim(), H}, u);
+    ids.q = add(p + "self_attn.q_proj.weight", {c.q_dim(), H}, u, Random, true);  // [W_q; W_k; W_v]: one GEMM
+    ids.k = add(p + "self_attn.k_proj.weight", {c.kv_dim(), H}, u, Random, true);
     ids.v = add(p + "self_attn.v_proj.weight", {c.kv_dim(), H}, u);
     ids.o = add(p + "self_attn.o_proj.weight", {H, c.q_dim()}, u);
     if (c.qkv_bias) {
-      ids.q_bias = add(p + "self_attn.q_proj.bias", {c.q_dim()}, u, Zero);
-      ids.k_bias = add(p + "self_attn.k_proj.bias", {c.kv_dim()}, u, Zero);
+      ids.q_bias = add(p + "self_attn.q_proj.bias", {c.q_dim()}, u, Zero, true);
+      ids.k_bias = add(p + "self_attn.k_proj.bias", {c.kv_dim()}, u, Zero, true);
       ids.v_bias = add(p + "self_attn.v_proj.bias", {c.kv_dim()}, u, Zero);
     }
     if (c.o_bias) ids.o_bias = add(p + "self_attn.o_proj.bias", {H}, u, Zero);
