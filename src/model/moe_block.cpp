@@ -124,7 +124,7 @@ void MoeBlock::expert_gemm(Stream& s, void* out, const void* in, const std::vect
 void MoeBlock::weight_grad(Stream& s, const std::vector<void*>& dweight, const void* a, int64_t M, const void* b,
                            int64_t N) {
   GroupedGemm g = expert_groups();
-  g.vary_k = true;
+  g.trans_a = true;  // vary_k
   g.M = M, g.N = N, g.A = a, g.B = b, g.per_group = dweight.data(), g.beta = 1.0f;
   backend_.ops().grouped_gemm(s, g);
 }

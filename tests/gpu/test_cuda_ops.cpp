@@ -476,7 +476,7 @@ OpCase grouped_gemm_case(GroupedShape g, DType ab, DType c) {
             for (int32_t n : g.rows) offsets.push_back(offsets.back() + n);
             const int64_t R = offsets.back();
             GroupedGemm gg;
-            gg.vary_k = g.vary_k, gg.trans_b = g.trans_b, gg.offsets = r.ints(offsets), gg.max_rows = R + 5;
+            gg.trans_a = g.vary_k, gg.trans_b = g.trans_b, gg.offsets = r.ints(offsets), gg.max_rows = R + 5;
             gg.groups = G, gg.M = g.M, gg.N = g.N, gg.K = g.K, gg.beta = g.beta, gg.alpha = 0.75f;
             gg.ab = ab, gg.c = c;
             const int64_t per_matrix = g.vary_k ? g.M * g.N : g.N * g.K;

@@ -147,44 +147,6 @@ struct MoeRouting {
   DType weight_dtype = DType::F32;
 };
 
-// Grouped GEMM over G groups of consecutive rows: group g has the rows [offsets[g], offsets[g + 1])
-// of the varying dimension. offsets (int32, G + 1 entries) are backend memory, read in stream
-// order, so they may come from an op enqueued just before (moe_sort_slots): no size needs to come
-// back to the host. max_rows bounds offsets[G] (it sizes the launch). Row-major, as Ops::gemm.
-//   vary_m (trans_a false): C_g[m_g, N] = alpha op(A_g)[m_g, K] op(B_g) + beta C_g, with A_g and
-//     C_g the group's rows of A [sum m, K] and C [sum m, N]; B_g one matrix per group.
-//   vary_k (trans_a true, trans_b false): C_g[M, N] = alpha A_g^T B_g + beta C_g with A_g, B_g the
-//     group's rows of A [sum k, M] and B [sum k, N]; C_g one matrix per group (a weight gradient);
-//     an empty group leaves beta * C_g.
-// The per-group matrix is per_group[g] (host array of G pointers: experts' weights need not be
-// adjacent), or, when per_group is null, B + g * N * K (vary_m) / C + g * M * N (vary_k).
-struct GroupedGemm {
-  bool vary_k = false;
-  bool trans_b = false;
-  const int32_t* offsets = nullptr;
-  int64_t max_rows = 0;
-  int64_t groups = 0;
-  int64_t M = 0, N = 0, K = 0;  // the fixed dimensions (the varying one is ignored)
-  float alpha = 1.0f, beta = 0.0f;
-  const void* A = nullptr;
-  const void* B = nullptr;
-  DType ab = DType::F32;
-  void* C = nullptr;
-  DType c = DType::F32;
-  void* const* per_group = nullptr;
-};
-
-// The load-balancing loss of transformers' load_balancing_loss_func (no attention mask), summed
-// over a micro-batch's MoE layers on the device: moe_expert_stats adds each layer's selections and
-// router probabilities to fp64 accumulators `tokens` and `probs` [E]; moe_aux_loss then adds
-// weight * E * sum_e tokens_e probs_e / rows^2 to the loss accumulator (fp32 [1]), writes the
-// gradient per token's probability of e, dprob_e = weight * E * tokens_e / rows^2 (fp32 [E]), and
-// zeroes the accumulators (rows: the (layer, token) rows summed).
-struct MoeAuxLoss {
-  int64_t experts = 0;
-  double weight = 0.0, rows = 0.0;
-};
-
 // C[M,N] = alpha * op(A) @ op(B) + beta * C; row-major; op(X) = X^T when trans_X.
 // A and B share dtype `ab`; C has dtype `c` (fp32 C with bf16 inputs is allowed).
 struct Gemm {
@@ -196,6 +158,38 @@ struct Gemm {
   DType ab = DType::F32;
   void* C = nullptr;
   DType c = DType::F32;
+};
+
+// Grouped GEMM over G groups of consecutive rows: a Gemm whose rows of A are split into groups,
+// group g having the rows [offsets[g], offsets[g + 1]) of the varying dimension, M (trans_a false)
+// or K (trans_a true). offsets (int32, G + 1 entries) are backend memory, read in stream
+// order, so they may come from an op enqueued just before (moe_sort_slots): no size needs to come
+// back to the host. max_rows bounds offsets[G] (it sizes the launch). Row-major, as Ops::gemm.
+//   vary_m (trans_a false): C_g[m_g, N] = alpha op(A_g)[m_g, K] op(B_g) + beta C_g, with A_g and
+//     C_g the group's rows of A [sum m, K] and C [sum m, N]; B_g one matrix per group.
+//   vary_k (trans_a true, trans_b false): C_g[M, N] = alpha A_g^T B_g + beta C_g with A_g, B_g the
+//     group's rows of A [sum k, M] and B [sum k, N]; C_g one matrix per group (a weight gradient);
+//     an empty group leaves beta * C_g.
+// The per-group matrix is per_group[g] (host array of G pointers: experts' weights need not be
+// adjacent), or, when per_group is null, B + g * N * K (vary_m) / C + g * M * N (vary_k).
+// Gemm's M, N, K are the fixed dimensions (the varying one is ignored).
+struct GroupedGemm : Gemm {
+  const int32_t* offsets = nullptr;
+  int64_t max_rows = 0;
+  int64_t groups = 0;
+  void* const* per_group = nullptr;
+  bool vary_k() const { return trans_a; }
+};
+
+// The load-balancing loss of transformers' load_balancing_loss_func (no attention mask), summed
+// over a micro-batch's MoE layers on the device: moe_expert_stats adds each layer's selections and
+// router probabilities to fp64 accumulators `tokens` and `probs` [E]; moe_aux_loss then adds
+// weight * E * sum_e tokens_e probs_e / rows^2 to the loss accumulator (fp32 [1]), writes the
+// gradient per token's probability of e, dprob_e = weight * E * tokens_e / rows^2 (fp32 [E]), and
+// zeroes the accumulators (rows: the (layer, token) rows summed).
+struct MoeAuxLoss {
+  int64_t experts = 0;
+  double weight = 0.0, rows = 0.0;
 };
 
 // An embedding lookup of T token ids (int32) into a table [V, H] of dtype `dtype`.
