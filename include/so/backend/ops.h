@@ -198,8 +198,8 @@ struct EmbeddingShape {
   DType dtype = DType::F32;
 };
 
-// RMSNorm over the last dim of [rows, dim] in dtype `dtype`, with eps inside the square root
-// (only the forward reads it: the backward uses the saved rstd).
+// RMSNorm over the last dim of [rows, dim] in dtype `dtype`: rstd = 1 / sqrt(mean(x^2) + eps)
+// (eps is the forward's: the backward uses the saved rstd).
 struct RmsNormShape {
   int64_t rows = 0, dim = 0;
   float eps = 0.0f;
@@ -267,8 +267,7 @@ class Ops {
   virtual void rmsnorm_backward(Stream& s, const RmsNormShape& n, const RmsNormGrads& g, const void* dout,
                                 const void* x, const void* w, const float* rstd) = 0;
 
-  // In-place rotary embedding of x (Rope). inverse = true applies the transpose (the backward
-  // pass).
+  // In-place rotary embedding of x (Rope); inverse = true applies the transpose (the backward).
   virtual void rope(Stream& s, const Rope& r, void* x, bool inverse) = 0;
 
   // Causal grouped-query attention (AttentionShape), computed tile by tile (memory O(S)),
