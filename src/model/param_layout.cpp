@@ -4,11 +4,13 @@
 #include <set>
 
 #include "so/core/error.h"
+#include "so/model/model_family.h"
 
 namespace so {
 
 ParamLayout ParamLayout::for_model(const ModelConfig& c) {
   ParamLayout L;
+  const ModelFamily& family = model_family(c.model_type);
   const int head_unit = static_cast<int>(c.num_layers) + 1;
   enum Init { Random, One, Zero };
   // joined: the next parameter follows with no padding (ParamInfo::joined_to_next).
@@ -76,11 +78,11 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
       ids.up = add(p + "mlp.up_proj.weight", {I, H}, u);
       ids.down = add(p + "mlp.down_proj.weight", {H, I}, u);
     }
-    if (c.fused_projections) {
+    if (family.fused_qkv) {
       SO_CHECK(!c.qkv_bias && !c.qk_norm, "model: fused projections with biases or q/k norm are not laid out");
-      fused[ids.q] = {p + "self_attn.qkv_proj.weight", 3};  // q, k, v: consecutive ids
-      fused[ids.gate] = {p + "mlp.gate_up_proj.weight", 2};  // gate, up
+      fused[ids.q] = {p + family.fused_qkv, 3};  // q, k, v: consecutive ids
     }
+    if (family.fused_gate_up && ids.gate >= 0) fused[ids.gate] = {p + family.fused_gate_up, 2};  // gate, up
     L.layers.push_back(ids);
   }
   L.final_norm = add("model.norm.weight", {H}, head_unit, One);
