@@ -65,7 +65,8 @@ nlohmann::json gemm_table(Backend& be, const CalibrateOptions& o) {
     if (flops > top) break;
     Tensors t(be);
     void *A = t.random(m * k, o.dtype, 1), *B = t.random(n * k, o.dtype, 2), *C = t.alloc(m * n * dtype_size(o.dtype));
-    const double ms = time_ms(be, 1, o.iters, [&] { ops.gemm(s, false, true, m, n, k, 1.0f, A, B, o.dtype, 0.0f, C, o.dtype); });
+    const Gemm g{.trans_b = true, .M = m, .N = n, .K = k, .A = A, .B = B, .ab = o.dtype, .C = C, .c = o.dtype};
+    const double ms = time_ms(be, 1, o.iters, [&] { ops.gemm(s, g); });
     rows.push_back({{"m", m}, {"n", n}, {"k", k}, {"flops", flops}, {"tflops", flops / (ms * 1e-3) / 1e12}});
     std::printf("  gemm %6lld x %6lld x %6lld  %10.3f ms  %8.3f TFLOP/s\n", static_cast<long long>(m),
                 static_cast<long long>(n), static_cast<long long>(k), ms, flops / (ms * 1e-3) / 1e12);
@@ -125,9 +126,10 @@ nlohmann::json memory_table(Backend& be, const CalibrateOptions& o) {
   void *x = t.random(n, dt, 1), *w = t.random(width, dt, 2), *y = t.alloc(n * e), *dx = t.alloc(n * e);
   auto* rstd = static_cast<float*>(t.alloc(rows * 4));
   void* dw = t.alloc(width * 4);
-  rate("rmsnorm_forward", 2.0 * n * e, [&] { ops.rmsnorm_forward(s, y, rstd, x, w, rows, width, 1e-5f, dt); });
+  const RmsNormShape norm{.rows = rows, .dim = width, .eps = 1e-5f, .dtype = dt};
+  rate("rmsnorm_forward", 2.0 * n * e, [&] { ops.rmsnorm_forward(s, norm, y, rstd, x, w); });
   rate("rmsnorm_backward", 3.0 * n * e,
-       [&] { ops.rmsnorm_backward(s, dx, dw, y, x, w, rstd, rows, width, false, dt); });
+       [&] { ops.rmsnorm_backward(s, norm, {.dx = dx, .dw_acc = dw, .accumulate = false}, y, x, w, rstd); });
   rate("swiglu_forward", 3.0 * n * e, [&] { ops.swiglu_forward(s, y, x, dx, n, dt); });
   void *dg = t.alloc(n * e), *du = t.alloc(n * e);
   rate("swiglu_backward", 5.0 * n * e, [&] { ops.swiglu_backward(s, dg, du, y, x, dx, n, dt); });
@@ -135,7 +137,8 @@ nlohmann::json memory_table(Backend& be, const CalibrateOptions& o) {
   for (int64_t i = 0; i < rows; ++i) pos[i] = static_cast<int32_t>(i);
   const int32_t* p = t.ints(pos);
   const double* freq = t.doubles(rope_default_inv_freq(10000.0, 64));
-  rate("rope", 2.0 * n * e, [&] { ops.rope(s, y, p, rows, width / 64, 64, freq, 1.0f, false, dt); });
+  const Rope rope{.T = rows, .heads = width / 64, .head_dim = 64, .positions = p, .inv_freq = freq, .dtype = dt};
+  rate("rope", 2.0 * n * e, [&] { ops.rope(s, rope, y, false); });
   rate("copy", 2.0 * n * e, [&] { be.copy_d2d(y, x, n * e, s); });
   const int64_t V = 4096, R = n / V;
   auto* logits = static_cast<float*>(t.random(R * V, DType::F32, 3, 4.0f));
@@ -143,7 +146,9 @@ nlohmann::json memory_table(Backend& be, const CalibrateOptions& o) {
   std::vector<int32_t> targets(static_cast<size_t>(R));
   for (int64_t i = 0; i < R; ++i) targets[i] = static_cast<int32_t>((i * 7919) % V);
   const int32_t* tg = t.ints(targets);
-  rate("cross_entropy", R * V * (4.0 + e), [&] { ops.cross_entropy(s, loss, dg, logits, tg, R, V, 1.0f / R, 0.0f, dt); });
+  rate("cross_entropy", R * V * (4.0 + e), [&] {
+    ops.cross_entropy(s, {.rows = R, .V = V, .scale = 1.0f / R, .z_loss = 0.0f, .dtype = dt}, loss, dg, logits, tg);
+  });
   {
     const int64_t an = int64_t{1} << 22;
     auto* pp = static_cast<float*>(t.random(an, DType::F32, 5));

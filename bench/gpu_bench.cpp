@@ -87,7 +87,10 @@ Peaks measure_peaks(const std::string& backend, int64_t n, int64_t copy_mib, int
     void* B = random ? t.random(n * n, DType::BF16, 2) : t.constant(n * n, DType::BF16, 0.75f);
     void* C = t.alloc(n * n * 2);
     const double ms = time_ms(*be, warmup, iters,
-                              [&] { ops.gemm(s, false, true, n, n, n, 1.0f, A, B, DType::BF16, 0.0f, C, DType::BF16); });
+                              [&] {
+      ops.gemm(s,
+               {.trans_b = true, .M = n, .N = n, .K = n, .A = A, .B = B, .ab = DType::BF16, .C = C, .c = DType::BF16});
+    });
     return std::make_pair(ms, 2.0 * n * n * n / (ms * 1e-3) / 1e12);
   };
   std::tie(p.gemm_ms, p.gemm_tflops) = gemm_tflops(true);
@@ -211,7 +214,8 @@ void gemm_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int it
     void* B = t.random(g.K * g.N, DType::BF16, 12);
     void* C = t.random(g.M * g.N, g.c, 13);
     const double ms = time_ms(be, warmup, iters, [&] {
-      ops.gemm(s, g.ta, g.tb, g.M, g.N, g.K, 1.0f, A, B, DType::BF16, g.beta, C, g.c);
+      ops.gemm(s, {.trans_a = g.ta, .trans_b = g.tb, .M = g.M, .N = g.N, .K = g.K, .beta = g.beta, .A = A, .B = B,
+                   .ab = DType::BF16, .C = C, .c = g.c});
     });
     tab.flops(g.name, dims({g.M, g.N, g.K}) + " bf16, C " + dtype_name(g.c), ms, 2.0 * g.M * g.N * g.K);
   }
@@ -234,21 +238,25 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
     void *table = t.random(V * H, bf, 21), *out = t.alloc(T * H * 2);
     const int32_t* tok = t.ints(tokens);
     tab.bytes("embedding_forward", th + ", V " + std::to_string(V),
-              timed([&] { ops.embedding_forward(s, out, table, tok, T, V, H, bf); }), 2.0 * T * H * 2 + T * 4);
+              timed([&] { ops.embedding_forward(s, {.T = T, .V = V, .H = H, .dtype = bf}, out, table, tok); }),
+              2.0 * T * H * 2 + T * 4);
     void* dout = t.random(T * H, bf, 22);
     tab.bytes("embedding_backward", th + ", V " + std::to_string(V),
-              timed([&] { ops.embedding_backward(s, table, dout, tok, T, V, H, -1, bf); }),
+              timed([&] { ops.embedding_backward(s, {.T = T, .V = V, .H = H, .dtype = bf}, table, dout, tok, -1); }),
               T * H * 2 + 2 * distinct * H * 2 + T * 4, "table rows touched: read + write");
   }
   {
     Tensors t(be);
     void *x = t.random(T * H, bf, 23), *w = t.random(H, bf, 24), *out = t.alloc(T * H * 2);
     auto* rstd = static_cast<float*>(t.alloc(T * 4));
-    tab.bytes("rmsnorm_forward", th, timed([&] { ops.rmsnorm_forward(s, out, rstd, x, w, T, H, 1e-5f, bf); }),
+    const RmsNormShape norm{.rows = T, .dim = H, .eps = 1e-5f, .dtype = bf};
+    tab.bytes("rmsnorm_forward", th, timed([&] { ops.rmsnorm_forward(s, norm, out, rstd, x, w); }),
               2.0 * T * H * 2 + H * 2 + T * 4);
     void *dout = t.random(T * H, bf, 25), *dx = t.alloc(T * H * 2), *dw = t.random(H, bf, 26);
     tab.bytes("rmsnorm_backward", th,
-              timed([&] { ops.rmsnorm_backward(s, dx, dw, dout, x, w, rstd, T, H, false, bf); }),
+              timed([&] {
+                ops.rmsnorm_backward(s, norm, {.dx = dx, .dw_acc = dw, .accumulate = false}, dout, x, w, rstd);
+              }),
               3.0 * T * H * 2 + 3 * H * 2 + T * 4);
   }
   {
@@ -258,7 +266,10 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
     const int32_t* pos = t.ints(positions);
     const double* freq = t.doubles(rope_default_inv_freq(500000.0, D));
     tab.bytes("rope (q, in place)", dims({T, m.heads, D}) + " bf16",
-              timed([&] { ops.rope(s, q, pos, T, m.heads, D, freq, 1.0f, false, bf); }), 2.0 * n * 2 + T * 4);
+              timed([&] {
+                ops.rope(s, {.T = T, .heads = m.heads, .head_dim = D, .positions = pos, .inv_freq = freq, .dtype = bf},
+                         q, false);
+              }), 2.0 * n * 2 + T * 4);
   }
   {
     Tensors t(be);
@@ -278,7 +289,10 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
     void* dlogits = t.alloc(R * V * 2);
     const int32_t* tg = t.ints(std::vector<int32_t>(tokens.begin(), tokens.begin() + R));
     tab.bytes("cross_entropy (+dlogits)", dims({R, V}) + " fp32 -> bf16",
-              timed([&] { ops.cross_entropy(s, loss, dlogits, logits, tg, R, V, 1.0f / R, 0.0f, bf); }),
+              timed([&] {
+                ops.cross_entropy(s, {.rows = R, .V = V, .scale = 1.0f / R, .z_loss = 0.0f, .dtype = bf}, loss, dlogits,
+                                  logits, tg);
+              }),
               R * V * 4.0 + R * V * 2.0);
   }
   {
@@ -317,10 +331,11 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
               timed([&] { ops.transpose_blocks(s, dst, src, P, T / P, H, bf); }), 2.0 * n * 2);
     const int64_t narrow = T * m.kv_heads * D;
     void *kv = t.random(narrow, bf, 39), *wide = t.alloc(narrow * 2 * 2);
+    const HeadReplication rep{.rows = T, .heads = m.kv_heads, .copies = 2, .head_dim = D, .dtype = bf};
     tab.bytes("replicate_heads x2", dims({T, m.kv_heads, D}) + " bf16",
-              timed([&] { ops.replicate_heads(s, wide, kv, T, m.kv_heads, 2, D, false, bf); }), 3.0 * narrow * 2);
+              timed([&] { ops.replicate_heads(s, rep, wide, kv, false); }), 3.0 * narrow * 2);
     tab.bytes("replicate_heads x2 reverse", dims({T, m.kv_heads, D}) + " bf16",
-              timed([&] { ops.replicate_heads(s, kv, wide, T, m.kv_heads, 2, D, true, bf); }), 3.0 * narrow * 2);
+              timed([&] { ops.replicate_heads(s, rep, kv, wide, true); }), 3.0 * narrow * 2);
   }
 }
 

@@ -15,7 +15,7 @@ void walk_grouped_gemm(const GroupedGemm& g,
     const int64_t start = g.offsets[grp], n = g.offsets[grp + 1] - start;
     SO_CHECK(start >= 0 && n >= 0 && start + n <= g.max_rows, "grouped_gemm: group ", grp, " has rows [", start, ", ",
              start + n, "), outside [0, max_rows = ", g.max_rows, ") or reversed");
-    if (!g.vary_k) {
+    if (!g.vary_k()) {
       const void* B = g.per_group ? g.per_group[grp] : static_cast<const char*>(g.B) + grp * g.N * g.K * ab;
       if (n > 0) gemm(false, g.trans_b, n, g.N, g.K, A + start * g.K * ab, B, static_cast<char*>(g.C) + start * g.N * c);
     } else {

@@ -458,23 +458,51 @@ void LlamaModel::aux_loss_forward(float loss_scale) {
 
 const void* LlamaModel::final_hidden() const { return acts_->hn.data(); }
 
+RmsNormShape LlamaModel::rmsnorm_shape(int64_t rows, int64_t dim) const {
+  return {.rows = rows, .dim = dim, .eps = cfg_.rms_norm_eps, .dtype = opts_.dtype};
+}
+
+HeadReplication LlamaModel::kv_replication() const {
+  return {.rows = opts_.micro_batch * opts_.seq_len,
+          .heads = cfg_.num_kv_heads,
+          .copies = kv_copies_,
+          .head_dim = cfg_.head_dim,
+          .dtype = opts_.dtype};
+}
+
+Rope LlamaModel::rope_of(int64_t heads) const {
+  return {.T = opts_.micro_batch * opts_.seq_len,
+          .heads = heads,
+          .head_dim = cfg_.head_dim,
+          .positions = acts_->positions.as<int32_t>(),
+          .inv_freq = acts_->rope_inv_freq.as<double>(),
+          .attention_scale = rope_scale_,
+          .dtype = opts_.dtype};
+}
+
 void LlamaModel::linear(const void* in, const void* w, void* out, int64_t rows, int64_t out_dim, int64_t in_dim,
                         float beta, const void* bias) {
   const DType dt = opts_.dtype;
   if (bias) {
-    ops_.gemm(stream_, false, false, rows, out_dim, 1, 1.0f, acts_->ones.data(), bias, dt, beta, out, dt);
+    ops_.gemm(stream_, {.M = rows, .N = out_dim, .K = 1, .beta = beta, .A = acts_->ones.data(), .B = bias, .ab = dt,
+                        .C = out, .c = dt});
     beta = 1.0f;
   }
-  ops_.gemm(stream_, false, true, rows, out_dim, in_dim, 1.0f, in, w, dt, beta, out, dt);
+  ops_.gemm(stream_, {.trans_b = true, .M = rows, .N = out_dim, .K = in_dim, .beta = beta, .A = in, .B = w, .ab = dt,
+                      .C = out, .c = dt});
 }
 
 // y = x W^T + b:  dW += dy^T x,  dx = dy W (+ din_beta * dx),  db += dy^T 1
 void LlamaModel::linear_backward(const void* dout, const void* in, const void* w, void* din, void* dw, int64_t rows,
                                  int64_t out_dim, int64_t in_dim, float din_beta, void* dbias) {
   const DType dt = opts_.dtype;
-  ops_.gemm(stream_, true, false, out_dim, in_dim, rows, 1.0f, dout, in, dt, 1.0f, dw, dt);
-  ops_.gemm(stream_, false, false, rows, in_dim, out_dim, 1.0f, dout, w, dt, din_beta, din, dt);
-  if (dbias) ops_.gemm(stream_, true, false, out_dim, 1, rows, 1.0f, dout, acts_->ones.data(), dt, 1.0f, dbias, dt);
+  ops_.gemm(stream_, {.trans_a = true, .M = out_dim, .N = in_dim, .K = rows, .beta = 1.0f, .A = dout, .B = in,
+                      .ab = dt, .C = dw, .c = dt});
+  ops_.gemm(stream_, {.M = rows, .N = in_dim, .K = out_dim, .beta = din_beta, .A = dout, .B = w, .ab = dt, .C = din,
+                      .c = dt});
+  if (dbias)
+    ops_.gemm(stream_, {.trans_a = true, .M = out_dim, .N = 1, .K = rows, .beta = 1.0f, .A = dout,
+                        .B = acts_->ones.data(), .ab = dt, .C = dbias, .c = dt});
 }
 
 void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelHooks& hooks, float loss_scale,
@@ -522,8 +550,8 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
   hooks.before_unit(0);
   // A slot is written only after its last copy to the host (of this or the last micro-batch).
   if (offload) backend_.wait(stream_, *a.stashed[0]);
-  ops_.embedding_forward(stream_, residual(0), p.weight(layout_.embedding), a.tokens.as<int32_t>(), T,
-                         cfg_.vocab_size, cfg_.hidden_size, opts_.dtype);
+  ops_.embedding_forward(stream_, {.T = T, .V = cfg_.vocab_size, .H = cfg_.hidden_size, .dtype = opts_.dtype},
+                         residual(0), p.weight(layout_.embedding), a.tokens.as<int32_t>());
   if (offload) move_checkpoint(0, true, hooks);
   for (int64_t l = 0; l < L; ++l) {
     hooks.before_unit(static_cast<int>(l) + 1);
@@ -545,9 +573,9 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
   if (!backward) return;
 
   const int head_unit = static_cast<int>(L) + 1;
-  ops_.rmsnorm_backward(stream_, a.dx.data(), p.grad(layout_.final_norm), a.dhn.data(), residual(L),
-                        p.weight(layout_.final_norm), a.rstd_final.as<float>(), T, cfg_.hidden_size, false,
-                        opts_.dtype);
+  ops_.rmsnorm_backward(stream_, rmsnorm_shape(T, cfg_.hidden_size),
+                        {.dx = a.dx.data(), .dw_acc = p.grad(layout_.final_norm), .accumulate = false}, a.dhn.data(),
+                        residual(L), p.weight(layout_.final_norm), a.rstd_final.as<float>());
   hooks.after_backward(head_unit);
   for (int64_t l = L - 1; l >= 0; --l) {
     LayerActs& acts = a.layer[opts_.activation_checkpointing ? 0 : l];
@@ -565,8 +593,8 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
     hooks.after_backward(static_cast<int>(l) + 1);
   }
   hooks.before_backward(0);
-  ops_.embedding_backward(stream_, p.grad(layout_.embedding), a.dx.data(), a.tokens.as<int32_t>(), T,
-                          cfg_.vocab_size, cfg_.hidden_size, cfg_.pad_token_id, opts_.dtype);
+  ops_.embedding_backward(stream_, {.T = T, .V = cfg_.vocab_size, .H = cfg_.hidden_size, .dtype = opts_.dtype},
+                          p.grad(layout_.embedding), a.dx.data(), a.tokens.as<int32_t>(), cfg_.pad_token_id);
   hooks.after_backward(0);
 }
 
@@ -612,11 +640,8 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
   const DType dt = opts_.dtype;
   const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size;
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), D = cfg_.head_dim;
-  const int32_t* pos = acts_->positions.as<int32_t>();
-  const double* freq = acts_->rope_inv_freq.as<double>();
 
-  ops_.rmsnorm_forward(stream_, s.h1.data(), s.rstd1.as<float>(), x_in, p.weight(w.attn_norm), T, H,
-                       cfg_.rms_norm_eps, dt);
+  ops_.rmsnorm_forward(stream_, rmsnorm_shape(T, H), s.h1.data(), s.rstd1.as<float>(), x_in, p.weight(w.attn_norm));
   // q | k | v by one GEMM with [W_q; W_k; W_v] (and [b_q; b_k; b_v]), adjacent in the flat buffer
   // (ParamInfo::joined_to_next), then split into the tensors attention reads.
   void* q = cfg_.qk_norm ? s.q_raw.data() : s.q.data();
@@ -624,13 +649,13 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
   linear(s.h1.data(), p.weight(w.q), acts_->qkv.data(), T, qd + 2 * kvd, H, 0.0f, weight_or_null(p, w.q_bias));
   qkv_columns(q, k, s.v.data(), false);
   if (cfg_.qk_norm) {
-    ops_.rmsnorm_forward(stream_, s.q.data(), s.q_rstd.as<float>(), q, p.weight(w.q_norm), T * cfg_.num_heads, D,
-                         cfg_.rms_norm_eps, dt);
-    ops_.rmsnorm_forward(stream_, s.k.data(), s.k_rstd.as<float>(), k, p.weight(w.k_norm), T * cfg_.num_kv_heads, D,
-                         cfg_.rms_norm_eps, dt);
+    ops_.rmsnorm_forward(stream_, rmsnorm_shape(T * cfg_.num_heads, D), s.q.data(), s.q_rstd.as<float>(), q,
+                         p.weight(w.q_norm));
+    ops_.rmsnorm_forward(stream_, rmsnorm_shape(T * cfg_.num_kv_heads, D), s.k.data(), s.k_rstd.as<float>(), k,
+                         p.weight(w.k_norm));
   }
-  ops_.rope(stream_, s.q.data(), pos, T, cfg_.num_heads, D, freq, rope_scale_, false, dt);
-  ops_.rope(stream_, s.k.data(), pos, T, cfg_.num_kv_heads, D, freq, rope_scale_, false, dt);
+  ops_.rope(stream_, rope_of(cfg_.num_heads), s.q.data(), false);
+  ops_.rope(stream_, rope_of(cfg_.num_kv_heads), s.k.data(), false);
   const AttentionMask mask = attention_mask(l, p);
   const int64_t P = sp_size();
   const AttentionShape a = attention_shape(cfg_, opts_, P);
@@ -642,7 +667,7 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
     scatter_heads(s.q_f.data(), s.q.data(), cfg_.num_heads);
     for (auto [full, local] : {std::pair{s.k_f.data(), s.k.data()}, std::pair{s.v_f.data(), s.v.data()}}) {
       if (kv_copies_ > 1) {
-        ops_.replicate_heads(stream_, acts_->kv_rep.data(), local, T, cfg_.num_kv_heads, kv_copies_, D, false, dt);
+        ops_.replicate_heads(stream_, kv_replication(), acts_->kv_rep.data(), local, false);
         local = acts_->kv_rep.data();
       }
       scatter_heads(full, local, kv_heads);
@@ -659,8 +684,8 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
     linear(s.attn.data(), p.weight(w.o), s.x_mid.data(), T, H, qd, 1.0f, weight_or_null(p, w.o_bias));
   }
 
-  ops_.rmsnorm_forward(stream_, s.h2.data(), s.rstd2.as<float>(), s.x_mid.data(), p.weight(w.mlp_norm), T, H,
-                       cfg_.rms_norm_eps, dt);
+  ops_.rmsnorm_forward(stream_, rmsnorm_shape(T, H), s.h2.data(), s.rstd2.as<float>(), s.x_mid.data(),
+                       p.weight(w.mlp_norm));
   backend_.copy_d2d(x_out, s.x_mid.data(), T * H * dtype_size(dt), stream_);
   if (moe_of_layer_[l] >= 0)
     moe_block(l).forward(stream_, x_out, s.h2.data(), moe_params(l, p, false), T, true);
@@ -780,8 +805,6 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
   const DType dt = opts_.dtype;
   const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size;
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), D = cfg_.head_dim;
-  const int32_t* pos = a.positions.as<int32_t>();
-  const double* freq = a.rope_inv_freq.as<double>();
 
   // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2)), or x_mid + moe(h2).
   if (moe_of_layer_[l] >= 0)
@@ -789,8 +812,9 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
                           a.dx.data(), s.h2.data(), false, cfg_.moe.aux_loss ? aux_dprob_.as<float>() : nullptr);
   else
     mlp_backward(l, p, s);
-  ops_.rmsnorm_backward(stream_, a.dx.data(), p.grad(w.mlp_norm), a.dh.data(), s.x_mid.data(), p.weight(w.mlp_norm),
-                        s.rstd2.as<float>(), T, H, true, dt);
+  ops_.rmsnorm_backward(stream_, rmsnorm_shape(T, H),
+                        {.dx = a.dx.data(), .dw_acc = p.grad(w.mlp_norm), .accumulate = true}, a.dh.data(),
+                        s.x_mid.data(), p.weight(w.mlp_norm), s.rstd2.as<float>());
 
   // Attention: x_mid = x_in + o(attn(rope(q), rope(k), v)).
   const void* dy = a.dx.data();
@@ -823,18 +847,20 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
       }
       // Every replica's gradient flows back to its KV head.
       gather_heads(a.kv_rep.data(), full, kv_heads);
-      ops_.replicate_heads(stream_, local, a.kv_rep.data(), T, cfg_.num_kv_heads, kv_copies_, D, true, dt);
+      ops_.replicate_heads(stream_, kv_replication(), local, a.kv_rep.data(), true);
     }
   }
-  ops_.rope(stream_, a.dq.data(), pos, T, cfg_.num_heads, D, freq, rope_scale_, true, dt);
-  ops_.rope(stream_, a.dk.data(), pos, T, cfg_.num_kv_heads, D, freq, rope_scale_, true, dt);
+  ops_.rope(stream_, rope_of(cfg_.num_heads), a.dq.data(), true);
+  ops_.rope(stream_, rope_of(cfg_.num_kv_heads), a.dk.data(), true);
   void* dq_proj = a.dq.data();
   void* dk_proj = a.dk.data();
   if (cfg_.qk_norm) {
-    ops_.rmsnorm_backward(stream_, a.dq_raw.data(), p.grad(w.q_norm), a.dq.data(), s.q_raw.data(),
-                          p.weight(w.q_norm), s.q_rstd.as<float>(), T * cfg_.num_heads, D, false, dt);
-    ops_.rmsnorm_backward(stream_, a.dk_raw.data(), p.grad(w.k_norm), a.dk.data(), s.k_raw.data(),
-                          p.weight(w.k_norm), s.k_rstd.as<float>(), T * cfg_.num_kv_heads, D, false, dt);
+    ops_.rmsnorm_backward(stream_, rmsnorm_shape(T * cfg_.num_heads, D),
+                          {.dx = a.dq_raw.data(), .dw_acc = p.grad(w.q_norm), .accumulate = false}, a.dq.data(),
+                          s.q_raw.data(), p.weight(w.q_norm), s.q_rstd.as<float>());
+    ops_.rmsnorm_backward(stream_, rmsnorm_shape(T * cfg_.num_kv_heads, D),
+                          {.dx = a.dk_raw.data(), .dw_acc = p.grad(w.k_norm), .accumulate = false}, a.dk.data(),
+                          s.k_raw.data(), p.weight(w.k_norm), s.k_rstd.as<float>());
     dq_proj = a.dq_raw.data();
     dk_proj = a.dk_raw.data();
   }
@@ -842,8 +868,9 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
   qkv_columns(dq_proj, dk_proj, a.dv.data(), true);
   linear_backward(a.qkv.data(), s.h1.data(), p.weight(w.q), a.dh.data(), p.grad(w.q), T, qd + 2 * kvd, H, 0.0f,
                   grad_or_null(p, w.q_bias));
-  ops_.rmsnorm_backward(stream_, a.dx.data(), p.grad(w.attn_norm), a.dh.data(), x_in, p.weight(w.attn_norm),
-                        s.rstd1.as<float>(), T, H, true, dt);
+  ops_.rmsnorm_backward(stream_, rmsnorm_shape(T, H),
+                        {.dx = a.dx.data(), .dw_acc = p.grad(w.attn_norm), .accumulate = true}, a.dh.data(), x_in,
+                        p.weight(w.attn_norm), s.rstd1.as<float>());
 }
 
 // Final norm, then output projection + cross-entropy chunk by chunk. With backward, the chunks'
@@ -854,24 +881,26 @@ void LlamaModel::head_forward_backward(ParamStore& p, float loss_scale, bool bac
   const DType dt = opts_.dtype;
   const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size, V = cfg_.vocab_size;
   const int64_t L = cfg_.num_layers;
-  ops_.rmsnorm_forward(stream_, a.hn.data(), a.rstd_final.as<float>(), residual(L), p.weight(layout_.final_norm),
-                       T, H, cfg_.rms_norm_eps, dt);
+  ops_.rmsnorm_forward(stream_, rmsnorm_shape(T, H), a.hn.data(), a.rstd_final.as<float>(), residual(L),
+                       p.weight(layout_.final_norm));
   const void* w_out = p.weight(layout_.lm_head);
   void* dw_out = backward ? p.grad(layout_.lm_head) : nullptr;
   for (int64_t g0 = 0; g0 < T; g0 += a.grad_chunk) {
     const int64_t ng = std::min(a.grad_chunk, T - g0);
     for (int64_t c0 = g0; c0 < g0 + ng; c0 += a.chunk) {
       const int64_t n = std::min(a.chunk, g0 + ng - c0);
-      ops_.gemm(stream_, false, true, n, V, H, 1.0f, at(a.hn.data(), c0 * H, dt), w_out, dt, 0.0f, a.logits.data(),
-                DType::F32);
-      ops_.cross_entropy(stream_, a.loss.as<float>(), backward ? at(a.dlogits.data(), (c0 - g0) * V, dt) : nullptr,
-                         a.logits.as<float>(), a.targets.as<int32_t>() + c0, n, V, loss_scale, opts_.z_loss, dt);
+      ops_.gemm(stream_, {.trans_b = true, .M = n, .N = V, .K = H, .A = at(a.hn.data(), c0 * H, dt), .B = w_out,
+                          .ab = dt, .C = a.logits.data(), .c = DType::F32});
+      ops_.cross_entropy(stream_, {.rows = n, .V = V, .scale = loss_scale, .z_loss = opts_.z_loss, .dtype = dt},
+                         a.loss.as<float>(), backward ? at(a.dlogits.data(), (c0 - g0) * V, dt) : nullptr,
+                         a.logits.as<float>(), a.targets.as<int32_t>() + c0);
     }
     if (!backward) continue;
     const void* hn_g = at(a.hn.data(), g0 * H, dt);
-    ops_.gemm(stream_, false, false, ng, H, V, 1.0f, a.dlogits.data(), w_out, dt, 0.0f, at(a.dhn.data(), g0 * H, dt),
-              dt);
-    ops_.gemm(stream_, true, false, V, H, ng, 1.0f, a.dlogits.data(), hn_g, dt, 1.0f, dw_out, dt);
+    ops_.gemm(stream_, {.M = ng, .N = H, .K = V, .A = a.dlogits.data(), .B = w_out, .ab = dt,
+                        .C = at(a.dhn.data(), g0 * H, dt), .c = dt});
+    ops_.gemm(stream_, {.trans_a = true, .M = V, .N = H, .K = ng, .beta = 1.0f, .A = a.dlogits.data(), .B = hn_g,
+                        .ab = dt, .C = dw_out, .c = dt});
   }
 }
 

@@ -124,7 +124,7 @@ void MoeBlock::expert_gemm(Stream& s, void* out, const void* in, const std::vect
 void MoeBlock::weight_grad(Stream& s, const std::vector<void*>& dweight, const void* a, int64_t M, const void* b,
                            int64_t N) {
   GroupedGemm g = expert_groups();
-  g.vary_k = true;
+  g.trans_a = true;  // vary_k
   g.M = M, g.N = N, g.A = a, g.B = b, g.per_group = dweight.data(), g.beta = 1.0f;
   backend_.ops().grouped_gemm(s, g);
 }
@@ -142,14 +142,17 @@ void MoeBlock::forward(Stream& s, void* out, const void* x, const MoeParams& w, 
   const int64_t E = r.experts, k = r.top_k, H = spec_.hidden, I = spec_.intermediate;
 
   // Router logits in fp32 (transformers takes the softmax in fp32 too).
-  ops.gemm(s, false, true, T, E, H, 1.0f, x, w.router, dt_, 0.0f, logits_.data(), DType::F32);
+  ops.gemm(s, {.trans_b = true, .M = T, .N = E, .K = H, .A = x, .B = w.router, .ab = dt_, .C = logits_.data(),
+               .c = DType::F32});
   if (w.router_bias)
-    ops.gemm(s, false, false, T, E, 1, 1.0f, ones_.data(), w.router_bias, dt_, 1.0f, logits_.data(), DType::F32);
+    ops.gemm(s, {.M = T, .N = E, .K = 1, .beta = 1.0f, .A = ones_.data(), .B = w.router_bias, .ab = dt_,
+                 .C = logits_.data(), .c = DType::F32});
   ops.moe_route(s, r, weights_.as<float>(), experts_.as<int32_t>(), logits_.as<float>(), T);
   ops.moe_sort_slots(s, slot_of_.as<int32_t>(), row_of_.as<int32_t>(), offsets_.as<int32_t>(),
                      experts_.as<int32_t>(), T, k, E);
 
-  ops.moe_dispatch(s, xs_.data(), x, slot_of_.as<int32_t>(), T, k, H, dt_);
+  const MoeSlots slots{.T = T, .k = k, .H = H, .dtype = dt_};
+  ops.moe_dispatch(s, slots, xs_.data(), x, slot_of_.as<int32_t>());
   if (spec_.experts == MoeSpec::Experts::SwiGLU) {
     expert_gemm(s, gate_.data(), xs_.data(), w.gate, true, {}, I, H, 0.0f);
     expert_gemm(s, up_.data(), xs_.data(), w.up, true, {}, I, H, 0.0f);
@@ -160,7 +163,7 @@ void MoeBlock::forward(Stream& s, void* out, const void* x, const MoeParams& w, 
     ops.clamped_swiglu_forward(s, act_.data(), gate_.data(), T * k * I, spec_.glu_alpha, spec_.glu_limit, dt_);
     expert_gemm(s, y_.data(), act_.data(), w.down, false, w.down_bias, H, I, 0.0f);
   }
-  ops.moe_combine(s, out, y_.data(), weights_.as<float>(), row_of_.as<int32_t>(), T, k, H, accumulate, dt_);
+  ops.moe_combine(s, slots, out, y_.data(), weights_.as<float>(), row_of_.as<int32_t>(), accumulate);
 }
 
 void MoeBlock::backward(Stream& s, MoeScratch& sc, void* dx, const MoeParams& w, const MoeParams& g,
@@ -171,8 +174,9 @@ void MoeBlock::backward(Stream& s, MoeScratch& sc, void* dx, const MoeParams& w,
   const int64_t T = T_, E = r.experts, k = r.top_k, H = spec_.hidden, I = spec_.intermediate;
 
   // Combine: the experts' outputs and the routing weights.
-  ops.moe_combine_backward(s, sc.dy.data(), sc.dweights.as<float>(), dout, y_.data(), weights_.as<float>(),
-                           slot_of_.as<int32_t>(), T, k, H, dt_);
+  const MoeSlots slots{.T = T, .k = k, .H = H, .dtype = dt_};
+  ops.moe_combine_backward(s, slots, sc.dy.data(), sc.dweights.as<float>(), dout, y_.data(), weights_.as<float>(),
+                           slot_of_.as<int32_t>());
   // The experts: d(in) = d(out) @ op(W)^T per expert, weights' gradients from the saved inputs.
   if (spec_.experts == MoeSpec::Experts::SwiGLU) {
     weight_grad(s, g.down, sc.dy.data(), H, act_.data(), I);  // down [H, I]
@@ -193,16 +197,19 @@ void MoeBlock::backward(Stream& s, MoeScratch& sc, void* dx, const MoeParams& w,
     expert_gemm(s, sc.dxs.data(), sc.dgate.data(), w.gate_up, true, {}, H, 2 * I, 0.0f);
   }
   // Dispatch's backward: each token sums its k rows.
-  ops.moe_combine(s, dx, sc.dxs.data(), nullptr, row_of_.as<int32_t>(), T, k, H, accumulate, dt_);
+  ops.moe_combine(s, slots, dx, sc.dxs.data(), nullptr, row_of_.as<int32_t>(), accumulate);
 
   // Router: the weights' gradient through top-k and the softmax, then the linear layer.
   ops.moe_route_backward(s, r, sc.dlogits.as<float>(), sc.dweights.as<float>(), logits_.as<float>(),
                          experts_.as<int32_t>(), aux_dprob, T);
   ops.cast(s, sc.dlogits_dt.data(), dt_, sc.dlogits.data(), DType::F32, T * E);
-  ops.gemm(s, false, false, T, H, E, 1.0f, sc.dlogits_dt.data(), w.router, dt_, 1.0f, dx, dt_);
-  ops.gemm(s, true, false, E, H, T, 1.0f, sc.dlogits_dt.data(), x, dt_, 1.0f, g.router, dt_);
+  ops.gemm(s, {.M = T, .N = H, .K = E, .beta = 1.0f, .A = sc.dlogits_dt.data(), .B = w.router, .ab = dt_, .C = dx,
+               .c = dt_});
+  ops.gemm(s, {.trans_a = true, .M = E, .N = H, .K = T, .beta = 1.0f, .A = sc.dlogits_dt.data(), .B = x, .ab = dt_,
+               .C = g.router, .c = dt_});
   if (g.router_bias)
-    ops.gemm(s, true, false, 1, E, T, 1.0f, ones_.data(), sc.dlogits_dt.data(), dt_, 1.0f, g.router_bias, dt_);
+    ops.gemm(s, {.trans_a = true, .M = 1, .N = E, .K = T, .beta = 1.0f, .A = ones_.data(), .B = sc.dlogits_dt.data(),
+                 .ab = dt_, .C = g.router_bias, .c = dt_});
 }
 
 }  // namespace so

@@ -208,7 +208,8 @@ OpCase gemm_case(GemmShape g, DType ab, DType c) {
             void* A = r.in(normal(g.M * g.K, 1), ab);
             void* B = r.in(normal(g.K * g.N, 2), ab);
             void* C = g.beta != 0.0f ? r.in(normal(g.M * g.N, 3), c) : r.out(g.M * g.N, c);
-            r.ops().gemm(r.s(), g.ta, g.tb, g.M, g.N, g.K, g.alpha, A, B, ab, g.beta, C, c);
+            r.ops().gemm(r.s(), {.trans_a = g.ta, .trans_b = g.tb, .M = g.M, .N = g.N, .K = g.K, .alpha = g.alpha,
+                                 .beta = g.beta, .A = A, .B = B, .ab = ab, .C = C, .c = c});
             r.expect("C", C, g.M * g.N, c, OpClass::Gemm, g.K);
           }};
 }
@@ -218,7 +219,7 @@ OpCase embedding_forward_case(int64_t T, int64_t V, int64_t H, DType dt) {
             void* table = r.in(normal(V * H, 4), dt);
             const int32_t* tok = r.ints(uniform_ints(T, 5, 0, static_cast<int32_t>(V)));
             void* out = r.out(T * H, dt);
-            r.ops().embedding_forward(r.s(), out, table, tok, T, V, H, dt);
+            r.ops().embedding_forward(r.s(), {.T = T, .V = V, .H = H, .dtype = dt}, out, table, tok);
             r.expect("out", out, T * H, dt, OpClass::Exact);
           }};
 }
@@ -230,7 +231,7 @@ OpCase embedding_backward_case(int64_t T, int64_t V, int64_t H, int64_t distinct
             void* dtable = r.in(normal(V * H, 6, 0.1f), dt);
             void* dout = r.in(normal(T * H, 7), dt);
             const int32_t* tok = r.ints(uniform_ints(T, 8, 0, static_cast<int32_t>(distinct)));
-            r.ops().embedding_backward(r.s(), dtable, dout, tok, T, V, H, pad, dt);
+            r.ops().embedding_backward(r.s(), {.T = T, .V = V, .H = H, .dtype = dt}, dtable, dout, tok, pad);
             r.expect("dtable", dtable, V * H, dt, OpClass::Scatter);
           }};
 }
@@ -247,7 +248,7 @@ OpCase rmsnorm_forward_case(int64_t rows, int64_t dim, DType dt) {
             void* w = r.in(rmsnorm_weight(dim), dt);
             void* out = r.out(rows * dim, dt);
             auto* rstd = static_cast<float*>(r.out(rows, DType::F32));
-            r.ops().rmsnorm_forward(r.s(), out, rstd, x, w, rows, dim, 1e-5f, dt);
+            r.ops().rmsnorm_forward(r.s(), {.rows = rows, .dim = dim, .eps = 1e-5f, .dtype = dt}, out, rstd, x, w);
             r.expect("out", out, rows * dim, dt, OpClass::Reduction);
             r.expect("rstd", rstd, rows, DType::F32, OpClass::Reduction);
           }};
@@ -270,7 +271,8 @@ OpCase rmsnorm_backward_case(int64_t rows, int64_t dim, bool accumulate, DType d
             auto* rs = static_cast<float*>(r.in(rstd, DType::F32));
             void* dx = accumulate ? r.in(normal(rows * dim, 12), dt) : r.out(rows * dim, dt);
             void* dw = r.in(normal(dim, 13), dt);
-            r.ops().rmsnorm_backward(r.s(), dx, dw, dout, x, w, rs, rows, dim, accumulate, dt);
+            r.ops().rmsnorm_backward(r.s(), {.rows = rows, .dim = dim, .eps = 1e-5f, .dtype = dt},
+                                     {.dx = dx, .dw_acc = dw, .accumulate = accumulate}, dout, x, w, rs);
             r.expect("dx", dx, rows * dim, dt, OpClass::Reduction);
             r.expect("dw", dw, dim, dt, OpClass::Scatter);
           }};
@@ -291,8 +293,11 @@ OpCase rope_case(int64_t T, int64_t heads, int64_t D, float theta, int32_t max_p
             if (T > 1) pos[1] = 1;
             if (T > 2) pos[2] = max_pos;
             void* x = r.in(normal(T * heads * D, 15), dt);
-            r.ops().rope(r.s(), x, r.ints(pos), T, heads, D, r.doubles(f.inv_freq),
-                         static_cast<float>(f.attention_factor), inverse, dt);
+            r.ops().rope(r.s(),
+                         {.T = T, .heads = heads, .head_dim = D, .positions = r.ints(pos),
+                          .inv_freq = r.doubles(f.inv_freq), .attention_scale = static_cast<float>(f.attention_factor),
+                          .dtype = dt},
+                         x, inverse);
             r.expect("x", x, T * heads * D, dt, OpClass::Rope);
           }};
 }
@@ -471,7 +476,7 @@ OpCase grouped_gemm_case(GroupedShape g, DType ab, DType c) {
             for (int32_t n : g.rows) offsets.push_back(offsets.back() + n);
             const int64_t R = offsets.back();
             GroupedGemm gg;
-            gg.vary_k = g.vary_k, gg.trans_b = g.trans_b, gg.offsets = r.ints(offsets), gg.max_rows = R + 5;
+            gg.trans_a = g.vary_k, gg.trans_b = g.trans_b, gg.offsets = r.ints(offsets), gg.max_rows = R + 5;
             gg.groups = G, gg.M = g.M, gg.N = g.N, gg.K = g.K, gg.beta = g.beta, gg.alpha = 0.75f;
             gg.ab = ab, gg.c = c;
             const int64_t per_matrix = g.vary_k ? g.M * g.N : g.N * g.K;
@@ -606,7 +611,8 @@ OpCase cross_entropy_case(int64_t rows, int64_t V, bool with_grad, DType dt, flo
             const float* logits = static_cast<const float*>(r.in(normal(rows * V, 24, 3.0f), DType::F32));
             auto* loss = static_cast<float*>(r.in(std::vector<float>{0.37f}, DType::F32));
             void* dlogits = with_grad ? r.out(rows * V, dt) : nullptr;
-            r.ops().cross_entropy(r.s(), loss, dlogits, logits, r.ints(targets), rows, V, 1.0f / rows, z_loss, dt);
+            r.ops().cross_entropy(r.s(), {.rows = rows, .V = V, .scale = 1.0f / rows, .z_loss = z_loss, .dtype = dt},
+                                  loss, dlogits, logits, r.ints(targets));
             r.expect("loss", loss, 1, DType::F32, OpClass::Reduction);
             if (with_grad) r.expect("dlogits", dlogits, rows * V, dt, OpClass::Reduction);
           }};
@@ -683,7 +689,8 @@ OpCase replicate_heads_case(int64_t rows, int64_t heads, int64_t copies, int64_t
             const int64_t narrow = rows * heads * D, wide = narrow * copies;
             void* in = r.in(normal(reverse ? wide : narrow, 28), dt);
             void* out = r.out(reverse ? narrow : wide, dt);
-            r.ops().replicate_heads(r.s(), out, in, rows, heads, copies, D, reverse, dt);
+            r.ops().replicate_heads(r.s(), {.rows = rows, .heads = heads, .copies = copies, .head_dim = D, .dtype = dt},
+                                    out, in, reverse);
             r.expect("out", out, reverse ? narrow : wide, dt, reverse ? OpClass::Elementwise : OpClass::Exact);
           }};
 }
@@ -1183,21 +1190,21 @@ std::vector<BadIdCase> bad_id_cases() {
   return {{"embedding_forward", "embedding",
            [=](Ops& ops, Stream& s, Backend& be, std::vector<DeviceBuffer>& k) {
              const int32_t* ids = upload_ids(be, s, k);
-             ops.embedding_forward(s, zeros(be, s, k, 300 * 8 * 4), zeros(be, s, k, 1000 * 8 * 4), ids, 300, 1000, 8,
-                                   DType::F32);
+             ops.embedding_forward(s, {.T = 300, .V = 1000, .H = 8, .dtype = DType::F32}, zeros(be, s, k, 300 * 8 * 4),
+                                   zeros(be, s, k, 1000 * 8 * 4), ids);
            }},
           {"embedding_backward", "embedding",
            [=](Ops& ops, Stream& s, Backend& be, std::vector<DeviceBuffer>& k) {
              const int32_t* ids = upload_ids(be, s, k);
-             ops.embedding_backward(s, zeros(be, s, k, 1000 * 8 * 2), zeros(be, s, k, 300 * 8 * 2), ids, 300, 1000, 8,
-                                    -1, DType::BF16);
+             ops.embedding_backward(s, {.T = 300, .V = 1000, .H = 8, .dtype = DType::BF16},
+                                    zeros(be, s, k, 1000 * 8 * 2), zeros(be, s, k, 300 * 8 * 2), ids, -1);
            }},
           {"cross_entropy", "cross",
            [=](Ops& ops, Stream& s, Backend& be, std::vector<DeviceBuffer>& k) {
              const int32_t* ids = upload_ids(be, s, k);
-             ops.cross_entropy(s, static_cast<float*>(zeros(be, s, k, 4)), zeros(be, s, k, 300 * 1000 * 2),
-                               static_cast<const float*>(zeros(be, s, k, 300 * 1000 * 4)), ids, 300, 1000, 1.0f,
-                               0.0f, DType::BF16);
+             ops.cross_entropy(s, {.rows = 300, .V = 1000, .scale = 1.0f, .z_loss = 0.0f, .dtype = DType::BF16},
+                               static_cast<float*>(zeros(be, s, k, 4)), zeros(be, s, k, 300 * 1000 * 2),
+                               static_cast<const float*>(zeros(be, s, k, 300 * 1000 * 4)), ids);
            }}};
 }
 

@@ -36,8 +36,8 @@ TEST(ZLossVsTorch, LossAndGradientsOfEveryCase) {
     auto dlogits = be->alloc(static_cast<size_t>(rows * V) * 4, "dlogits");
     auto tg = be->alloc(static_cast<size_t>(rows) * 4, "targets");
     be->copy_h2d(tg.data(), targets.data(), static_cast<size_t>(rows) * 4, s);
-    be->ops().cross_entropy(s, loss.as<float>(), dlogits.data(), logits.as<float>(), tg.as<int32_t>(), rows, V, scale,
-                            z_loss, DType::F32);
+    be->ops().cross_entropy(s, {.rows = rows, .V = V, .scale = scale, .z_loss = z_loss, .dtype = DType::F32},
+                            loss.as<float>(), dlogits.data(), logits.as<float>(), tg.as<int32_t>());
     const float got = test::download(*be, loss.data(), 1, DType::F32)[0];
     const double want = f.read_f32(g + "/loss", {1})[0];
     const std::vector<float> grad = test::download(*be, dlogits.data(), rows * V, DType::F32);

@@ -59,19 +59,20 @@ TEST_F(GradCheck, RmsNorm) {
   std::vector<std::vector<float>> in = {randn(rows * dim, 1), randn(dim, 2, 0.5f)};
   for (auto& w : in[1]) w += 1.0f;
   const auto R = randn(rows * dim, 3);
+  const RmsNormShape norm{.rows = rows, .dim = dim, .eps = 1e-5f, .dtype = DType::F32};
   auto f = [&](const std::vector<std::vector<float>>& x) {
     auto X = test::upload(*be, x[0], DType::F32), W = test::upload(*be, x[1], DType::F32);
     auto out = be->alloc(rows * dim * 4, "out"), rstd = be->alloc(rows * 4, "rstd");
-    ops.rmsnorm_forward(s, out.data(), rstd.as<float>(), X.data(), W.data(), rows, dim, 1e-5f, DType::F32);
+    ops.rmsnorm_forward(s, norm, out.data(), rstd.as<float>(), X.data(), W.data());
     return test::download(*be, out.data(), rows * dim, DType::F32);
   };
   auto X = test::upload(*be, in[0], DType::F32), W = test::upload(*be, in[1], DType::F32);
   auto out = be->alloc(rows * dim * 4, "out"), rstd = be->alloc(rows * 4, "rstd");
   auto dY = test::upload(*be, R, DType::F32);
   auto dX = be->alloc(rows * dim * 4, "dx"), dW = be->alloc(dim * 4, "dw");
-  ops.rmsnorm_forward(s, out.data(), rstd.as<float>(), X.data(), W.data(), rows, dim, 1e-5f, DType::F32);
-  ops.rmsnorm_backward(s, dX.data(), dW.data(), dY.data(), X.data(), W.data(), rstd.as<float>(), rows, dim, false,
-                       DType::F32);
+  ops.rmsnorm_forward(s, norm, out.data(), rstd.as<float>(), X.data(), W.data());
+  ops.rmsnorm_backward(s, norm, {.dx = dX.data(), .dw_acc = dW.data(), .accumulate = false}, dY.data(), X.data(),
+                       W.data(), rstd.as<float>());
   check(in, 0, f, test::download(*be, dX.data(), rows * dim, DType::F32), R);
   check(in, 1, f, test::download(*be, dW.data(), dim, DType::F32), R);
 }
@@ -159,14 +160,15 @@ TEST_F(GradCheck, RopeInverseIsTheTranspose) {
   be->copy_h2d(P.data(), pos.data(), T * 4, s);
   // A yarn-like attention scale: the backward is then the scaled transpose.
   const auto F = test::upload_f64(*be, rope_default_inv_freq(10000.0, D));
-  const float scale = 1.1f;
+  const Rope rope{.T = T, .heads = heads, .head_dim = D, .positions = P.as<int32_t>(), .inv_freq = F.as<double>(),
+                  .attention_scale = 1.1f, .dtype = DType::F32};
   auto f = [&](const std::vector<std::vector<float>>& x) {
     auto X = test::upload(*be, x[0], DType::F32);
-    ops.rope(s, X.data(), P.as<int32_t>(), T, heads, D, F.as<double>(), scale, false, DType::F32);
+    ops.rope(s, rope, X.data(), false);
     return test::download(*be, X.data(), T * heads * D, DType::F32);
   };
   auto dX = test::upload(*be, R, DType::F32);
-  ops.rope(s, dX.data(), P.as<int32_t>(), T, heads, D, F.as<double>(), scale, true, DType::F32);
+  ops.rope(s, rope, dX.data(), true);
   check(in, 0, f, test::download(*be, dX.data(), T * heads * D, DType::F32), R);
 }
 
@@ -183,7 +185,10 @@ TEST_F(GradCheck, RopeAnglesExactPastAMillionPositions) {
   for (const float theta : {10000.0f, 500000.0f}) {
     auto X = test::upload(*be, x, DType::F32);
     const auto F = test::upload_f64(*be, rope_default_inv_freq(theta, D));
-    ops.rope(s, X.data(), P.as<int32_t>(), T, heads, D, F.as<double>(), 1.0f, false, DType::F32);
+    ops.rope(s,
+             {.T = T, .heads = heads, .head_dim = D, .positions = P.as<int32_t>(), .inv_freq = F.as<double>(),
+              .attention_scale = 1.0f, .dtype = DType::F32},
+             X.data(), false);
     const std::vector<float> got = test::download(*be, X.data(), T * heads * D, DType::F32);
     double worst = 0;
     for (int64_t t = 0; t < T; ++t)
@@ -280,17 +285,16 @@ TEST_F(GradCheck, CrossEntropy) {
   const float scale = 0.25f;
   for (const float z_loss : {0.0f, 0.3f}) {
     SCOPED_TRACE(z_loss);
+    const CrossEntropyLoss ce{.rows = rows, .V = V, .scale = scale, .z_loss = z_loss, .dtype = DType::F32};
     auto f = [&](const std::vector<std::vector<float>>& x) {
       auto Z = test::upload(*be, x[0], DType::F32);
       auto loss = be->alloc(4, "loss");
-      ops.cross_entropy(s, loss.as<float>(), nullptr, Z.as<float>(), Tg.as<int32_t>(), rows, V, scale, z_loss,
-                        DType::F32);
+      ops.cross_entropy(s, ce, loss.as<float>(), nullptr, Z.as<float>(), Tg.as<int32_t>());
       return test::download(*be, loss.data(), 1, DType::F32);
     };
     auto Z = test::upload(*be, in[0], DType::F32);
     auto loss = be->alloc(4, "loss"), dZ = be->alloc(rows * V * 4, "dz");
-    ops.cross_entropy(s, loss.as<float>(), dZ.data(), Z.as<float>(), Tg.as<int32_t>(), rows, V, scale, z_loss,
-                      DType::F32);
+    ops.cross_entropy(s, ce, loss.as<float>(), dZ.data(), Z.as<float>(), Tg.as<int32_t>());
     check(in, 0, f, test::download(*be, dZ.data(), rows * V, DType::F32), {1.0f});
   }
 }
@@ -305,12 +309,12 @@ TEST_F(GradCheck, EmbeddingBackwardScatterAdds) {
   auto f = [&](const std::vector<std::vector<float>>& x) {
     auto W = test::upload(*be, x[0], DType::F32);
     auto out = be->alloc(T * H * 4, "out");
-    ops.embedding_forward(s, out.data(), W.data(), Tk.as<int32_t>(), T, V, H, DType::F32);
+    ops.embedding_forward(s, {.T = T, .V = V, .H = H, .dtype = DType::F32}, out.data(), W.data(), Tk.as<int32_t>());
     return test::download(*be, out.data(), T * H, DType::F32);
   };
   auto dY = test::upload(*be, R, DType::F32);
   auto dW = test::upload(*be, std::vector<float>(V * H, 0.0f), DType::F32);  // the op accumulates
-  ops.embedding_backward(s, dW.data(), dY.data(), Tk.as<int32_t>(), T, V, H, -1, DType::F32);
+  ops.embedding_backward(s, {.T = T, .V = V, .H = H, .dtype = DType::F32}, dW.data(), dY.data(), Tk.as<int32_t>(), -1);
   check(in, 0, f, test::download(*be, dW.data(), V * H, DType::F32), R);
 }
 
@@ -321,7 +325,7 @@ TEST_F(GradCheck, EmbeddingPaddingRowGetsNoGradient) {
   be->copy_h2d(Tk.data(), tok.data(), T * 4, s);
   auto dY = test::upload(*be, randn(T * H, 31), DType::F32);
   auto dW = test::upload(*be, std::vector<float>(V * H, 0.5f), DType::F32);
-  ops.embedding_backward(s, dW.data(), dY.data(), Tk.as<int32_t>(), T, V, H, 2, DType::F32);
+  ops.embedding_backward(s, {.T = T, .V = V, .H = H, .dtype = DType::F32}, dW.data(), dY.data(), Tk.as<int32_t>(), 2);
   const std::vector<float> got = test::download(*be, dW.data(), V * H, DType::F32);
   const std::vector<float> dy = test::download(*be, dY.data(), T * H, DType::F32);
   for (int64_t h = 0; h < H; ++h) {
@@ -334,7 +338,7 @@ TEST_F(GradCheck, OutOfVocabularyTokenIsAnErrorNotACrash) {
   std::vector<int32_t> tok = {0, 7};
   auto Tk = be->alloc(8, "tokens"), W = be->alloc(4 * 2 * 4, "table"), out = be->alloc(2 * 2 * 4, "out");
   be->copy_h2d(Tk.data(), tok.data(), 8, s);
-  ops.embedding_forward(s, out.data(), W.data(), Tk.as<int32_t>(), 2, 4, 2, DType::F32);
+  ops.embedding_forward(s, {.T = 2, .V = 4, .H = 2, .dtype = DType::F32}, out.data(), W.data(), Tk.as<int32_t>());
   try {
     be->synchronize(s);
     FAIL() << "expected an error";
@@ -358,7 +362,8 @@ TEST_F(GradCheck, GemmTransposesAndBf16MatchFp32Reference) {
           for (int64_t n = 0; n < N; ++n) Bs[tb ? n * K + k : k * N + n] = Bm[k * N + n];
         auto dA = test::upload(*be, As, dt), dB = test::upload(*be, Bs, dt);
         auto dC = be->alloc(M * N * 4, "c");
-        ops.gemm(s, ta, tb, M, N, K, 1.0f, dA.data(), dB.data(), dt, 0.0f, dC.data(), DType::F32);
+        ops.gemm(s, {.trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K, .A = dA.data(), .B = dB.data(), .ab = dt,
+                     .C = dC.data(), .c = DType::F32});
         const auto C = test::download(*be, dC.data(), M * N, DType::F32);
         // Reference on the same (possibly bf16-rounded) inputs.
         const auto Ar = test::download(*be, dA.data(), M * K, dt), Br = test::download(*be, dB.data(), K * N, dt);
@@ -384,7 +389,8 @@ TEST_F(GradCheck, GemmWithEmptyInnerDimensionScalesC) {
     for (float beta : {0.0f, 0.5f}) {
       std::vector<float> c0(M * N, beta == 0.0f ? NAN : 3.0f);
       auto dC = test::upload(*be, c0, c_dt), dA = be->alloc(4, "a"), dB = be->alloc(4, "b");
-      ops.gemm(s, false, false, M, N, 0, 1.0f, dA.data(), dB.data(), DType::F32, beta, dC.data(), c_dt);
+      ops.gemm(s, {.M = M, .N = N, .K = 0, .beta = beta, .A = dA.data(), .B = dB.data(), .ab = DType::F32,
+                   .C = dC.data(), .c = c_dt});
       for (float x : test::download(*be, dC.data(), M * N, c_dt)) EXPECT_EQ(x, beta * 3.0f) << dtype_name(c_dt);
     }
   }

@@ -68,8 +68,10 @@ TEST(RopeScaling, RotationEqualsTransformersUpTo2To21) {
     DeviceBuffer X = test::upload(*be, x, DType::F32), F = test::upload_f64(*be, r.inv_freq);
     DeviceBuffer P = be->alloc(pos.size() * 4, "positions");
     be->copy_h2d(P.data(), pos.data(), pos.size() * 4, s);
-    be->ops().rope(s, X.data(), P.as<int32_t>(), T, 1, D, F.as<double>(),
-                   static_cast<float>(r.attention_factor), false, DType::F32);
+    be->ops().rope(s,
+                   {.T = T, .heads = 1, .head_dim = D, .positions = P.as<int32_t>(), .inv_freq = F.as<double>(),
+                    .attention_scale = static_cast<float>(r.attention_factor), .dtype = DType::F32},
+                   X.data(), false);
     const std::vector<float> got = test::download(*be, X.data(), x.size(), DType::F32);
     // Relative to the rotation's amplitude (the attention factor): cos and sin themselves pass
     // through zero. fp32 storage of the result is ~6e-8 of it.

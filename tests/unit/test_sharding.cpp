@@ -76,8 +76,9 @@ TEST(UlyssesOps, TransposeBlocksAndReplicateHeads) {
     EXPECT_EQ(tt[(4 * 3 + 2) * 7 + 6], orig[(2 * 5 + 4) * 7 + 6]);  // dst[j][i] = src[i][j]
     // 3 rows x 5 heads of 7 replicated twice, then summed back: 2x the input.
     DeviceBuffer rep = be->alloc(2 * x.size() * dtype_size(dt), "rep"), sum = be->alloc(x.size() * dtype_size(dt), "s");
-    be->ops().replicate_heads(s, rep.data(), src.data(), 3, 5, 2, 7, false, dt);
-    be->ops().replicate_heads(s, sum.data(), rep.data(), 3, 5, 2, 7, true, dt);
+    const HeadReplication copies{.rows = 3, .heads = 5, .copies = 2, .head_dim = 7, .dtype = dt};
+    be->ops().replicate_heads(s, copies, rep.data(), src.data(), false);
+    be->ops().replicate_heads(s, copies, sum.data(), rep.data(), true);
     const std::vector<float> r = test::download(*be, rep.data(), 2 * x.size(), dt);
     EXPECT_EQ(r[((1 * 5 + 3) * 2 + 1) * 7 + 4], orig[(1 * 5 + 3) * 7 + 4]);
     const std::vector<float> two = test::download(*be, sum.data(), x.size(), dt);

@@ -147,8 +147,22 @@ struct MoeRouting {
   DType weight_dtype = DType::F32;
 };
 
-// Grouped GEMM over G groups of consecutive rows: group g has the rows [offsets[g], offsets[g + 1])
-// of the varying dimension. offsets (int32, G + 1 entries) are backend memory, read in stream
+// C[M,N] = alpha * op(A) @ op(B) + beta * C; row-major; op(X) = X^T when trans_X.
+// A and B share dtype `ab`; C has dtype `c` (fp32 C with bf16 inputs is allowed).
+struct Gemm {
+  bool trans_a = false, trans_b = false;
+  int64_t M = 0, N = 0, K = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const void* A = nullptr;
+  const void* B = nullptr;
+  DType ab = DType::F32;
+  void* C = nullptr;
+  DType c = DType::F32;
+};
+
+// Grouped GEMM over G groups of consecutive rows: a Gemm whose rows of A are split into groups,
+// group g having the rows [offsets[g], offsets[g + 1]) of the varying dimension, M (trans_a false)
+// or K (trans_a true). offsets (int32, G + 1 entries) are backend memory, read in stream
 // order, so they may come from an op enqueued just before (moe_sort_slots): no size needs to come
 // back to the host. max_rows bounds offsets[G] (it sizes the launch). Row-major, as Ops::gemm.
 //   vary_m (trans_a false): C_g[m_g, N] = alpha op(A_g)[m_g, K] op(B_g) + beta C_g, with A_g and
@@ -158,20 +172,13 @@ struct MoeRouting {
 //     an empty group leaves beta * C_g.
 // The per-group matrix is per_group[g] (host array of G pointers: experts' weights need not be
 // adjacent), or, when per_group is null, B + g * N * K (vary_m) / C + g * M * N (vary_k).
-struct GroupedGemm {
-  bool vary_k = false;
-  bool trans_b = false;
+// Gemm's M, N, K are the fixed dimensions (the varying one is ignored).
+struct GroupedGemm : Gemm {
   const int32_t* offsets = nullptr;
   int64_t max_rows = 0;
   int64_t groups = 0;
-  int64_t M = 0, N = 0, K = 0;  // the fixed dimensions (the varying one is ignored)
-  float alpha = 1.0f, beta = 0.0f;
-  const void* A = nullptr;
-  const void* B = nullptr;
-  DType ab = DType::F32;
-  void* C = nullptr;
-  DType c = DType::F32;
   void* const* per_group = nullptr;
+  bool vary_k() const { return trans_a; }
 };
 
 // The load-balancing loss of transformers' load_balancing_loss_func (no attention mask), summed
@@ -185,36 +192,83 @@ struct MoeAuxLoss {
   double weight = 0.0, rows = 0.0;
 };
 
+// An embedding lookup of T token ids (int32) into a table [V, H] of dtype `dtype`.
+struct EmbeddingShape {
+  int64_t T = 0, V = 0, H = 0;
+  DType dtype = DType::F32;
+};
+
+// RMSNorm over the last dim of [rows, dim] in dtype `dtype`: rstd = 1 / sqrt(mean(x^2) + eps)
+// (eps is the forward's: the backward uses the saved rstd).
+struct RmsNormShape {
+  int64_t rows = 0, dim = 0;
+  float eps = 0.0f;
+  DType dtype = DType::F32;
+};
+// The backward's outputs: dx (+= when accumulate), dw_acc +=.
+struct RmsNormGrads {
+  void* dx = nullptr;
+  void* dw_acc = nullptr;
+  bool accumulate = false;
+};
+
+// Rotary embedding (Hugging Face "rotate_half" convention) of x[T, heads, head_dim] at
+// positions[T]: pair i turns by positions[t] * inv_freq[i] (fp64 [head_dim / 2], backend memory;
+// angles in double), cos and sin multiplied by attention_scale (yarn; else 1).
+struct Rope {
+  int64_t T = 0, heads = 0, head_dim = 0;
+  const int32_t* positions = nullptr;
+  const double* inv_freq = nullptr;
+  float attention_scale = 1.0f;
+  DType dtype = DType::F32;
+};
+
+// Cross-entropy over one chunk of rows of fp32 logits[rows, V], with OLMo's z-loss (z_loss x
+// logsumexp^2 per row, 0 = off), each row's terms multiplied by scale; dlogits in dtype `dtype`.
+struct CrossEntropyLoss {
+  int64_t rows = 0, V = 0;
+  float scale = 1.0f, z_loss = 0.0f;
+  DType dtype = DType::F32;
+};
+
+// The (token, choice) slots of a mixture-of-experts layer: T tokens, each sent to k experts,
+// hidden rows of H values in dtype `dtype`; T*k slots t*k + j, sorted by moe_sort_slots.
+struct MoeSlots {
+  int64_t T = 0, k = 0, H = 0;
+  DType dtype = DType::F32;
+};
+
+// GQA heads replicated for more sequence-parallel ranks than KV heads: rows x heads x head_dim,
+// each head `copies` times, in dtype `dtype`.
+struct HeadReplication {
+  int64_t rows = 0, heads = 0, copies = 0, head_dim = 0;
+  DType dtype = DType::F32;
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
 
-  // C[M,N] = alpha * op(A) @ op(B) + beta * C; row-major; op(X) = X^T when trans_X.
-  // A and B share dtype `ab`; C has dtype `c` (fp32 C with bf16 inputs is allowed).
-  virtual void gemm(Stream& s, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                    const void* A, const void* B, DType ab, float beta, void* C, DType c) = 0;
+  // See Gemm.
+  virtual void gemm(Stream& s, const Gemm& g) = 0;
 
   // out[T,H] = table[tokens[t], :]. Token ids outside [0, V) are an error.
-  virtual void embedding_forward(Stream& s, void* out, const void* table, const int32_t* tokens, int64_t T,
-                                 int64_t V, int64_t H, DType dt) = 0;
+  virtual void embedding_forward(Stream& s, const EmbeddingShape& e, void* out, const void* table,
+                                 const int32_t* tokens) = 0;
   // dtable_acc[tokens[t], :] += dout[t, :] for every token but padding_idx (-1: none), whose row
   // gets no gradient from the lookup (torch's nn.Embedding padding_idx).
-  virtual void embedding_backward(Stream& s, void* dtable_acc, const void* dout, const int32_t* tokens, int64_t T,
-                                  int64_t V, int64_t H, int64_t padding_idx, DType dt) = 0;
+  virtual void embedding_backward(Stream& s, const EmbeddingShape& e, void* dtable_acc, const void* dout,
+                                  const int32_t* tokens, int64_t padding_idx) = 0;
 
   // out = x * rstd * w over the last dim; rstd[rows] (fp32) saved for backward.
-  virtual void rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows,
-                               int64_t dim, float eps, DType dt) = 0;
-  // dx (+= when accumulate), dw_acc +=.
-  virtual void rmsnorm_backward(Stream& s, void* dx, void* dw_acc, const void* dout, const void* x, const void* w,
-                                const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) = 0;
+  virtual void rmsnorm_forward(Stream& s, const RmsNormShape& n, void* out, float* rstd, const void* x,
+                               const void* w) = 0;
+  // See RmsNormGrads for what is written.
+  virtual void rmsnorm_backward(Stream& s, const RmsNormShape& n, const RmsNormGrads& g, const void* dout,
+                                const void* x, const void* w, const float* rstd) = 0;
 
-  // In-place rotary embedding (Hugging Face "rotate_half" convention) on x[T, heads, head_dim]
-  // at positions[T]: pair i turns by positions[t] * inv_freq[i] (fp64 [head_dim / 2], backend
-  // memory; angles in double), cos and sin multiplied by attention_scale (yarn; else 1).
-  // inverse = true applies the transpose (the backward pass).
-  virtual void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
-                    const double* inv_freq, float attention_scale, bool inverse, DType dt) = 0;
+  // In-place rotary embedding of x (Rope); inverse = true applies the transpose (the backward).
+  virtual void rope(Stream& s, const Rope& r, void* x, bool inverse) = 0;
 
   // Causal grouped-query attention (AttentionShape), computed tile by tile (memory O(S)),
   // narrowed by `mask` (AttentionMask); lse is saved for backward (the log-sum-exp of each row's
@@ -252,12 +306,11 @@ class Ops {
   virtual void dropout_backward(Stream& s, void* dy, const void* dx, int64_t rows, int64_t cols,
                                 const DropoutMask& m, DType dt) = 0;
 
-  // Cross-entropy over one chunk of rows of fp32 logits[rows, V], with OLMo's z-loss (z_loss x
-  // logsumexp^2 per row, 0 = off): loss_acc += sum_t scale * (nll_t + z_loss * lse_t^2); when
-  // dlogits is non-null it receives scale * (softmax * (1 + 2 z_loss lse) - onehot) in dtype dt.
-  // Targets < 0 are ignored (padding: no loss, no z-loss); targets >= V are an error.
-  virtual void cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
-                             int64_t rows, int64_t V, float scale, float z_loss, DType dt) = 0;
+  // Cross-entropy (CrossEntropyLoss): loss_acc += sum_t scale * (nll_t + z_loss * lse_t^2); when
+  // dlogits is non-null it receives scale * (softmax * (1 + 2 z_loss lse) - onehot) in dtype
+  // c.dtype. Targets < 0 are ignored (padding: no loss, no z-loss); targets >= V are an error.
+  virtual void cross_entropy(Stream& s, const CrossEntropyLoss& c, float* loss_acc, void* dlogits,
+                             const float* logits, const int32_t* targets) = 0;
 
   // ---- Mixture of experts (one token's hidden state goes to k of E experts) ----
   // Routing, as transformers computes it from fp32 router logits [T, E]: weights[T, k] (fp32) and
@@ -273,17 +326,15 @@ class Ops {
   virtual void moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets,
                               const int32_t* experts, int64_t T, int64_t k, int64_t E) = 0;
   // Dispatch: dst[p, :] = x[slot_of[p] / k, :] for the T*k sorted rows.
-  virtual void moe_dispatch(Stream& s, void* dst, const void* x, const int32_t* slot_of, int64_t T, int64_t k,
-                            int64_t H, DType dt) = 0;
+  virtual void moe_dispatch(Stream& s, const MoeSlots& m, void* dst, const void* x, const int32_t* slot_of) = 0;
   // Combine: out[t, :] (+= when accumulate) = sum_j w[t*k + j] * y[row_of[t*k + j], :], in fp32;
   // weights null = 1 (the dispatch's backward).
-  virtual void moe_combine(Stream& s, void* out, const void* y, const float* weights, const int32_t* row_of,
-                           int64_t T, int64_t k, int64_t H, bool accumulate, DType dt) = 0;
+  virtual void moe_combine(Stream& s, const MoeSlots& m, void* out, const void* y, const float* weights,
+                           const int32_t* row_of, bool accumulate) = 0;
   // The combine's backward: dy[p, :] = w[slot] * dout[slot / k, :] and dweights[slot] =
   // dot(dout[slot / k, :], y[p, :]) (overwritten), slot = slot_of[p].
-  virtual void moe_combine_backward(Stream& s, void* dy, float* dweights, const void* dout, const void* y,
-                                    const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
-                                    DType dt) = 0;
+  virtual void moe_combine_backward(Stream& s, const MoeSlots& m, void* dy, float* dweights, const void* dout,
+                                    const void* y, const float* weights, const int32_t* slot_of) = 0;
   // One GEMM per group of consecutive rows (an expert's tokens), sized by offsets on the device.
   // See GroupedGemm for which operand is which.
   virtual void grouped_gemm(Stream& s, const GroupedGemm& g) = 0;
@@ -317,11 +368,10 @@ class Ops {
   // dst[j][i][:] = src[i][j][:] for src [d0][d1][inner]: the packing around Ulysses all-to-alls.
   virtual void transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
                                 DType dt) = 0;
-  // GQA heads for more sequence-parallel ranks than KV heads. Forward: out[r][h*copies + c][:] =
-  // in[r][h][:] over rows x heads x head_dim. reverse: out[r][h][:] = sum_c in[r][h*copies + c][:]
+  // GQA heads for more sequence-parallel ranks than KV heads (HeadReplication). Forward:
+  // out[r][h*copies + c][:] = in[r][h][:]. reverse: out[r][h][:] = sum_c in[r][h*copies + c][:]
   // (the gradient), accumulated in fp32.
-  virtual void replicate_heads(Stream& s, void* out, const void* in, int64_t rows, int64_t heads, int64_t copies,
-                               int64_t head_dim, bool reverse, DType dt) = 0;
+  virtual void replicate_heads(Stream& s, const HeadReplication& h, void* out, const void* in, bool reverse) = 0;
 
   // AdamW on the n fp32 master weights and moments of `a` (backend memory; optim::adamw_reference
   // and optim::AdamKernels semantics, bit for bit), writing the new weights to a.out (dtype

@@ -148,6 +148,11 @@ class LlamaModel {
   // its sinks' gradient goes: this rank's heads (a block of Hq/P under Ulysses).
   AttentionMask attention_mask(int l, ParamStore& p) const;
   void* sinks_grad(int l, ParamStore& p) const;
+  // The RMSNorm over `rows` rows of `dim` values, the rotary embedding of `heads` heads per token,
+  // and the KV heads' copies for Ulysses (kv_copies_ each), of the current micro-batch.
+  RmsNormShape rmsnorm_shape(int64_t rows, int64_t dim) const;
+  Rope rope_of(int64_t heads) const;
+  HeadReplication kv_replication() const;
   // out = in W^T (+ bias) (+ beta * out). A bias is broadcast into out first by a K = 1 GEMM with
   // a column of ones, so the product is added onto it with one rounding and no op of its own.
   void linear(const void* in, const void* w, void* out, int64_t rows, int64_t out_dim, int64_t in_dim, float beta,

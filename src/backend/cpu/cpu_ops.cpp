@@ -26,49 +26,47 @@ const AdamKernels& optimizer_kernels() {
 
 #define SO_ENQUEUE(stream, body) CpuBackend::as_cpu(stream).enqueue([=] { body; })
 
-void CpuOps::gemm(Stream& s, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
-                  const void* B, DType ab, float beta, void* C, DType c) {
-  SO_ENQUEUE(s, cpu::gemm(ta, tb, M, N, K, alpha, A, B, ab, beta, C, c));
+void CpuOps::gemm(Stream& s, const Gemm& g) {
+  SO_ENQUEUE(s, cpu::gemm(g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, g.A, g.B, g.ab, g.beta, g.C, g.c));
 }
 
-void CpuOps::embedding_forward(Stream& s, void* out, const void* table, const int32_t* tokens, int64_t T, int64_t V,
-                               int64_t H, DType dt) {
-  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+void CpuOps::embedding_forward(Stream& s, const EmbeddingShape& e, void* out, const void* table,
+                               const int32_t* tokens) {
+  SO_ENQUEUE(s, dispatch_dtype(e.dtype, [&](auto t) {
     using X = decltype(t);
-    cpu::embedding_forward(typed<X>(out), typed<X>(table), tokens, T, V, H);
+    cpu::embedding_forward(typed<X>(out), typed<X>(table), tokens, e.T, e.V, e.H);
   }));
 }
 
-void CpuOps::embedding_backward(Stream& s, void* dtable, const void* dout, const int32_t* tokens, int64_t T,
-                                int64_t V, int64_t H, int64_t padding_idx, DType dt) {
-  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+void CpuOps::embedding_backward(Stream& s, const EmbeddingShape& e, void* dtable, const void* dout,
+                                const int32_t* tokens, int64_t padding_idx) {
+  SO_ENQUEUE(s, dispatch_dtype(e.dtype, [&](auto t) {
     using X = decltype(t);
-    cpu::embedding_backward(typed<X>(dtable), typed<X>(dout), tokens, T, V, H, padding_idx);
+    cpu::embedding_backward(typed<X>(dtable), typed<X>(dout), tokens, e.T, e.V, e.H, padding_idx);
   }));
 }
 
-void CpuOps::rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows,
-                             int64_t dim, float eps, DType dt) {
-  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+void CpuOps::rmsnorm_forward(Stream& s, const RmsNormShape& n, void* out, float* rstd, const void* x,
+                             const void* w) {
+  SO_ENQUEUE(s, dispatch_dtype(n.dtype, [&](auto t) {
     using X = decltype(t);
-    cpu::rmsnorm_forward(typed<X>(out), rstd, typed<X>(x), typed<X>(w), rows, dim, eps);
+    cpu::rmsnorm_forward(typed<X>(out), rstd, typed<X>(x), typed<X>(w), n.rows, n.dim, n.eps);
   }));
 }
 
-void CpuOps::rmsnorm_backward(Stream& s, void* dx, void* dw, const void* dout, const void* x, const void* w,
-                              const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) {
-  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+void CpuOps::rmsnorm_backward(Stream& s, const RmsNormShape& n, const RmsNormGrads& g, const void* dout,
+                              const void* x, const void* w, const float* rstd) {
+  SO_ENQUEUE(s, dispatch_dtype(n.dtype, [&](auto t) {
     using X = decltype(t);
-    cpu::rmsnorm_backward(typed<X>(dx), typed<X>(dw), typed<X>(dout), typed<X>(x), typed<X>(w), rstd, rows, dim,
-                          accumulate);
+    cpu::rmsnorm_backward(typed<X>(g.dx), typed<X>(g.dw_acc), typed<X>(dout), typed<X>(x), typed<X>(w), rstd, n.rows,
+                          n.dim, g.accumulate);
   }));
 }
 
-void CpuOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
-                  const double* inv_freq, float attention_scale, bool inverse, DType dt) {
-  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+void CpuOps::rope(Stream& s, const Rope& r, void* x, bool inverse) {
+  SO_ENQUEUE(s, dispatch_dtype(r.dtype, [&](auto t) {
     using X = decltype(t);
-    cpu::rope(typed<X>(x), positions, T, heads, head_dim, inv_freq, attention_scale, inverse);
+    cpu::rope(typed<X>(x), r.positions, r.T, r.heads, r.head_dim, r.inv_freq, r.attention_scale, inverse);
   }));
 }
 
@@ -155,11 +153,11 @@ void CpuOps::dropout_backward(Stream& s, void* dy, const void* dx, int64_t rows,
   }));
 }
 
-void CpuOps::cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
-                           int64_t rows, int64_t V, float scale, float z_loss, DType dt) {
-  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+void CpuOps::cross_entropy(Stream& s, const CrossEntropyLoss& c, float* loss_acc, void* dlogits,
+                           const float* logits, const int32_t* targets) {
+  SO_ENQUEUE(s, dispatch_dtype(c.dtype, [&](auto t) {
     using X = decltype(t);
-    cpu::cross_entropy(loss_acc, typed<X>(dlogits), logits, targets, rows, V, scale, z_loss);
+    cpu::cross_entropy(loss_acc, typed<X>(dlogits), logits, targets, c.rows, c.V, c.scale, c.z_loss);
   }));
 }
 
@@ -178,28 +176,26 @@ void CpuOps::moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_
   SO_ENQUEUE(s, cpu::moe_sort_slots(slot_of, row_of, offsets, experts, T, k, E));
 }
 
-void CpuOps::moe_dispatch(Stream& s, void* dst, const void* x, const int32_t* slot_of, int64_t T, int64_t k,
-                          int64_t H, DType dt) {
-  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+void CpuOps::moe_dispatch(Stream& s, const MoeSlots& m, void* dst, const void* x, const int32_t* slot_of) {
+  SO_ENQUEUE(s, dispatch_dtype(m.dtype, [&](auto t) {
     using X = decltype(t);
-    cpu::moe_dispatch(typed<X>(dst), typed<X>(x), slot_of, T, k, H);
+    cpu::moe_dispatch(typed<X>(dst), typed<X>(x), slot_of, m.T, m.k, m.H);
   }));
 }
 
-void CpuOps::moe_combine(Stream& s, void* out, const void* y, const float* weights, const int32_t* row_of,
-                         int64_t T, int64_t k, int64_t H, bool accumulate, DType dt) {
-  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+void CpuOps::moe_combine(Stream& s, const MoeSlots& m, void* out, const void* y, const float* weights,
+                         const int32_t* row_of, bool accumulate) {
+  SO_ENQUEUE(s, dispatch_dtype(m.dtype, [&](auto t) {
     using X = decltype(t);
-    cpu::moe_combine(typed<X>(out), typed<X>(y), weights, row_of, T, k, H, accumulate);
+    cpu::moe_combine(typed<X>(out), typed<X>(y), weights, row_of, m.T, m.k, m.H, accumulate);
   }));
 }
 
-void CpuOps::moe_combine_backward(Stream& s, void* dy, float* dweights, const void* dout, const void* y,
-                                  const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
-                                  DType dt) {
-  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+void CpuOps::moe_combine_backward(Stream& s, const MoeSlots& m, void* dy, float* dweights, const void* dout,
+                                  const void* y, const float* weights, const int32_t* slot_of) {
+  SO_ENQUEUE(s, dispatch_dtype(m.dtype, [&](auto t) {
     using X = decltype(t);
-    cpu::moe_combine_backward(typed<X>(dy), dweights, typed<X>(dout), typed<X>(y), weights, slot_of, T, k, H);
+    cpu::moe_combine_backward(typed<X>(dy), dweights, typed<X>(dout), typed<X>(y), weights, slot_of, m.T, m.k, m.H);
   }));
 }
 
@@ -278,11 +274,10 @@ void CpuOps::transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0,
   SO_ENQUEUE(s, cpu::transpose_blocks(dst, src, d0, d1, inner_bytes));
 }
 
-void CpuOps::replicate_heads(Stream& s, void* out, const void* in, int64_t rows, int64_t heads, int64_t copies,
-                             int64_t head_dim, bool reverse, DType dt) {
-  SO_ENQUEUE(s, dispatch_dtype(dt, [&](auto t) {
+void CpuOps::replicate_heads(Stream& s, const HeadReplication& h, void* out, const void* in, bool reverse) {
+  SO_ENQUEUE(s, dispatch_dtype(h.dtype, [&](auto t) {
     using X = decltype(t);
-    cpu::replicate_heads(typed<X>(out), typed<X>(in), rows, heads, copies, head_dim, reverse);
+    cpu::replicate_heads(typed<X>(out), typed<X>(in), h.rows, h.heads, h.copies, h.head_dim, reverse);
   }));
 }
 

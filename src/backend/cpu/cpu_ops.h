@@ -10,18 +10,16 @@ class CpuOps final : public Ops {
  public:
   explicit CpuOps(CpuBackend& backend) : backend_(backend) {}
 
-  void gemm(Stream& s, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
-            const void* B, DType ab, float beta, void* C, DType c) override;
-  void embedding_forward(Stream& s, void* out, const void* table, const int32_t* tokens, int64_t T, int64_t V,
-                         int64_t H, DType dt) override;
-  void embedding_backward(Stream& s, void* dtable_acc, const void* dout, const int32_t* tokens, int64_t T,
-                          int64_t V, int64_t H, int64_t padding_idx, DType dt) override;
-  void rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows, int64_t dim,
-                       float eps, DType dt) override;
-  void rmsnorm_backward(Stream& s, void* dx, void* dw_acc, const void* dout, const void* x, const void* w,
-                        const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) override;
-  void rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
-            const double* inv_freq, float attention_scale, bool inverse, DType dt) override;
+  void gemm(Stream& s, const Gemm& g) override;
+  void embedding_forward(Stream& s, const EmbeddingShape& e, void* out, const void* table,
+                         const int32_t* tokens) override;
+  void embedding_backward(Stream& s, const EmbeddingShape& e, void* dtable_acc, const void* dout,
+                          const int32_t* tokens, int64_t padding_idx) override;
+  void rmsnorm_forward(Stream& s, const RmsNormShape& n, void* out, float* rstd, const void* x,
+                       const void* w) override;
+  void rmsnorm_backward(Stream& s, const RmsNormShape& n, const RmsNormGrads& g, const void* dout, const void* x,
+                        const void* w, const float* rstd) override;
+  void rope(Stream& s, const Rope& r, void* x, bool inverse) override;
   void attention_forward(Stream& s, const AttentionShape& a, const AttentionMask& mask, const AttentionInputs& in,
                          TensorView out, TensorView lse) override;
   std::string attention_implementation(const AttentionShape& a, const AttentionMask& mask, DType dt) override;
@@ -39,21 +37,19 @@ class CpuOps final : public Ops {
   void swiglu_rows_forward(Stream& s, void* out, const void* gate_up, int64_t rows, int64_t cols, DType dt) override;
   void swiglu_rows_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
                             int64_t cols, DType dt) override;
-  void cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
-                     int64_t rows, int64_t V, float scale, float z_loss, DType dt) override;
+  void cross_entropy(Stream& s, const CrossEntropyLoss& c, float* loss_acc, void* dlogits, const float* logits,
+                     const int32_t* targets) override;
   void moe_route(Stream& s, const MoeRouting& r, float* weights, int32_t* experts, const float* logits,
                  int64_t T) override;
   void moe_route_backward(Stream& s, const MoeRouting& r, float* dlogits, const float* dweights, const float* logits,
                           const int32_t* experts, const float* aux_dprob, int64_t T) override;
   void moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets, const int32_t* experts,
                       int64_t T, int64_t k, int64_t E) override;
-  void moe_dispatch(Stream& s, void* dst, const void* x, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
-                    DType dt) override;
-  void moe_combine(Stream& s, void* out, const void* y, const float* weights, const int32_t* row_of, int64_t T,
-                   int64_t k, int64_t H, bool accumulate, DType dt) override;
-  void moe_combine_backward(Stream& s, void* dy, float* dweights, const void* dout, const void* y,
-                            const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
-                            DType dt) override;
+  void moe_dispatch(Stream& s, const MoeSlots& m, void* dst, const void* x, const int32_t* slot_of) override;
+  void moe_combine(Stream& s, const MoeSlots& m, void* out, const void* y, const float* weights,
+                   const int32_t* row_of, bool accumulate) override;
+  void moe_combine_backward(Stream& s, const MoeSlots& m, void* dy, float* dweights, const void* dout,
+                            const void* y, const float* weights, const int32_t* slot_of) override;
   void grouped_gemm(Stream& s, const GroupedGemm& g) override;
   void moe_expert_stats(Stream& s, int64_t* counts_acc, double* tokens, double* probs, const float* logits,
                         const int32_t* offsets, int64_t T, int64_t E) override;
@@ -68,8 +64,7 @@ class CpuOps final : public Ops {
                     int64_t cols, DType dt) override;
   void transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
                         DType dt) override;
-  void replicate_heads(Stream& s, void* out, const void* in, int64_t rows, int64_t heads, int64_t copies,
-                       int64_t head_dim, bool reverse, DType dt) override;
+  void replicate_heads(Stream& s, const HeadReplication& h, void* out, const void* in, bool reverse) override;
   void cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) override;
   void adam(Stream& s, AdamCall call, const AdamArrays& a, int64_t n, const AdamWParams& hp, float final_scale,
             const float* guard) override;

@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(kThreads) vary_k_kernel(const __grid_constant_
 }  // namespace
 
 size_t grouped_gemm_workspace_bytes(const GroupedGemm& g) {
-  return g.vary_k ? 0 : static_cast<size_t>(g.groups + 1) * sizeof(int32_t);
+  return g.vary_k() ? 0 : static_cast<size_t>(g.groups + 1) * sizeof(int32_t);
 }
 
 void launch_grouped_gemm(cudaStream_t stream, const GroupedGemm& g, void* workspace, DeviceError* err) {
@@ -311,14 +311,14 @@ void launch_grouped_gemm(cudaStream_t stream, const GroupedGemm& g, void* worksp
     for (int64_t i = 0; i < g.groups; ++i) a.group_matrix[i] = g.per_group[i];
   const bool bf16_inputs = g.ab == DType::BF16;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  a.vec_a = bf16_inputs && aligned(g.A) && (g.vary_k ? g.M : g.K) % 8 == 0;
-  const int64_t b_contiguous = g.vary_k ? g.N : (g.trans_b ? g.K : g.N);  // B's elements along a row
+  a.vec_a = bf16_inputs && aligned(g.A) && (g.vary_k() ? g.M : g.K) % 8 == 0;
+  const int64_t b_contiguous = g.vary_k() ? g.N : (g.trans_b ? g.K : g.N);  // B's elements along a row
   a.vec_b = bf16_inputs && b_contiguous % 8 == 0;
-  if (g.vary_k || g.per_group == nullptr)
-    a.vec_b = a.vec_b && aligned(g.B) && (g.vary_k || (g.N * g.K) % 8 == 0);
+  if (g.vary_k() || g.per_group == nullptr)
+    a.vec_b = a.vec_b && aligned(g.B) && (g.vary_k() || (g.N * g.K) % 8 == 0);
   else
     for (int64_t i = 0; i < g.groups; ++i) a.vec_b = a.vec_b && aligned(g.per_group[i]);
-  if (g.vary_k) {
+  if (g.vary_k()) {
     SO_CHECK(g.M > 0 && g.N > 0, "grouped_gemm (vary_k): M=", g.M, " N=", g.N);
     const dim3 grid(static_cast<unsigned>(g.groups), static_cast<unsigned>((g.M + kTM - 1) / kTM),
                     static_cast<unsigned>((g.N + kTN - 1) / kTN));

@@ -44,37 +44,36 @@ void* CudaOps::attention_workspace(Stream& s, size_t bytes) {
   return grown(attention_workspace_[static_cast<int>(s.kind())], s, bytes, "attention workspace");
 }
 
-void CudaOps::gemm(Stream& s, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                   const void* A, const void* B, DType ab, float beta, void* C, DType c) {
-  gemm_.gemm(raw(s), trans_a, trans_b, M, N, K, alpha, A, B, ab, beta, C, c);
+void CudaOps::gemm(Stream& s, const Gemm& g) {
+  gemm_.gemm(raw(s), g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, g.A, g.B, g.ab, g.beta, g.C, g.c);
 }
 
-void CudaOps::embedding_forward(Stream& s, void* out, const void* table, const int32_t* tokens, int64_t T,
-                                int64_t V, int64_t H, DType dt) {
-  launch_embedding_forward(raw(s), out, table, tokens, T, V, H, dt, device_error_);
+void CudaOps::embedding_forward(Stream& s, const EmbeddingShape& e, void* out, const void* table,
+                                const int32_t* tokens) {
+  launch_embedding_forward(raw(s), out, table, tokens, e.T, e.V, e.H, e.dtype, device_error_);
 }
 
-void CudaOps::embedding_backward(Stream& s, void* dtable_acc, const void* dout, const int32_t* tokens, int64_t T,
-                                 int64_t V, int64_t H, int64_t padding_idx, DType dt) {
-  const size_t bytes = embedding_backward_workspace_bytes(T, V);
-  launch_embedding_backward(raw(s), dtable_acc, dout, tokens, T, V, H, padding_idx, dt, device_error_,
+void CudaOps::embedding_backward(Stream& s, const EmbeddingShape& e, void* dtable_acc, const void* dout,
+                                 const int32_t* tokens, int64_t padding_idx) {
+  const size_t bytes = embedding_backward_workspace_bytes(e.T, e.V);
+  launch_embedding_backward(raw(s), dtable_acc, dout, tokens, e.T, e.V, e.H, padding_idx, e.dtype, device_error_,
                             scratch(s, bytes), bytes);
 }
 
-void CudaOps::rmsnorm_forward(Stream& s, void* out, float* rstd, const void* x, const void* w, int64_t rows,
-                              int64_t dim, float eps, DType dt) {
-  launch_rmsnorm_forward(raw(s), out, rstd, x, w, rows, dim, eps, dt);
+void CudaOps::rmsnorm_forward(Stream& s, const RmsNormShape& n, void* out, float* rstd, const void* x,
+                              const void* w) {
+  launch_rmsnorm_forward(raw(s), out, rstd, x, w, n.rows, n.dim, n.eps, n.dtype);
 }
 
-void CudaOps::rmsnorm_backward(Stream& s, void* dx, void* dw_acc, const void* dout, const void* x, const void* w,
-                               const float* rstd, int64_t rows, int64_t dim, bool accumulate, DType dt) {
-  const size_t bytes = rmsnorm_backward_workspace_bytes(rows, dim);
-  launch_rmsnorm_backward(raw(s), dx, dw_acc, dout, x, w, rstd, rows, dim, accumulate, dt, scratch(s, bytes), bytes);
+void CudaOps::rmsnorm_backward(Stream& s, const RmsNormShape& n, const RmsNormGrads& g, const void* dout,
+                               const void* x, const void* w, const float* rstd) {
+  const size_t bytes = rmsnorm_backward_workspace_bytes(n.rows, n.dim);
+  launch_rmsnorm_backward(raw(s), g.dx, g.dw_acc, dout, x, w, rstd, n.rows, n.dim, g.accumulate, n.dtype,
+                          scratch(s, bytes), bytes);
 }
 
-void CudaOps::rope(Stream& s, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
-                   const double* inv_freq, float attention_scale, bool inverse, DType dt) {
-  launch_rope(raw(s), x, positions, T, heads, head_dim, inv_freq, attention_scale, inverse, dt);
+void CudaOps::rope(Stream& s, const Rope& r, void* x, bool inverse) {
+  launch_rope(raw(s), x, r.positions, r.T, r.heads, r.head_dim, r.inv_freq, r.attention_scale, inverse, r.dtype);
 }
 
 const CudaOps::AttentionChoice& CudaOps::attention_choice(const AttentionShape& a, const AttentionMask& mask,
@@ -193,11 +192,11 @@ void CudaOps::swiglu_backward(Stream& s, void* dgate, void* dup, const void* dou
   launch_swiglu_backward(raw(s), dgate, dup, dout, gate, up, n, dt);
 }
 
-void CudaOps::cross_entropy(Stream& s, float* loss_acc, void* dlogits, const float* logits, const int32_t* targets,
-                            int64_t rows, int64_t V, float scale, float z_loss, DType dt) {
-  const size_t bytes = cross_entropy_workspace_bytes(rows);
-  launch_cross_entropy(raw(s), loss_acc, dlogits, logits, targets, rows, V, scale, z_loss, dt, device_error_,
-                       scratch(s, bytes), bytes);
+void CudaOps::cross_entropy(Stream& s, const CrossEntropyLoss& c, float* loss_acc, void* dlogits,
+                            const float* logits, const int32_t* targets) {
+  const size_t bytes = cross_entropy_workspace_bytes(c.rows);
+  launch_cross_entropy(raw(s), loss_acc, dlogits, logits, targets, c.rows, c.V, c.scale, c.z_loss, c.dtype,
+                       device_error_, scratch(s, bytes), bytes);
 }
 
 void CudaOps::moe_route(Stream& s, const MoeRouting& r, float* weights, int32_t* experts, const float* logits,
@@ -217,20 +216,18 @@ void CudaOps::moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32
   launch_moe_sort_slots(raw(s), slot_of, row_of, offsets, experts, T, k, E, scratch(s, E * sizeof(int32_t)));
 }
 
-void CudaOps::moe_dispatch(Stream& s, void* dst, const void* x, const int32_t* slot_of, int64_t T, int64_t k,
-                           int64_t H, DType dt) {
-  launch_moe_dispatch(raw(s), dst, x, slot_of, T, k, H, dt);
+void CudaOps::moe_dispatch(Stream& s, const MoeSlots& m, void* dst, const void* x, const int32_t* slot_of) {
+  launch_moe_dispatch(raw(s), dst, x, slot_of, m.T, m.k, m.H, m.dtype);
 }
 
-void CudaOps::moe_combine(Stream& s, void* out, const void* y, const float* weights, const int32_t* row_of,
-                          int64_t T, int64_t k, int64_t H, bool accumulate, DType dt) {
-  launch_moe_combine(raw(s), out, y, weights, row_of, T, k, H, accumulate, dt);
+void CudaOps::moe_combine(Stream& s, const MoeSlots& m, void* out, const void* y, const float* weights,
+                          const int32_t* row_of, bool accumulate) {
+  launch_moe_combine(raw(s), out, y, weights, row_of, m.T, m.k, m.H, accumulate, m.dtype);
 }
 
-void CudaOps::moe_combine_backward(Stream& s, void* dy, float* dweights, const void* dout, const void* y,
-                                   const float* weights, const int32_t* slot_of, int64_t T, int64_t k, int64_t H,
-                                   DType dt) {
-  launch_moe_combine_backward(raw(s), dy, dweights, dout, y, weights, slot_of, T, k, H, dt);
+void CudaOps::moe_combine_backward(Stream& s, const MoeSlots& m, void* dy, float* dweights, const void* dout,
+                                   const void* y, const float* weights, const int32_t* slot_of) {
+  launch_moe_combine_backward(raw(s), dy, dweights, dout, y, weights, slot_of, m.T, m.k, m.H, m.dtype);
 }
 
 // Our kernels, the group offsets read on the device (cuda_grouped_gemm.h): no host round trip.
@@ -283,9 +280,8 @@ void CudaOps::transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0
   launch_transpose_blocks(raw(s), dst, src, d0, d1, inner, dt);
 }
 
-void CudaOps::replicate_heads(Stream& s, void* out, const void* in, int64_t rows, int64_t heads, int64_t copies,
-                              int64_t head_dim, bool reverse, DType dt) {
-  launch_replicate_heads(raw(s), out, in, rows, heads, copies, head_dim, reverse, dt);
+void CudaOps::replicate_heads(Stream& s, const HeadReplication& h, void* out, const void* in, bool reverse) {
+  launch_replicate_heads(raw(s), out, in, h.rows, h.heads, h.copies, h.head_dim, reverse, h.dtype);
 }
 
 void CudaOps::adam(Stream& s, AdamCall call, const AdamArrays& a, int64_t n, const AdamWParams& hp, float final_scale,
