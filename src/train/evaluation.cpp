@@ -9,7 +9,7 @@
 
 namespace so {
 
-Evaluation evaluate(LlamaModel& model, ParamStore& params, ModelHooks& hooks, const SampleStream& validation,
+Evaluation evaluate(DecoderModel& model, ParamStore& params, ModelHooks& hooks, const SampleStream& validation,
                     const EvaluationShare& s, Communicator& world) {
   // Tests make an evaluation fail after every split passed its start-up checks (the run must keep
   // the steps it trained).

@@ -274,13 +274,13 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
   const BatchSizes batch = resolve_batch_sizes(cfg, plan.dp);
   const ModelOptions mo = model_options(cfg, batch.micro, plan.sp);
   plan.seq_len = cfg.data.seq_len, plan.micro_batch = batch.micro;
-  plan.mlp_tile = LlamaModel::mlp_tile(mo);
+  plan.mlp_tile = DecoderModel::mlp_tile(mo);
   plan.offload_checkpoints = cfg.offload_checkpoints;
   const size_t a = m.alignment;
 
   // The model's buffers, grouped by what they are.
   std::map<ActivationTerm, std::pair<size_t, int>> groups;
-  for (const ActivationBuffer& b : LlamaModel::activation_buffers(cfg.model, mo, plan.sp)) {
+  for (const ActivationBuffer& b : DecoderModel::activation_buffers(cfg.model, mo, plan.sp)) {
     auto& g = groups[b.term];
     g.first += round_up(b.bytes, a);
     ++g.second;
@@ -344,10 +344,10 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
                .peak(static_cast<int>(batch.accumulation), cfg.activation_checkpointing);
   }
   if (m.cuda) {
-    const LlamaModel::AttentionShape at = LlamaModel::attention_shape(cfg.model, mo, plan.sp);
+    const DecoderModel::AttentionShape at = DecoderModel::attention_shape(cfg.model, mo, plan.sp);
     size_t bytes = static_cast<size_t>(at.B * at.Hq * at.S) * 4;  // the flash backward's fp32 rowsum(dout * out)
     if (m.backend) {
-      bytes = LlamaModel::attention_workspace_bytes(m.backend->ops(), cfg.model, mo, plan.sp);
+      bytes = DecoderModel::attention_workspace_bytes(m.backend->ops(), cfg.model, mo, plan.sp);
     } else if (cfg.dtype == DType::BF16) {
       // Another machine, bf16: cuDNN's backward (the frontend's sizes) accumulates dQ in fp32 and
       // keeps a row sum, B x Hq x S x (D + 1) fp32 — with atomics, and deterministic on Hopper from
@@ -404,7 +404,7 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
                                static_cast<size_t>(largest) * dtype_size(OffloadOptimizer::link_grad_dtype(oo)),
                            str_cat(OffloadOptimizer::kIncomingSlots, " x the largest offloaded bucket")});
   }
-  const size_t host_ckpt = LlamaModel::host_checkpoint_bytes(cfg.model, mo);
+  const size_t host_ckpt = DecoderModel::host_checkpoint_bytes(cfg.model, mo);
   if (host_ckpt)
     plan.host.push_back({"activation checkpoints (pinned)", host_ckpt,
                          str_cat(cfg.model.num_layers, " layers x ", mo.micro_batch * mo.seq_len, " tokens x ",

@@ -22,7 +22,7 @@
 #include "so/data/batch_sampler.h"
 #include "so/engine/engine.h"
 #include "so/model/hf_model.h"
-#include "so/model/llama_model.h"
+#include "so/model/decoder_model.h"
 #include "so/train/comm_sequence_parallel.h"
 #include "so/train/csv_monitor.h"
 #include "so/train/decay_groups.h"
@@ -66,7 +66,7 @@ struct Run {
   std::optional<CastPlan> cast;  // measured before the plan (offloaded optimizer)
   MemoryPlan plan;
   std::unique_ptr<CommSequenceParallel> ulysses;
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<DecoderModel> model;
   DecayGroups decay;
   std::unique_ptr<Engine> engine;
   TrainState state;
@@ -135,7 +135,7 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
     run.ulysses = std::make_unique<CommSequenceParallel>(*run.groups.sp);
     mo.sequence_parallel = run.ulysses.get();
   }
-  run.model = std::make_unique<LlamaModel>(*run.backend, cfg.model, mo);
+  run.model = std::make_unique<DecoderModel>(*run.backend, cfg.model, mo);
   const ParamLayout& layout = run.model->layout();
 
   EngineOptions eo;

@@ -21,7 +21,7 @@
 #include "so/data/batch_sampler.h"
 #include "so/data/token_source.h"
 #include "so/engine/engine.h"
-#include "so/model/llama_model.h"
+#include "so/model/decoder_model.h"
 #include "src/backend/cuda/cuda_cast.h"
 #include "tests/optimizer_state.h"
 #include "tests/test_util.h"
@@ -78,7 +78,7 @@ class CudaTraining : public testing::Test {
     mo.dtype = dt;
     mo.micro_batch = 4;
     mo.seq_len = 64;
-    LlamaModel model(*backend, *cfg_, mo);
+    DecoderModel model(*backend, *cfg_, mo);
     EngineOptions eo;
     eo.dtype = dt;
     eo.bucket_size = 100000;  // several buckets, so ratio 0.5 splits them

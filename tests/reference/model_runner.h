@@ -8,7 +8,7 @@
 
 #include "parallel/communicator.h"
 #include "so/engine/engine.h"
-#include "so/model/llama_model.h"
+#include "so/model/decoder_model.h"
 
 namespace so::test {
 
@@ -23,7 +23,7 @@ class ModelRunner {
     backend_ = create_backend(bo);
     ModelOptions mo;
     mo.seq_len = seq_len;
-    model_ = std::make_unique<LlamaModel>(*backend_, cfg, mo);
+    model_ = std::make_unique<DecoderModel>(*backend_, cfg, mo);
     EngineOptions eo;
     eo.adam = adam;
     engine_ = std::make_unique<Engine>(*backend_, model_->layout(), eo, *comm_);
@@ -56,7 +56,7 @@ class ModelRunner {
  private:
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Backend> backend_;
-  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<DecoderModel> model_;
   std::unique_ptr<Engine> engine_;
 };
 

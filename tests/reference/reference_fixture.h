@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "so/io/hdf5_file.h"
-#include "so/model/llama_model.h"
+#include "so/model/decoder_model.h"
 
 namespace so {
 

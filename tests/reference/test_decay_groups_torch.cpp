@@ -15,7 +15,7 @@
 #include "so/engine/decay_runs.h"
 #include "so/engine/engine.h"
 #include "so/io/hdf5_file.h"
-#include "so/model/llama_model.h"
+#include "so/model/decoder_model.h"
 #include "so/train/decay_groups.h"
 #include "tests/test_util.h"
 
@@ -94,7 +94,7 @@ TEST(DecayGroupsVsTorch, TenStepsWithHfTrainerGroupsInEveryOptimizerMode) {
              {"super_offload_inverse_half", offload(OffloadMode::SuperOffload, 0.5, RollbackMode::Inverse)}}) {
       SCOPED_TRACE(group + " " + name);
       auto backend = create_backend(test::cpu_backend_options());
-      LlamaModel model(*backend, cfg, mo);
+      DecoderModel model(*backend, cfg, mo);
       const ParamLayout& layout = model.layout();
       const DecayGroups groups = decay_groups(layout, dc, adam.weight_decay);
       for (size_t id = 0; id < layout.params.size(); ++id)

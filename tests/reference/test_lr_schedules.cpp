@@ -13,7 +13,7 @@
 #include "parallel/communicator.h"
 #include "so/engine/engine.h"
 #include "so/io/hdf5_file.h"
-#include "so/model/llama_model.h"
+#include "so/model/decoder_model.h"
 #include "so/train/run_config.h"
 #include "tests/test_util.h"
 
@@ -75,7 +75,7 @@ TEST(LrSchedule, EngineStepsWithTheBetasTheScheduleSets) {
     auto be = create_backend(test::cpu_backend_options());
     ModelOptions mo;
     mo.seq_len = 8;
-    LlamaModel model(*be, cfg, mo);
+    DecoderModel model(*be, cfg, mo);
     EngineOptions eo;
     eo.adam.beta1 = beta1, eo.adam.beta2 = beta2;
     Engine engine(*be, model.layout(), eo, *comm);

@@ -12,7 +12,7 @@
 #include "parallel/communicator.h"
 #include "so/engine/engine.h"
 #include "so/io/hdf5_file.h"
-#include "so/model/llama_model.h"
+#include "so/model/decoder_model.h"
 #include "tests/reference/reference_fixture.h"
 #include "tests/test_util.h"
 #ifdef SO_HAVE_CUDA
@@ -96,7 +96,7 @@ class ReferenceTest : public testing::TestWithParam<Case> {
     mo.activation_checkpointing = GetParam().checkpointing;
     mo.loss_chunk_tokens = GetParam().loss_chunk;
     mo.loss_grad_chunk_tokens = GetParam().loss_grad_chunk;
-    model_ = std::make_unique<LlamaModel>(*backend_, fx_->cfg, mo);
+    model_ = std::make_unique<DecoderModel>(*backend_, fx_->cfg, mo);
   }
   Tolerance tol() const {
     if (GetParam().dtype == DType::F32) return GetParam().backend == "cuda" ? kF32Cuda : kF32;
@@ -123,7 +123,7 @@ class ReferenceTest : public testing::TestWithParam<Case> {
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Fixture> fx_;
-  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<DecoderModel> model_;
 };
 
 TEST_P(ReferenceTest, LossLogitsAndEveryGradient) {

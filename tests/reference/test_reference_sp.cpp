@@ -46,7 +46,7 @@ TEST(ReferenceSp2, WindowsAndPackedRowsMatchTransformers) {
       mo.seq_len = fx.S / 2;
       mo.activation_checkpointing = ckpt;
       mo.sequence_parallel = &ulysses;
-      LlamaModel model(*backend, fx.cfg, mo);
+      DecoderModel model(*backend, fx.cfg, mo);
       Engine engine(*backend, model.layout(), EngineOptions{}, *self);
       for (const std::string& p : fx.file.members("/weights")) {
         const int id = model.layout().find(p);

@@ -12,7 +12,7 @@
 #include "so/backend/backend.h"
 #include "so/engine/engine.h"
 #include "so/io/hdf5_file.h"
-#include "so/model/llama_model.h"
+#include "so/model/decoder_model.h"
 #include "tests/test_util.h"
 
 namespace so {
@@ -68,7 +68,7 @@ TEST(ZLoss, ModelLossGrowsLinearlyWithTheCoefficient) {
     ModelOptions mo;
     mo.seq_len = 16;
     mo.z_loss = z_loss;
-    LlamaModel model(*be, cfg, mo);
+    DecoderModel model(*be, cfg, mo);
     Engine engine(*be, model.layout(), EngineOptions{}, *comm);
     engine.init_weights(5, 0.5f);  // wide logits: a logsumexp well away from 0
     engine.begin_step(0.0);

@@ -17,7 +17,7 @@
 #include "so/backend/backend.h"
 #include "so/data/batch_sampler.h"
 #include "so/engine/engine.h"
-#include "so/model/llama_model.h"
+#include "so/model/decoder_model.h"
 #include "so/train/memory_plan.h"
 #include "so/train/run_config.h"
 #include "tests/test_util.h"
@@ -145,7 +145,7 @@ float tiny_loss(float p, bool backward) {
   cfg.model.attention_dropout = p;
   auto comm = make_mpi_world_communicator();
   auto backend = create_backend(test::cpu_backend_options());
-  LlamaModel model(*backend, cfg.model, model_options(cfg, 2, 1));
+  DecoderModel model(*backend, cfg.model, model_options(cfg, 2, 1));
   EngineOptions eo;
   eo.dtype = cfg.dtype;
   eo.bucket_size = cfg.bucket_size;

@@ -9,7 +9,7 @@
 #include "parallel/communicator.h"
 #include "so/data/batch_sampler.h"
 #include "so/engine/engine.h"
-#include "so/model/llama_model.h"
+#include "so/model/decoder_model.h"
 #include "so/train/memory_plan.h"
 #include "so/train/run_config.h"
 #include "tests/test_util.h"
@@ -61,12 +61,12 @@ TEST(ActivationBuffers, AreExactlyWhatTheModelAllocates) {
     mo.mlp_tile_tokens = v.tile;
     if (v.sp > 1) mo.sequence_parallel = &sp;
     size_t listed = 0;
-    for (const ActivationBuffer& b : LlamaModel::activation_buffers(cfg, mo, v.sp))
+    for (const ActivationBuffer& b : DecoderModel::activation_buffers(cfg, mo, v.sp))
       listed += (b.bytes + backend->allocation_granularity() - 1) / backend->allocation_granularity() *
                 backend->allocation_granularity();
-    LlamaModel model(*backend, cfg, mo);
+    DecoderModel model(*backend, cfg, mo);
     EXPECT_EQ(backend->memory_stats().in_use, listed) << v.name;
-    EXPECT_EQ(LlamaModel::host_checkpoint_bytes(cfg, mo), v.offload ? size_t{4} * cfg.num_layers * 3 * 96 * cfg.hidden_size : 0)
+    EXPECT_EQ(DecoderModel::host_checkpoint_bytes(cfg, mo), v.offload ? size_t{4} * cfg.num_layers * 3 * 96 * cfg.hidden_size : 0)
         << v.name;
   }
 }
@@ -93,7 +93,7 @@ Trained train_steps(const RunConfig& cfg, const std::string& backend_type) {
   bo.type = backend_type;
   auto backend = create_backend(bo);
   const ModelOptions mo = model_options(cfg, 2, 1);
-  LlamaModel model(*backend, cfg.model, mo);
+  DecoderModel model(*backend, cfg.model, mo);
   EngineOptions eo;
   eo.dtype = cfg.dtype;
   eo.bucket_size = cfg.bucket_size;
@@ -265,7 +265,7 @@ TEST(MemoryPlan, AsyncCheckpointCopiesAreWhatTheEngineReserves) {
 
   auto comm = make_mpi_world_communicator();
   auto backend = create_backend(test::cpu_backend_options());
-  LlamaModel model(*backend, cfg.model, model_options(cfg, 2, 1));
+  DecoderModel model(*backend, cfg.model, model_options(cfg, 2, 1));
   EngineOptions eo;
   eo.bucket_size = cfg.bucket_size;
   eo.offload = cfg.offload;
@@ -281,7 +281,7 @@ TEST(MemoryPlan, AsyncCheckpointCopiesAreWhatTheEngineReserves) {
 TEST(MemoryPlan, CudnnWorkspaceOfAnotherMachine) {
   RunConfig cfg = run_config("");
   cfg.dtype = DType::BF16;
-  const LlamaModel::AttentionShape at = LlamaModel::attention_shape(cfg.model, model_options(cfg, 2, 1), 1);
+  const DecoderModel::AttentionShape at = DecoderModel::attention_shape(cfg.model, model_options(cfg, 2, 1), 1);
   const auto workspace = [&](const MachineProfile& m) {
     for (const PlanTerm& t : plan_memory(cfg, 1, 0, m).device)
       if (t.name == "CUDA attention workspace") return t.bytes;

@@ -25,7 +25,7 @@
 #include "so/data/batch_sampler.h"
 #include "so/data/token_source.h"
 #include "so/engine/engine.h"
-#include "so/model/llama_model.h"
+#include "so/model/decoder_model.h"
 #include "tests/optimizer_state.h"
 #include "tests/test_util.h"
 
@@ -111,7 +111,7 @@ class OffloadEquivalence : public testing::Test {
     mo.dtype = md.dtype;
     mo.micro_batch = 2;
     mo.seq_len = 32;
-    LlamaModel model(*backend, *cfg_, mo);
+    DecoderModel model(*backend, *cfg_, mo);
     EngineOptions eo;
     eo.dtype = md.dtype;
     eo.bucket_size = 100000;
@@ -273,7 +273,7 @@ TEST_F(OffloadEquivalence, GradientsSummedOnTheHostAreNoFurtherFromFp64ThanTheDe
       mo.dtype = dt;
       mo.micro_batch = 2;
       mo.seq_len = 32;
-      LlamaModel model(*backend, *cfg_, mo);
+      DecoderModel model(*backend, *cfg_, mo);
       EngineOptions eo;
       eo.dtype = dt;
       eo.bucket_size = 100000;
@@ -358,7 +358,7 @@ TEST_F(OffloadEquivalence, AsyncSnapshotIsTheSavingStepWhileTheOptimizerFinishes
       ModelOptions mo;
       mo.micro_batch = 2;
       mo.seq_len = 32;
-      LlamaModel model(*backend, *cfg_, mo);
+      DecoderModel model(*backend, *cfg_, mo);
       EngineOptions eo;
       eo.bucket_size = 100000;
       eo.grad_clip = always_clip;
@@ -421,7 +421,7 @@ TEST_F(OffloadEquivalence, StagedSnapshotInFlightDoesNotDelayLaterDeviceToHostCo
   ModelOptions mo;
   mo.micro_batch = 2;
   mo.seq_len = 32;
-  LlamaModel model(*backend, *cfg_, mo);
+  DecoderModel model(*backend, *cfg_, mo);
   EngineOptions eo;
   eo.bucket_size = 100000;
   Engine engine(*backend, model.layout(), eo, *comm_);  // every bucket's state on the device

@@ -6,7 +6,7 @@
 
 #include "parallel/communicator.h"
 #include "so/data/sample_stream.h"
-#include "so/model/llama_model.h"
+#include "so/model/decoder_model.h"
 
 namespace so {
 
@@ -22,7 +22,7 @@ struct EvaluationShare {
 
 // The model reads its weights through params/hooks as in training (the engine waits for the last
 // step's weights); the data-parallel sum goes over `dp`.
-Evaluation evaluate(LlamaModel& model, ParamStore& params, ModelHooks& hooks, const SampleStream& validation,
+Evaluation evaluate(DecoderModel& model, ParamStore& params, ModelHooks& hooks, const SampleStream& validation,
                     const EvaluationShare& share, Communicator& world);
 
 }  // namespace so

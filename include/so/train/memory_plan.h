@@ -5,7 +5,7 @@
 // train.activation_offload and train.mlp_tile_tokens from it.
 //
 // The device terms come from the code that allocates: the model's buffer list
-// (LlamaModel::activation_buffers), the engine's bucket and shard layouts, and a replay of the
+// (DecoderModel::activation_buffers), the engine's bucket and shard layouts, and a replay of the
 // engine's ZeRO-3 gather / reduce-scatter schedule under its release rule (Engine::settle_releases),
 // so the predicted peak is the pool's measured peak, not an estimate (tests/plan/).
 #include <cstddef>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "so/engine/cast_plan.h"
-#include "so/model/llama_model.h"
+#include "so/model/decoder_model.h"
 #include "so/train/run_config.h"
 
 namespace so {

@@ -1,6 +1,7 @@
 #pragma once
-// The Llama-family decoder (Llama, Qwen3, Qwen2, Mistral) with explicit forward and backward, layer by layer,
-// enqueued on the backend's compute stream. It owns activations, never parameters.
+// The one decoder of every family (so/model/model_family.h: Llama, Qwen3, Qwen2, Mistral, Phi-3, Seed-OSS,
+// Qwen3-MoE, GPT-OSS) with explicit forward and backward, layer by layer, enqueued on the backend's compute
+// stream. It owns activations, never parameters.
 #include <memory>
 #include <utility>
 #include <vector>
@@ -54,10 +55,10 @@ struct ActivationBuffer {
   size_t bytes;
 };
 
-class LlamaModel {
+class DecoderModel {
  public:
-  LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOptions& opts);
-  ~LlamaModel();
+  DecoderModel(Backend& backend, const ModelConfig& cfg, const ModelOptions& opts);
+  ~DecoderModel();
 
   // Every device buffer the constructor allocates, in order (the same code decides both), with
   // sp_size ranks in the Ulysses group (opts.sequence_parallel is not read).

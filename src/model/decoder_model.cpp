@@ -1,4 +1,4 @@
-#include "so/model/llama_model.h"
+#include "so/model/decoder_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -43,13 +43,13 @@ int64_t moe_blocks(const ModelConfig& cfg, const ModelOptions& opts) {
 
 // Everything one layer's backward needs from its forward. With activation checkpointing a
 // single set is reused: backward recomputes the layer's forward into it first.
-struct LlamaModel::LayerActs {
+struct DecoderModel::LayerActs {
   DeviceBuffer h1, rstd1, q_raw, q_rstd, k_raw, k_rstd, q, k, v, attn, lse, x_mid, h2, rstd2;
   DeviceBuffer gate_up;                // untiled MLP only: [T, 2I], each row gate | up; kept for backward
   DeviceBuffer q_f, k_f, v_f, attn_f;  // Ulysses: whole sequence, this rank's heads (lse is lse_f then)
 };
 
-struct LlamaModel::Activations {
+struct DecoderModel::Activations {
   DeviceBuffer tokens, targets, positions;  // int32 [T]
   // int32 [B * S * P]: the batch's doc_start for whole rows (under Ulysses attention sees every
   // token of a row); valid when `documents` (this batch has packed rows).
@@ -104,7 +104,7 @@ namespace {
 int64_t kv_copies_for(const ModelConfig& cfg, int64_t P) { return P > cfg.num_kv_heads ? P / cfg.num_kv_heads : 1; }
 }  // namespace
 
-LlamaModel::LossChunks LlamaModel::loss_chunks(const ModelConfig& cfg, const ModelOptions& opts) {
+DecoderModel::LossChunks DecoderModel::loss_chunks(const ModelConfig& cfg, const ModelOptions& opts) {
   // Fixed byte budgets, whatever the vocabulary: the fp32 logits of one chunk at most 128 MiB, the
   // logit gradients one weight-gradient GEMM reads at most 512 MiB (at V = 32000 and bf16: 1048-row
   // chunks, and 8384 tokens per lm_head gradient GEMM, so a 4096-token micro-batch makes one).
@@ -120,19 +120,19 @@ LlamaModel::LossChunks LlamaModel::loss_chunks(const ModelConfig& cfg, const Mod
   return c;
 }
 
-int64_t LlamaModel::mlp_tile(const ModelOptions& opts) {
+int64_t DecoderModel::mlp_tile(const ModelOptions& opts) {
   const int64_t T = opts.micro_batch * opts.seq_len;
   return opts.mlp_tile_tokens > 0 ? std::min(opts.mlp_tile_tokens, T) : T;
 }
 
-size_t LlamaModel::host_checkpoint_bytes(const ModelConfig& cfg, const ModelOptions& opts) {
+size_t DecoderModel::host_checkpoint_bytes(const ModelConfig& cfg, const ModelOptions& opts) {
   if (!opts.offload_checkpoints) return 0;
   return static_cast<size_t>(cfg.num_layers * opts.micro_batch * opts.seq_len * cfg.hidden_size) *
          dtype_size(opts.dtype);
 }
 
 template <class Visit>
-void LlamaModel::layout_buffers(Activations& a, const ModelConfig& cfg, const ModelOptions& opts, int64_t P,
+void DecoderModel::layout_buffers(Activations& a, const ModelConfig& cfg, const ModelOptions& opts, int64_t P,
                                 Visit&& visit) {
   const size_t e = dtype_size(opts.dtype), f32 = sizeof(float), i32 = sizeof(int32_t);
   const auto bytes = [](int64_t n, size_t elem) { return static_cast<size_t>(n) * elem; };
@@ -220,7 +220,7 @@ void LlamaModel::layout_buffers(Activations& a, const ModelConfig& cfg, const Mo
   visit(a.loss, bytes(1, f32), "loss", Term::Inputs);
 }
 
-std::vector<ActivationBuffer> LlamaModel::activation_buffers(const ModelConfig& cfg, const ModelOptions& opts,
+std::vector<ActivationBuffer> DecoderModel::activation_buffers(const ModelConfig& cfg, const ModelOptions& opts,
                                                             int64_t sp_size) {
   std::vector<ActivationBuffer> out;
   Activations a;
@@ -236,7 +236,7 @@ std::vector<ActivationBuffer> LlamaModel::activation_buffers(const ModelConfig& 
   return out;
 }
 
-LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOptions& opts)
+DecoderModel::DecoderModel(Backend& backend, const ModelConfig& cfg, const ModelOptions& opts)
     : backend_(backend),
       ops_(backend.ops()),
       stream_(backend.stream(StreamKind::Compute)),
@@ -324,7 +324,7 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
   }
 }
 
-LlamaModel::~LlamaModel() {
+DecoderModel::~DecoderModel() {
   // Enqueued ops reference the activations: let them finish (errors were reported already).
   try {
     backend_.synchronize(stream_);
@@ -332,7 +332,7 @@ LlamaModel::~LlamaModel() {
   }
 }
 
-LlamaModel::AttentionShape LlamaModel::attention_shape(const ModelConfig& cfg, const ModelOptions& opts,
+DecoderModel::AttentionShape DecoderModel::attention_shape(const ModelConfig& cfg, const ModelOptions& opts,
                                                        int64_t sp_size) {
   return {opts.micro_batch,
           opts.seq_len * sp_size,
@@ -342,7 +342,7 @@ LlamaModel::AttentionShape LlamaModel::attention_shape(const ModelConfig& cfg, c
           1.0f / std::sqrt(static_cast<float>(cfg.head_dim))};
 }
 
-std::vector<AttentionMask> LlamaModel::attention_mask_kinds(const ModelConfig& cfg) {
+std::vector<AttentionMask> DecoderModel::attention_mask_kinds(const ModelConfig& cfg) {
   // Only which fields are set matters to the implementation and workspace queries.
   static const int32_t kPackedRows = 0;
   std::set<int64_t> windows;
@@ -361,7 +361,7 @@ std::vector<AttentionMask> LlamaModel::attention_mask_kinds(const ModelConfig& c
   return kinds;
 }
 
-size_t LlamaModel::attention_workspace_bytes(Ops& ops, const ModelConfig& cfg, const ModelOptions& opts,
+size_t DecoderModel::attention_workspace_bytes(Ops& ops, const ModelConfig& cfg, const ModelOptions& opts,
                                              int64_t sp_size) {
   const AttentionShape a = attention_shape(cfg, opts, sp_size);
   size_t bytes = 0;
@@ -373,7 +373,7 @@ size_t LlamaModel::attention_workspace_bytes(Ops& ops, const ModelConfig& cfg, c
   return bytes;
 }
 
-std::string LlamaModel::attention_implementation() const {
+std::string DecoderModel::attention_implementation() const {
   const AttentionShape a = attention_shape(cfg_, opts_, sp_size());
   std::string text;
   const std::vector<AttentionMask> kinds = attention_mask_kinds(cfg_);
@@ -389,7 +389,7 @@ std::string LlamaModel::attention_implementation() const {
   return text;
 }
 
-AttentionMask LlamaModel::attention_mask(int l, ParamStore& p) const {
+AttentionMask DecoderModel::attention_mask(int l, ParamStore& p) const {
   AttentionMask m;
   if (acts_->documents) {
     m.doc_start = acts_->doc_start.as<int32_t>();
@@ -409,16 +409,16 @@ AttentionMask LlamaModel::attention_mask(int l, ParamStore& p) const {
   return m;
 }
 
-void* LlamaModel::sinks_grad(int l, ParamStore& p) const {
+void* DecoderModel::sinks_grad(int l, ParamStore& p) const {
   const int sinks = layout_.layers[l].sinks;
   return sinks < 0 ? nullptr : at(p.grad(sinks), sp_rank() * cfg_.num_heads / sp_size(), opts_.dtype);
 }
 
-void LlamaModel::zero_expert_tokens() {
+void DecoderModel::zero_expert_tokens() {
   if (expert_counts_) backend_.memset_zero(expert_counts_.data(), expert_counts_.bytes(), stream_);
 }
 
-const std::vector<std::vector<int64_t>>& LlamaModel::expert_tokens() {
+const std::vector<std::vector<int64_t>>& DecoderModel::expert_tokens() {
   if (!expert_counts_) return expert_tokens_;  // no MoE layer: every list empty
   const int64_t E = cfg_.moe.experts;
   std::vector<int64_t> counts(static_cast<size_t>(cfg_.num_layers * E));
@@ -430,9 +430,9 @@ const std::vector<std::vector<int64_t>>& LlamaModel::expert_tokens() {
   return expert_tokens_;
 }
 
-void LlamaModel::zero_loss() { backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_); }
+void DecoderModel::zero_loss() { backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_); }
 
-float LlamaModel::read_loss() {
+float DecoderModel::read_loss() {
   float loss = 0.0f;
   backend_.copy_d2h(&loss, acts_->loss.data(), sizeof(float), stream_);
   backend_.synchronize(stream_);
@@ -444,7 +444,7 @@ float LlamaModel::read_loss() {
 // times router_aux_loss_coef. The loss is a mean over the step's tokens (loss_scale = 1 / their
 // count), so each micro-batch's aux loss enters weighted by its share of them (loss_scale * T): the
 // step's value is the mean of its micro-batches' (and data-parallel ranks') aux losses.
-void LlamaModel::aux_loss_forward(float loss_scale) {
+void DecoderModel::aux_loss_forward(float loss_scale) {
   const int64_t T = opts_.micro_batch * opts_.seq_len, E = cfg_.moe.experts;
   int64_t layers = 0;
   for (int64_t l = 0; l < cfg_.num_layers; ++l) layers += moe_of_layer_[l] >= 0;
@@ -456,13 +456,13 @@ void LlamaModel::aux_loss_forward(float loss_scale) {
   ops_.moe_aux_loss(stream_, a, acts_->loss.as<float>(), aux_dprob_.as<float>(), sums, sums + E);
 }
 
-const void* LlamaModel::final_hidden() const { return acts_->hn.data(); }
+const void* DecoderModel::final_hidden() const { return acts_->hn.data(); }
 
-RmsNormShape LlamaModel::rmsnorm_shape(int64_t rows, int64_t dim) const {
+RmsNormShape DecoderModel::rmsnorm_shape(int64_t rows, int64_t dim) const {
   return {.rows = rows, .dim = dim, .eps = cfg_.rms_norm_eps, .dtype = opts_.dtype};
 }
 
-HeadReplication LlamaModel::kv_replication() const {
+HeadReplication DecoderModel::kv_replication() const {
   return {.rows = opts_.micro_batch * opts_.seq_len,
           .heads = cfg_.num_kv_heads,
           .copies = kv_copies_,
@@ -470,7 +470,7 @@ HeadReplication LlamaModel::kv_replication() const {
           .dtype = opts_.dtype};
 }
 
-Rope LlamaModel::rope_of(int64_t heads) const {
+Rope DecoderModel::rope_of(int64_t heads) const {
   return {.T = opts_.micro_batch * opts_.seq_len,
           .heads = heads,
           .head_dim = cfg_.head_dim,
@@ -480,7 +480,7 @@ Rope LlamaModel::rope_of(int64_t heads) const {
           .dtype = opts_.dtype};
 }
 
-void LlamaModel::linear(const void* in, const void* w, void* out, int64_t rows, int64_t out_dim, int64_t in_dim,
+void DecoderModel::linear(const void* in, const void* w, void* out, int64_t rows, int64_t out_dim, int64_t in_dim,
                         float beta, const void* bias) {
   const DType dt = opts_.dtype;
   if (bias) {
@@ -493,7 +493,7 @@ void LlamaModel::linear(const void* in, const void* w, void* out, int64_t rows, 
 }
 
 // y = x W^T + b:  dW += dy^T x,  dx = dy W (+ din_beta * dx),  db += dy^T 1
-void LlamaModel::linear_backward(const void* dout, const void* in, const void* w, void* din, void* dw, int64_t rows,
+void DecoderModel::linear_backward(const void* dout, const void* in, const void* w, void* din, void* dw, int64_t rows,
                                  int64_t out_dim, int64_t in_dim, float din_beta, void* dbias) {
   const DType dt = opts_.dtype;
   ops_.gemm(stream_, {.trans_a = true, .M = out_dim, .N = in_dim, .K = rows, .beta = 1.0f, .A = dout, .B = in,
@@ -505,7 +505,7 @@ void LlamaModel::linear_backward(const void* dout, const void* in, const void* w
                         .B = acts_->ones.data(), .ab = dt, .C = dbias, .c = dt});
 }
 
-void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelHooks& hooks, float loss_scale,
+void DecoderModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelHooks& hooks, float loss_scale,
                                   bool backward) {
   Activations& a = *acts_;
   const int64_t T = opts_.micro_batch * opts_.seq_len, L = cfg_.num_layers;
@@ -598,7 +598,7 @@ void LlamaModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelH
   hooks.after_backward(0);
 }
 
-DropoutMask LlamaModel::residual_mask(int l, int site, int64_t row0) const {
+DropoutMask DecoderModel::residual_mask(int l, int site, int64_t row0) const {
   DropoutMask m;
   m.p = cfg_.residual_dropout;
   m.key = dropout_key(opts_.dropout_seed, static_cast<uint64_t>(l), static_cast<uint64_t>(site));
@@ -610,14 +610,14 @@ DropoutMask LlamaModel::residual_mask(int l, int site, int64_t row0) const {
   return m;
 }
 
-void* LlamaModel::residual(int64_t l) {
+void* DecoderModel::residual(int64_t l) {
   return acts_->x[static_cast<size_t>(opts_.offload_checkpoints ? l % 2 : l)].data();
 }
 
 // Layer l's input between its device slot and host slot l: to the host on the D2H stream, back
 // on the H2D stream, either after the compute stream's work so far. The per-slot events order
 // the copies against the layers that write and read the slot.
-void LlamaModel::move_checkpoint(int64_t l, bool to_host, ModelHooks& hooks) {
+void DecoderModel::move_checkpoint(int64_t l, bool to_host, ModelHooks& hooks) {
   Activations& a = *acts_;
   const size_t bytes = host_checkpoint_bytes(cfg_, opts_) / static_cast<size_t>(cfg_.num_layers);
   Stream& s = backend_.stream(to_host ? StreamKind::D2H : StreamKind::H2D);
@@ -635,7 +635,7 @@ void LlamaModel::move_checkpoint(int64_t l, bool to_host, ModelHooks& hooks) {
   backend_.record(to_host ? *a.stashed[l % 2] : *a.fetched[l % 2], s);
 }
 
-void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x_in, void* x_out) {
+void DecoderModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x_in, void* x_out) {
   const LayerParamIds& w = layout_.layers[l];
   const DType dt = opts_.dtype;
   const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size;
@@ -693,9 +693,9 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
     mlp_forward(l, p, s, x_out);
 }
 
-MoeBlock& LlamaModel::moe_block(int l) { return *moe_[static_cast<size_t>(moe_of_layer_[l])]; }
+MoeBlock& DecoderModel::moe_block(int l) { return *moe_[static_cast<size_t>(moe_of_layer_[l])]; }
 
-MoeParams LlamaModel::moe_params(int l, ParamStore& p, bool grads) const {
+MoeParams DecoderModel::moe_params(int l, ParamStore& p, bool grads) const {
   const LayerParamIds& w = layout_.layers[l];
   auto ptr = [&](int id) { return grads ? p.grad(id) : p.weight(id); };
   MoeParams m;
@@ -724,7 +724,7 @@ MoeParams LlamaModel::moe_params(int l, ParamStore& p, bool grads) const {
 // with [W_gate; W_up] (adjacent in the flat buffer, ParamInfo::joined_to_next): in the tile buffer
 // when tiled, else in the layer's whole-sequence one, which backward reads as forward left it
 // (compute = false).
-void* LlamaModel::mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n, bool compute) {
+void* DecoderModel::mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n, bool compute) {
   const bool tiled = mlp_tile(opts_) < opts_.micro_batch * opts_.seq_len;
   void* gate_up = tiled ? acts_->gate_up_t.data() : s.gate_up.data();
   if (compute || tiled) {
@@ -736,7 +736,7 @@ void* LlamaModel::mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int
 
 // x_out += down(silu(gate(h2)) * up(h2)), tile by tile. Untiled (one tile), gate and up stay in
 // the layer's set for backward; tiled, they live only as long as their tile.
-void LlamaModel::mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out) {
+void DecoderModel::mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out) {
   Activations& a = *acts_;
   const DType dt = opts_.dtype;
   const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size, I = cfg_.intermediate_size;
@@ -757,7 +757,7 @@ void LlamaModel::mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out) {
 // On entry a.dx holds dL/d(x_out) of the MLP's rows; leaves dL/d(h2) in a.dh. Tiled, each tile's
 // gate and up are recomputed from h2 first; the activation always is. The gate and up gradients,
 // [n, 2I] like their forward, make dh with one GEMM (K = 2I) and [W_gate; W_up]'s gradient with one.
-void LlamaModel::mlp_backward(int l, ParamStore& p, LayerActs& s) {
+void DecoderModel::mlp_backward(int l, ParamStore& p, LayerActs& s) {
   Activations& a = *acts_;
   const LayerParamIds& w = layout_.layers[l];
   const DType dt = opts_.dtype;
@@ -782,7 +782,7 @@ void LlamaModel::mlp_backward(int l, ParamStore& p, LayerActs& s) {
 
 // q [T, q], k and v [T, kv] out of acts_->qkv's rows [T, q + 2 kv] (each row q | k | v), or, with
 // to_rows, into them.
-void LlamaModel::qkv_columns(void* q, void* k, void* v, bool to_rows) {
+void DecoderModel::qkv_columns(void* q, void* k, void* v, bool to_rows) {
   const int64_t T = opts_.micro_batch * opts_.seq_len, qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), N = qd + 2 * kvd;
   const DType dt = opts_.dtype;
   struct Part {
@@ -799,7 +799,7 @@ void LlamaModel::qkv_columns(void* q, void* k, void* v, bool to_rows) {
 }
 
 // On entry acts_->dx holds dL/d(layer output); on exit dL/d(layer input).
-void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* x_in) {
+void DecoderModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* x_in) {
   Activations& a = *acts_;
   const LayerParamIds& w = layout_.layers[l];
   const DType dt = opts_.dtype;
@@ -876,7 +876,7 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
 // Final norm, then output projection + cross-entropy chunk by chunk. With backward, the chunks'
 // logit gradients fill one group of grad_chunk rows, which then becomes dhn and lm_head's gradient
 // with one GEMM each (fewer, larger GEMMs than one pair per chunk; one group when all tokens fit).
-void LlamaModel::head_forward_backward(ParamStore& p, float loss_scale, bool backward) {
+void DecoderModel::head_forward_backward(ParamStore& p, float loss_scale, bool backward) {
   Activations& a = *acts_;
   const DType dt = opts_.dtype;
   const int64_t T = opts_.micro_batch * opts_.seq_len, H = cfg_.hidden_size, V = cfg_.vocab_size;
@@ -904,7 +904,7 @@ void LlamaModel::head_forward_backward(ParamStore& p, float loss_scale, bool bac
   }
 }
 
-void LlamaModel::scatter_heads(void* full, const void* local, int64_t heads) {
+void DecoderModel::scatter_heads(void* full, const void* local, int64_t heads) {
   const int64_t P = sp_size(), B = opts_.micro_batch, Sl = opts_.seq_len, C = heads / P * cfg_.head_dim;
   Activations& a = *acts_;
   ops_.transpose_blocks(stream_, a.a2a_send.data(), local, B * Sl, P, C, opts_.dtype);  // -> [P][B*Sl][C]
@@ -912,7 +912,7 @@ void LlamaModel::scatter_heads(void* full, const void* local, int64_t heads) {
   ops_.transpose_blocks(stream_, full, a.a2a_recv.data(), P, B, Sl * C, opts_.dtype);  // [P][B][Sl*C] -> [B][S][C]
 }
 
-void LlamaModel::gather_heads(void* local, const void* full, int64_t heads) {
+void DecoderModel::gather_heads(void* local, const void* full, int64_t heads) {
   const int64_t P = sp_size(), B = opts_.micro_batch, Sl = opts_.seq_len, C = heads / P * cfg_.head_dim;
   Activations& a = *acts_;
   ops_.transpose_blocks(stream_, a.a2a_send.data(), full, B, P, Sl * C, opts_.dtype);  // -> [P][B][Sl*C]
