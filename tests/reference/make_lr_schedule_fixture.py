@@ -16,14 +16,14 @@ so_train reads it) and lr (optimizer.params.lr); datasets lr [STEPS] and betas [
 Usage (from the repository root, with the project's Python, $SO_PYTHON):
     python tests/reference/make_lr_schedule_fixture.py [--out tests/reference/fixtures/lr_schedules.h5]
 """
-import argparse
 import json
 import math
 
-import h5py
 import numpy as np
 import torch
 import transformers
+
+from fixture_file import create_fixture, fixture_out
 
 STEPS = 120  # past the end of every schedule: the tails are compared too
 
@@ -253,18 +253,14 @@ def run(base_lr, section):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="tests/reference/fixtures/lr_schedules.h5")
-    a = ap.parse_args()
-    with h5py.File(a.out, "w") as f:
-        f.attrs["torch_version"] = str(torch.__version__)
-        f.attrs["transformers_version"] = str(transformers.__version__)
+    out = fixture_out(__doc__, "lr_schedules.h5")
+    with create_fixture(out, transformers) as f:
         for name, (base_lr, section) in CASES.items():
             g = f.create_group(name)
             g.attrs["scheduler_json"] = json.dumps(section)
             g.attrs["lr"] = float(base_lr)
             g["lr"], g["betas"] = run(base_lr, section)
-    print(f"wrote {a.out}: {len(CASES)} schedules x {STEPS} steps")
+    print(f"wrote {out}: {len(CASES)} schedules x {STEPS} steps")
 
 
 if __name__ == "__main__":
