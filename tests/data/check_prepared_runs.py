@@ -171,7 +171,7 @@ def main():
     model, data = make_data(work)
     if len(sys.argv) > 4:  # MPIEXEC: validation under ZeRO-3 over two data-parallel ranks
         check_evaluation(work, so, model, [sys.argv[4], "--oversubscribe", "-np", "2"], 3)
-        finish()
+        finish("prepared runs")
         return
     with h5py.File(data) as f:
         rows = f["train/tokens"].shape[0]
