@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <set>
 
 #include "so/core/error.h"
@@ -70,6 +71,9 @@ struct LlamaModel::Activations {
   DeviceBuffer gate_up_t;                   // tiled MLP: one tile's gate | up [tile, 2I], recomputed in backward
   DeviceBuffer act, dact, dgate_up;         // MLP scratch [tile, I], [tile, I], [tile, 2I]
   DeviceBuffer dx, dh, dq, dk, dv, dattn, dq_raw, dk_raw;
+  // [T, q + 2 kv], each row q | k | v: the one projection GEMM's output in forward (split into the
+  // layer's q, k, v), the gathered q, k, v gradients in backward (one GEMM each for dh and the weights).
+  DeviceBuffer qkv;
   DeviceBuffer branch;                      // residual dropout: a branch's output, then its gradient [T, H]
   DeviceBuffer dq_f, dk_f, dv_f, dattn_f, kv_rep, a2a_send, a2a_recv;  // Ulysses scratch
   DeviceBuffer loss;                        // fp32 accumulator
@@ -199,6 +203,7 @@ void LlamaModel::layout_buffers(Activations& a, const ModelConfig& cfg, const Mo
   visit(a.dk, bytes(T * kvd, e), "k grad", scratch);
   visit(a.dv, bytes(T * kvd, e), "v grad", scratch);
   visit(a.dattn, bytes(T * qd, e), "attention out grad", scratch);
+  visit(a.qkv, bytes(T * (qd + 2 * kvd), e), "q|k|v rows (projection, then its gradient)", scratch);
   if (cfg.qk_norm) {
     visit(a.dq_raw, bytes(T * qd, e), "q before norm grad", scratch);
     visit(a.dk_raw, bytes(T * kvd, e), "k before norm grad", scratch);
@@ -250,10 +255,24 @@ LlamaModel::LlamaModel(Backend& backend, const ModelConfig& cfg, const ModelOpti
   SO_CHECK(P == 1 || Hkv % P == 0 || P % Hkv == 0, "num_key_value_heads (", Hkv, ") and sequence_parallel_size (", P,
            "): one must divide the other (KV heads are split over the ranks, or replicated)");
   kv_copies_ = kv_copies_for(cfg, P);
-  for (const LayerParamIds& w : layout_.layers)  // mlp_gate_up's one GEMM reads W_gate and W_up as one matrix
-    SO_CHECK(w.gate < 0 || (w.up == w.gate + 1 && layout_.params[w.gate].joined_to_next &&
-                            layout_.params[w.up].offset == layout_.params[w.gate].offset + layout_.params[w.gate].numel),
-             "model: ", layout_.params[w.gate].name, " and its up projection are not adjacent in the flat buffer");
+  // One GEMM reads [W_gate; W_up], [W_q; W_k; W_v] and [b_q; b_k; b_v] each as one matrix.
+  const auto check_joined = [&](std::initializer_list<int> ids) {
+    const int first = *ids.begin();
+    if (first < 0) return;
+    int prev = -1;
+    for (int id : ids) {
+      SO_CHECK(prev < 0 || (id == prev + 1 && layout_.params[prev].joined_to_next &&
+                            layout_.params[id].offset == layout_.params[prev].offset + layout_.params[prev].numel),
+               "model: ", layout_.params[id].name, " does not follow ", layout_.params[first].name,
+               " in the flat buffer (their projections are one GEMM)");
+      prev = id;
+    }
+  };
+  for (const LayerParamIds& w : layout_.layers) {
+    check_joined({w.gate, w.up});
+    check_joined({w.q, w.k, w.v});
+    check_joined({w.q_bias, w.k_bias, w.v_bias});
+  }
   Activations& a = *acts_;
   layout_buffers(a, cfg, opts, P, [&](DeviceBuffer& b, size_t bytes, const char* tag, ActivationTerm) {
     b = backend.alloc(bytes, tag);
@@ -598,20 +617,18 @@ void LlamaModel::layer_forward(int l, ParamStore& p, LayerActs& s, const void* x
 
   ops_.rmsnorm_forward(stream_, s.h1.data(), s.rstd1.as<float>(), x_in, p.weight(w.attn_norm), T, H,
                        cfg_.rms_norm_eps, dt);
-  const void* q_bias = weight_or_null(p, w.q_bias);
-  const void* k_bias = weight_or_null(p, w.k_bias);
+  // q | k | v by one GEMM with [W_q; W_k; W_v] (and [b_q; b_k; b_v]), adjacent in the flat buffer
+  // (ParamInfo::joined_to_next), then split into the tensors attention reads.
+  void* q = cfg_.qk_norm ? s.q_raw.data() : s.q.data();
+  void* k = cfg_.qk_norm ? s.k_raw.data() : s.k.data();
+  linear(s.h1.data(), p.weight(w.q), acts_->qkv.data(), T, qd + 2 * kvd, H, 0.0f, weight_or_null(p, w.q_bias));
+  qkv_columns(q, k, s.v.data(), false);
   if (cfg_.qk_norm) {
-    linear(s.h1.data(), p.weight(w.q), s.q_raw.data(), T, qd, H, 0.0f, q_bias);
-    ops_.rmsnorm_forward(stream_, s.q.data(), s.q_rstd.as<float>(), s.q_raw.data(), p.weight(w.q_norm),
-                         T * cfg_.num_heads, D, cfg_.rms_norm_eps, dt);
-    linear(s.h1.data(), p.weight(w.k), s.k_raw.data(), T, kvd, H, 0.0f, k_bias);
-    ops_.rmsnorm_forward(stream_, s.k.data(), s.k_rstd.as<float>(), s.k_raw.data(), p.weight(w.k_norm),
-                         T * cfg_.num_kv_heads, D, cfg_.rms_norm_eps, dt);
-  } else {
-    linear(s.h1.data(), p.weight(w.q), s.q.data(), T, qd, H, 0.0f, q_bias);
-    linear(s.h1.data(), p.weight(w.k), s.k.data(), T, kvd, H, 0.0f, k_bias);
+    ops_.rmsnorm_forward(stream_, s.q.data(), s.q_rstd.as<float>(), q, p.weight(w.q_norm), T * cfg_.num_heads, D,
+                         cfg_.rms_norm_eps, dt);
+    ops_.rmsnorm_forward(stream_, s.k.data(), s.k_rstd.as<float>(), k, p.weight(w.k_norm), T * cfg_.num_kv_heads, D,
+                         cfg_.rms_norm_eps, dt);
   }
-  linear(s.h1.data(), p.weight(w.v), s.v.data(), T, kvd, H, 0.0f, weight_or_null(p, w.v_bias));
   ops_.rope(stream_, s.q.data(), pos, T, cfg_.num_heads, D, freq, rope_scale_, false, dt);
   ops_.rope(stream_, s.k.data(), pos, T, cfg_.num_kv_heads, D, freq, rope_scale_, false, dt);
   const AttentionMask mask = attention_mask(l, p);
@@ -738,6 +755,24 @@ void LlamaModel::mlp_backward(int l, ParamStore& p, LayerActs& s) {
   }
 }
 
+// q [T, q], k and v [T, kv] out of acts_->qkv's rows [T, q + 2 kv] (each row q | k | v), or, with
+// to_rows, into them.
+void LlamaModel::qkv_columns(void* q, void* k, void* v, bool to_rows) {
+  const int64_t T = opts_.micro_batch * opts_.seq_len, qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), N = qd + 2 * kvd;
+  const DType dt = opts_.dtype;
+  struct Part {
+    void* data;
+    int64_t column, width;
+  };
+  for (const Part& part : {Part{q, 0, qd}, Part{k, qd, kvd}, Part{v, qd + kvd, kvd}}) {
+    void* block = at(acts_->qkv.data(), part.column, dt);
+    if (to_rows)
+      ops_.copy_columns(stream_, block, N, part.data, part.width, T, part.width, dt);
+    else
+      ops_.copy_columns(stream_, part.data, part.width, block, N, T, part.width, dt);
+  }
+}
+
 // On entry acts_->dx holds dL/d(layer output); on exit dL/d(layer input).
 void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* x_in) {
   Activations& a = *acts_;
@@ -803,12 +838,10 @@ void LlamaModel::layer_backward(int l, ParamStore& p, LayerActs& s, const void* 
     dq_proj = a.dq_raw.data();
     dk_proj = a.dk_raw.data();
   }
-  linear_backward(dq_proj, s.h1.data(), p.weight(w.q), a.dh.data(), p.grad(w.q), T, qd, H, 0.0f,
+  // [dq | dk | dv] rows, then dh (one GEMM, K = q + 2 kv) and [W_q; W_k; W_v]'s gradient (one GEMM).
+  qkv_columns(dq_proj, dk_proj, a.dv.data(), true);
+  linear_backward(a.qkv.data(), s.h1.data(), p.weight(w.q), a.dh.data(), p.grad(w.q), T, qd + 2 * kvd, H, 0.0f,
                   grad_or_null(p, w.q_bias));
-  linear_backward(dk_proj, s.h1.data(), p.weight(w.k), a.dh.data(), p.grad(w.k), T, kvd, H, 1.0f,
-                  grad_or_null(p, w.k_bias));
-  linear_backward(a.dv.data(), s.h1.data(), p.weight(w.v), a.dh.data(), p.grad(w.v), T, kvd, H, 1.0f,
-                  grad_or_null(p, w.v_bias));
   ops_.rmsnorm_backward(stream_, a.dx.data(), p.grad(w.attn_norm), a.dh.data(), x_in, p.weight(w.attn_norm),
                         s.rstd1.as<float>(), T, H, true, dt);
 }

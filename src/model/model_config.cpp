@@ -8,6 +8,7 @@
 
 #include "so/core/error.h"
 #include "so/core/json_reader.h"
+#include "so/model/model_family.h"
 
 namespace so {
 
@@ -21,80 +22,6 @@ const char* kIgnoredHfKeys[] = {"bos_token_id", "eos_token_id", "transformers_ve
 
 using MoeStyle = ModelConfig::Moe::Style;
 
-// A model family is data: its model_type, the class transformers builds for it, and which of the
-// decoder's optional pieces it switches on.
-struct Family {
-  const char* model_type;
-  const char* architecture;
-  bool qk_norm = false;
-  // Projection biases: the config key that switches them on (null: fixed for the family, and a
-  // key of that name is ignored as transformers ignores it) and the value when absent.
-  const char* qkv_bias_key = nullptr;
-  bool qkv_bias = false;
-  const char* o_bias_key = nullptr;
-  bool o_bias = false;
-  // sliding_window applies to every layer (Mistral, Phi-3; transformers ignores layer_types there).
-  bool window = false;
-  // Qwen2/Qwen3: sliding_window applies only with use_sliding_window, on the layers layer_types
-  // marks "sliding_attention" (by default those from max_window_layers on).
-  bool window_layers = false;
-  // Qwen3-MoE: with use_sliding_window, on every layer (its config has no layer_types).
-  bool window_flagged = false;
-  bool attention_sinks = false;  // self_attn.sinks per layer (GPT-OSS)
-  bool fused = false;         // qkv_proj and gate_up_proj in the checkpoint
-  bool scaled_rope = true;    // transformers' class takes linear/dynamic/yarn/llama3 (Phi-3's only longrope)
-  // The family's defaults, as its transformers config class has them, for a key the config leaves
-  // out (a key given as null means None: see nullable).
-  int64_t default_pad = -1;   // pad_token_id (-1: no padding row)
-  int64_t default_head_dim = 0;  // head_dim (0: hidden_size / num_attention_heads)
-  int64_t default_kv_heads = 0;  // num_key_value_heads (0: num_attention_heads)
-  int64_t default_max_positions = 0;  // max_position_embeddings
-  float default_rms_norm_eps = 1e-6f;
-  int64_t default_window = 0;  // sliding_window (0: none), where the family has windows
-  double default_dropout = 0.0;  // attention_dropout and residual_dropout when the config has none
-  bool trains_dropout = false;  // attention_dropout and residual_dropout are honoured (else only 0 is accepted)
-  // Mixture-of-experts layers and whose keys, routing and expert tensors they have.
-  MoeStyle moe = MoeStyle::None;
-  // Every layer's window from layer_types, sliding_window always applying (GPT-OSS).
-  bool typed_windows = false;
-  bool default_yarn = false;  // no RoPE keys means GPT-OSS's yarn (factor 32 over 4096 positions)
-  // Keys whose null the family's config takes as None, beyond kNullableEverywhere (space-separated):
-  // null pad_token_id = no padding row, head_dim = derived, num_key_value_heads = num_attention_heads,
-  // sliding_window = no window, layer_types = derived, mlp_only_layers = none; keys the family has
-  // no field for are ignored by transformers whatever they hold. Any other null is refused: its
-  // typed field refuses None (or the model fails to build or train with it).
-  const char* nullable = "";
-};
-constexpr Family kFamilies[] = {
-    {.model_type = "llama", .architecture = "LlamaForCausalLM", .qkv_bias_key = "attention_bias",
-     .o_bias_key = "attention_bias", .default_max_positions = 2048,
-     .nullable = "head_dim num_key_value_heads sliding_window use_sliding_window max_window_layers layer_types"},
-    {.model_type = "qwen3", .architecture = "Qwen3ForCausalLM", .qk_norm = true, .qkv_bias_key = "attention_bias",
-     .o_bias_key = "attention_bias", .window_layers = true, .default_head_dim = 128, .default_kv_heads = 32,
-     .default_max_positions = 32768, .default_window = 4096, .nullable = "num_key_value_heads sliding_window layer_types"},
-    {.model_type = "qwen2", .architecture = "Qwen2ForCausalLM", .qkv_bias = true, .window_layers = true,
-     .default_kv_heads = 32, .default_max_positions = 32768, .default_window = 4096,
-     .nullable = "num_key_value_heads sliding_window layer_types attention_bias"},
-    {.model_type = "mistral", .architecture = "MistralForCausalLM", .window = true, .default_kv_heads = 8,
-     .default_max_positions = 131072, .default_window = 4096,
-     .nullable = "head_dim sliding_window use_sliding_window max_window_layers layer_types attention_bias"},
-    {.model_type = "phi3", .architecture = "Phi3ForCausalLM", .window = true, .fused = true, .scaled_rope = false,
-     .default_pad = 32000, .default_max_positions = 4096, .default_rms_norm_eps = 1e-5f,
-     .nullable = "num_key_value_heads sliding_window use_sliding_window max_window_layers layer_types attention_bias"},
-    {.model_type = "seed_oss", .architecture = "SeedOssForCausalLM", .qkv_bias_key = "attention_bias", .qkv_bias = true,
-     .o_bias_key = "attention_out_bias", .default_pad = 1, .default_head_dim = 128, .default_kv_heads = 8,
-     .default_max_positions = 524288, .default_dropout = 0.1, .trains_dropout = true,
-     .nullable = "head_dim num_key_value_heads sliding_window use_sliding_window max_window_layers layer_types"},
-    {.model_type = "qwen3_moe", .architecture = "Qwen3MoeForCausalLM", .qk_norm = true,
-     .qkv_bias_key = "attention_bias", .o_bias_key = "attention_bias", .window_flagged = true, .default_kv_heads = 4,
-     .default_max_positions = 32768, .default_window = 4096, .moe = MoeStyle::Qwen3,
-     .nullable = "sliding_window max_window_layers layer_types mlp_only_layers"},
-    {.model_type = "gpt_oss", .architecture = "GptOssForCausalLM", .qkv_bias_key = "attention_bias", .qkv_bias = true,
-     .o_bias_key = "attention_bias", .o_bias = true, .attention_sinks = true, .default_head_dim = 64,
-     .default_kv_heads = 8, .default_max_positions = 131072, .default_rms_norm_eps = 1e-5f, .default_window = 128,
-     .moe = MoeStyle::GptOss, .typed_windows = true, .default_yarn = true,
-     .nullable = "layer_types use_sliding_window max_window_layers"},
-};
 // Keys whose null every family takes as None: no padding row, no RoPE scaling, token ids and
 // bookkeeping so_train does not read.
 const char* kNullableEverywhere[] = {"pad_token_id", "rope_scaling", "rope_parameters", "dtype", "torch_dtype"};
@@ -105,7 +32,7 @@ bool listed(const char* space_separated, const std::string& key) {
 }
 
 // A null value is refused by name unless the family (or every family) takes it as None.
-void refuse_nulls(JsonReader& r, const Family& family, const char* const* ignored, size_t n_ignored) {
+void refuse_nulls(JsonReader& r, const ModelFamily& family, const char* const* ignored, size_t n_ignored) {
   for (const auto& [key, value] : r.raw().items()) {
     if (!value.is_null() || listed(family.nullable, key)) continue;
     if (std::find(std::begin(kNullableEverywhere), std::end(kNullableEverywhere), key) != std::end(kNullableEverywhere))
@@ -115,18 +42,6 @@ void refuse_nulls(JsonReader& r, const Family& family, const char* const* ignore
                         "None for it): give one, or leave the key out for ", family.model_type, "'s default"));
   }
 }
-const Family* find_family(const std::string& model_type) {
-  for (const Family& f : kFamilies)
-    if (model_type == f.model_type) return &f;
-  return nullptr;
-}
-// The model_type of every row, for the error that names what is supported.
-std::string supported_model_types() {
-  std::string list;
-  for (const Family& f : kFamilies) list += (list.empty() ? "" : ", ") + std::string(f.model_type);
-  return list;
-}
-
 // Sizes far beyond any model so_train can hold, and small enough that no buffer size computed
 // from them (tokens x intermediate x bytes, vocab x hidden x bytes) can overflow 64 bits.
 struct SizeBound {
@@ -207,7 +122,7 @@ void read_rope_scaling(JsonReader& rp, ModelConfig& c, int64_t top_original) {
 // The experts' keys. transformers 5 names the expert count num_local_experts (num_experts is its
 // alias, the name Qwen3-MoE's published configs use). GPT-OSS: every layer is MoE, its experts'
 // width is intermediate_size, their GLU is clamped (swiglu_alpha, swiglu_limit).
-void read_moe(JsonReader& r, const Family& family, ModelConfig& c) {
+void read_moe(JsonReader& r, const ModelFamily& family, ModelConfig& c) {
   ModelConfig::Moe& m = c.moe;
   const bool gpt_oss = family.moe == MoeStyle::GptOss;
   if (r.has("num_experts") && r.has("num_local_experts") &&
@@ -345,14 +260,14 @@ bool ModelConfig::is_moe_layer(int64_t l) const {
   return (l + 1) % moe.sparse_step == 0;
 }
 
-std::string ModelConfig::architecture() const { return find_family(model_type)->architecture; }
+std::string ModelConfig::architecture() const { return model_family(model_type).architecture; }
 
 namespace {
 
 // sliding_window, use_sliding_window, max_window_layers and layer_types as the family's
 // transformers class applies them (configuration_qwen2.py / modeling_mistral.py): the window
 // (transformers' "kv_idx > q_idx - sliding_window") and which layers it masks.
-void read_sliding_window(JsonReader& r, const Family& family, ModelConfig& c) {
+void read_sliding_window(JsonReader& r, const ModelFamily& family, ModelConfig& c) {
   r.accept("sliding_window");  // null, or ignored by families without windows (as transformers does)
   r.accept("max_window_layers");
   r.accept("layer_types");
@@ -408,10 +323,9 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   JsonReader r(j, source);
   ModelConfig c;
   c.model_type = r.require<std::string>("model_type");
-  const Family* family = find_family(c.model_type);
+  const ModelFamily* family = find_model_family(c.model_type);
   if (!family)
     r.fail("model_type", str_cat("is '", c.model_type, "'; supported: ", supported_model_types()));
-  c.fused_projections = family->fused;
   refuse_nulls(r, *family, kIgnoredHfKeys, std::size(kIgnoredHfKeys));
   // Absent: the family's default; null (where the family takes it): None.
   const auto is_null = [&](const char* key) { return j.contains(key) && j.at(key).is_null(); };
@@ -560,7 +474,7 @@ nlohmann::json ModelConfig::to_hf_json() const {
                       {"initializer_range", shortest_decimal(initializer_range)},
                       {"hidden_act", "silu"}};
   j["pad_token_id"] = pad_token_id >= 0 ? nlohmann::json(pad_token_id) : nlohmann::json(nullptr);
-  const Family& family = *find_family(model_type);
+  const ModelFamily& family = model_family(model_type);
   if (family.qkv_bias_key) j[family.qkv_bias_key] = qkv_bias;
   if (family.o_bias_key) j[family.o_bias_key] = o_bias;
   // What so_train trained with, where the family's default differs.

@@ -4,11 +4,13 @@
 #include <set>
 
 #include "so/core/error.h"
+#include "so/model/model_family.h"
 
 namespace so {
 
 ParamLayout ParamLayout::for_model(const ModelConfig& c) {
   ParamLayout L;
+  const ModelFamily& family = model_family(c.model_type);
   const int head_unit = static_cast<int>(c.num_layers) + 1;
   enum Init { Random, One, Zero };
   // joined: the next parameter follows with no padding (ParamInfo::joined_to_next).
@@ -23,7 +25,8 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
     p.is_norm = init == One;
     p.is_bias = init == Zero;
     p.joined_to_next = joined;
-    L.total += joined ? p.numel : (p.numel + kAlign - 1) / kAlign * kAlign;
+    // The end of a run of joined parameters is aligned again (its last one's offset may not be).
+    L.total = joined ? L.total + p.numel : (L.total + p.numel + kAlign - 1) / kAlign * kAlign;
     L.params.push_back(std::move(p));
     return static_cast<int>(L.params.size()) - 1;
   };
@@ -36,13 +39,13 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
     const int u = static_cast<int>(l) + 1;
     LayerParamIds ids{};
     ids.attn_norm = add(p + "input_layernorm.weight", {H}, u, One);
-    ids.q = add(p + "self_attn.q_proj.weight", {c.q_dim(), H}, u);
-    ids.k = add(p + "self_attn.k_proj.weight", {c.kv_dim(), H}, u);
+    ids.q = add(p + "self_attn.q_proj.weight", {c.q_dim(), H}, u, Random, true);  // [W_q; W_k; W_v]: one GEMM
+    ids.k = add(p + "self_attn.k_proj.weight", {c.kv_dim(), H}, u, Random, true);
     ids.v = add(p + "self_attn.v_proj.weight", {c.kv_dim(), H}, u);
     ids.o = add(p + "self_attn.o_proj.weight", {H, c.q_dim()}, u);
     if (c.qkv_bias) {
-      ids.q_bias = add(p + "self_attn.q_proj.bias", {c.q_dim()}, u, Zero);
-      ids.k_bias = add(p + "self_attn.k_proj.bias", {c.kv_dim()}, u, Zero);
+      ids.q_bias = add(p + "self_attn.q_proj.bias", {c.q_dim()}, u, Zero, true);
+      ids.k_bias = add(p + "self_attn.k_proj.bias", {c.kv_dim()}, u, Zero, true);
       ids.v_bias = add(p + "self_attn.v_proj.bias", {c.kv_dim()}, u, Zero);
     }
     if (c.o_bias) ids.o_bias = add(p + "self_attn.o_proj.bias", {H}, u, Zero);
@@ -75,11 +78,11 @@ ParamLayout ParamLayout::for_model(const ModelConfig& c) {
       ids.up = add(p + "mlp.up_proj.weight", {I, H}, u);
       ids.down = add(p + "mlp.down_proj.weight", {H, I}, u);
     }
-    if (c.fused_projections) {
+    if (family.fused_qkv) {
       SO_CHECK(!c.qkv_bias && !c.qk_norm, "model: fused projections with biases or q/k norm are not laid out");
-      fused[ids.q] = {p + "self_attn.qkv_proj.weight", 3};  // q, k, v: consecutive ids
-      fused[ids.gate] = {p + "mlp.gate_up_proj.weight", 2};  // gate, up
+      fused[ids.q] = {p + family.fused_qkv, 3};  // q, k, v: consecutive ids
     }
+    if (family.fused_gate_up && ids.gate >= 0) fused[ids.gate] = {p + family.fused_gate_up, 2};  // gate, up
     L.layers.push_back(ids);
   }
   L.final_norm = add("model.norm.weight", {H}, head_unit, One);

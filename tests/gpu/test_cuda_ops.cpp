@@ -656,6 +656,26 @@ OpCase transpose_blocks_case(int64_t d0, int64_t d1, int64_t inner, DType dt) {
           }};
 }
 
+// A column block of wider rows to rows of its own and back (the q|k|v split and gather); the
+// destination starts filled, so columns outside the block must stay as they were. Odd widths take
+// the 2-byte path, aligned ones the wide one.
+OpCase copy_columns_case(int64_t rows, int64_t wide, int64_t col0, int64_t cols, bool to_wide, DType dt) {
+  return {case_name("copy_columns", dn(dt), "rows", rows, "wide", wide, "col0", col0, "cols", cols,
+                    to_wide ? "to_wide" : "to_narrow"),
+          [=](OpRun& r) {
+            const size_t e = dtype_size(dt);
+            void* w = r.in(normal(rows * wide, 29), dt);
+            void* n = r.in(normal(rows * cols, 30), dt);
+            char* block = static_cast<char*>(w) + col0 * e;
+            if (to_wide)
+              r.ops().copy_columns(r.s(), block, wide, n, cols, rows, cols, dt);
+            else
+              r.ops().copy_columns(r.s(), n, cols, block, wide, rows, cols, dt);
+            r.expect(to_wide ? "wide" : "narrow", to_wide ? w : n, to_wide ? rows * wide : rows * cols, dt,
+                     OpClass::Exact);
+          }};
+}
+
 OpCase replicate_heads_case(int64_t rows, int64_t heads, int64_t copies, int64_t D, bool reverse, DType dt) {
   return {case_name("replicate_heads", dn(dt), "rows", rows, "heads", heads, "copies", copies, "D", D,
                     reverse ? "reverse" : ""),
@@ -785,6 +805,10 @@ std::vector<OpCase> small_cases() {
     c.push_back(sum_squares_case(1000, INFINITY, dt));
     for (DType to : kDTypes) c.push_back(cast_case(1000, dt, to));
     c.push_back(transpose_blocks_case(3, 5, 7, dt));
+    for (bool to_wide : {false, true}) {
+      c.push_back(copy_columns_case(37, 192, 128, 32, to_wide, dt));  // the k block of q 128 | k 32 | v 32
+      c.push_back(copy_columns_case(5, 21, 3, 7, to_wide, dt));
+    }
     for (bool rev : {false, true}) c.push_back(replicate_heads_case(5, 2, 4, 80, rev, dt));
     for (DType out : kDTypes)
       for (AdamCall call : {AdamCall::Step, AdamCall::Rollback, AdamCall::Redo})

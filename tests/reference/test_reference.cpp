@@ -203,8 +203,10 @@ TEST_P(ReferenceTest, TenAdamWStepsMatchTorch) {
     const StepResult r = engine->end_step();
     ASSERT_FALSE(r.skipped);
     // After the first step the weights carry AdamW's amplified round-off (below), which the
-    // next gradients see: 3x the bound from then on (seen: 1.3e-5 at step 7 of gpt_oss_window_sinks).
-    EXPECT_NEAR(r.grad_norm, ref_norms[s], tol().grad * (s == 0 ? 1 : 3) * ref_norms[s]) << "step " << s;
+    // next gradients see: 5x the bound from then on (seen at step 7 of gpt_oss_window_sinks:
+    // 1.3e-5 with q, k and v projected by three GEMMs, 3.0e-5 with one, whose dh sums in another
+    // order; step 1, before any update, stays within the bound itself).
+    EXPECT_NEAR(r.grad_norm, ref_norms[s], tol().grad * (s == 0 ? 1 : 5) * ref_norms[s]) << "step " << s;
   }
   for (int64_t s = 0; s < steps; ++s)
     EXPECT_LE(std::abs(losses[s] - ref_losses[s]) / ref_losses[s], tol().train_loss) << "step " << s;

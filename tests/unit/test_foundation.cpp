@@ -509,33 +509,51 @@ TEST(Model, FlopsAndBucketsFollowTheLayout) {
   EXPECT_EQ(buckets.back().ready_unit, 0);  // tied embedding: final only after embedding backward
 }
 
-// A dense MLP's W_gate and W_up follow each other with no padding (one GEMM reads [W_gate; W_up]),
-// whatever their size, and no bucket size separates them; every other parameter stays aligned.
-TEST(Model, GateAndUpAreOneMatrixInOneBucket) {
-  ModelConfig c = ModelConfig::from_hf_file("configs/models/tiny.json");
-  c.intermediate_size = 37;  // I x H not a multiple of the alignment
-  const ParamLayout L = ParamLayout::for_model(c);
-  for (const LayerParamIds& w : L.layers) {
-    ASSERT_EQ(w.up, w.gate + 1);
-    EXPECT_EQ(L.params[w.up].offset, L.params[w.gate].offset + L.params[w.gate].numel);
-  }
-  for (size_t id = 0; id < L.params.size(); ++id) {
-    if (id == 0 || !L.params[id - 1].joined_to_next) {
-      EXPECT_EQ(L.params[id].offset % ParamLayout::kAlign, 0) << id;
+// The runs one GEMM reads as one matrix, a dense MLP's [W_gate; W_up], attention's [W_q; W_k; W_v]
+// and [b_q; b_k; b_v], follow each other with no padding whatever their sizes, and no bucket size
+// separates them; every other parameter stays aligned. With and without attention biases, with
+// q dim != hidden (Seed-OSS) and GQA.
+TEST(Model, JoinedProjectionsAreOneMatrixInOneBucket) {
+  for (bool bias : {false, true}) {
+    ModelConfig c = ModelConfig::from_hf_file("configs/models/tiny.json");
+    c.intermediate_size = 37;  // I x H not a multiple of the alignment
+    c.qkv_bias = bias;
+    c.head_dim = 12;  // q dim = heads x 12 != hidden, kv dim odd multiples: nothing aligned by chance
+    c.num_kv_heads = 1;
+    const ParamLayout L = ParamLayout::for_model(c);
+    std::vector<std::vector<int>> runs;
+    for (const LayerParamIds& w : L.layers) {
+      runs.push_back({w.gate, w.up});
+      runs.push_back({w.q, w.k, w.v});
+      if (bias) runs.push_back({w.q_bias, w.k_bias, w.v_bias});
+      EXPECT_EQ(w.q_bias >= 0, bias);
     }
-  }
-  for (int64_t bucket_size : {1, 5000, 1 << 20}) {
-    const auto buckets = make_buckets(L, bucket_size);
-    std::vector<size_t> bucket_of(L.params.size());
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      for (int id : buckets[b].params) bucket_of[id] = b;
-      if (b > 0) {
-        EXPECT_EQ(buckets[b].end, buckets[b - 1].begin);
+    for (const std::vector<int>& run : runs)
+      for (size_t i = 1; i < run.size(); ++i) {
+        ASSERT_EQ(run[i], run[i - 1] + 1) << L.params[run[0]].name;
+        EXPECT_TRUE(L.params[run[i - 1]].joined_to_next) << L.params[run[i - 1]].name;
+        EXPECT_EQ(L.params[run[i]].offset, L.params[run[i - 1]].offset + L.params[run[i - 1]].numel)
+            << L.params[run[i]].name;
+      }
+    for (size_t id = 0; id < L.params.size(); ++id) {
+      if (id == 0 || !L.params[id - 1].joined_to_next) {
+        EXPECT_EQ(L.params[id].offset % ParamLayout::kAlign, 0) << id;
       }
     }
-    EXPECT_EQ(buckets.front().end, L.total);
-    EXPECT_EQ(buckets.back().begin, 0);
-    for (const LayerParamIds& w : L.layers) EXPECT_EQ(bucket_of[w.gate], bucket_of[w.up]) << "bucket size " << bucket_size;
+    for (int64_t bucket_size : {1, 5000, 1 << 20}) {
+      const auto buckets = make_buckets(L, bucket_size);
+      std::vector<size_t> bucket_of(L.params.size());
+      for (size_t b = 0; b < buckets.size(); ++b) {
+        for (int id : buckets[b].params) bucket_of[id] = b;
+        if (b > 0) {
+          EXPECT_EQ(buckets[b].end, buckets[b - 1].begin);
+        }
+      }
+      EXPECT_EQ(buckets.front().end, L.total);
+      EXPECT_EQ(buckets.back().begin, 0);
+      for (const std::vector<int>& run : runs)
+        for (int id : run) EXPECT_EQ(bucket_of[id], bucket_of[run[0]]) << L.params[id].name << ", bucket size " << bucket_size;
+    }
   }
 }
 

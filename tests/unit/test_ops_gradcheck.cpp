@@ -122,6 +122,33 @@ TEST_F(GradCheck, SwiGLURowsIsTheElementwiseFormPerRowHalf) {
     }
 }
 
+// copy_columns moves a column block between row strides, both ways (the q|k|v split and its
+// gradients' gather), and leaves every other column as it was.
+TEST_F(GradCheck, CopyColumnsMovesOneBlockOfEveryRow) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const int64_t rows = 5, wide = 11, col0 = 3, cols = 6;
+    const auto w = randn(rows * wide, 11), narrow = randn(rows * cols, 12);
+    auto W = test::upload(*be, w, dt), N = test::upload(*be, narrow, dt);
+    auto out = be->alloc(rows * cols * dtype_size(dt), "narrow out");
+    const size_t e = dtype_size(dt);
+    const auto w_stored = test::download(*be, W.data(), rows * wide, dt);  // as the dtype holds them
+    const auto n_stored = test::download(*be, N.data(), rows * cols, dt);
+    ops.copy_columns(s, out.data(), cols, static_cast<char*>(W.data()) + col0 * e, wide, rows, cols, dt);
+    ops.copy_columns(s, static_cast<char*>(W.data()) + col0 * e, wide, N.data(), cols, rows, cols, dt);
+    const auto got_narrow = test::download(*be, out.data(), rows * cols, dt);
+    const auto got_wide = test::download(*be, W.data(), rows * wide, dt);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < wide; ++c) {
+        const bool in_block = c >= col0 && c < col0 + cols;
+        if (in_block) {
+          EXPECT_EQ(got_narrow[r * cols + c - col0], w_stored[r * wide + c]) << dtype_name(dt) << " row " << r;
+        }
+        EXPECT_EQ(got_wide[r * wide + c], in_block ? n_stored[r * cols + c - col0] : w_stored[r * wide + c])
+            << dtype_name(dt) << " row " << r << " col " << c;
+      }
+  }
+}
+
 TEST_F(GradCheck, RopeInverseIsTheTranspose) {
   // rope is linear and orthogonal, so its backward is the inverse rotation: <R, rope(x)> = <rope^-1(R), x>.
   const int64_t T = 5, heads = 3, D = 8;

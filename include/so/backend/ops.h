@@ -309,6 +309,11 @@ class Ops {
 
   virtual void cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) = 0;
 
+  // dst[r][0, cols) = src[r][0, cols) for rows r, consecutive rows dst_stride and src_stride
+  // elements apart (a column block of a wider matrix, to or from one of its own): the q, k and v
+  // split out of the one q|k|v GEMM's rows, and their gradients gathered back into such rows.
+  virtual void copy_columns(Stream& s, void* dst, int64_t dst_stride, const void* src, int64_t src_stride,
+                            int64_t rows, int64_t cols, DType dt) = 0;
   // dst[j][i][:] = src[i][j][:] for src [d0][d1][inner]: the packing around Ulysses all-to-alls.
   virtual void transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
                                 DType dt) = 0;

@@ -117,6 +117,9 @@ class LlamaModel {
   static void layout_buffers(Activations& a, const ModelConfig& cfg, const ModelOptions& opts, int64_t sp_size,
                              Visit&& visit);
   void layer_forward(int l, ParamStore& p, LayerActs& a, const void* x_in, void* x_out);
+  // The one q|k|v projection's rows (Activations::qkv) split into q, k, v, or (to_rows, their
+  // gradients) gathered back.
+  void qkv_columns(void* q, void* k, void* v, bool to_rows);
   void* mlp_gate_up(int l, ParamStore& p, LayerActs& s, int64_t r, int64_t n, bool compute);
   void mlp_forward(int l, ParamStore& p, LayerActs& s, void* x_out);
   void mlp_backward(int l, ParamStore& p, LayerActs& s);

@@ -1,6 +1,6 @@
 #pragma once
 // The decoder's shape, read from a Hugging Face config.json. One decoder serves every family
-// (llama, qwen3, qwen2, mistral, phi3, seed_oss); a family only switches its optional pieces on.
+// (so/model/model_family.h); a family only switches its optional pieces on.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -41,9 +41,6 @@ struct ModelConfig {
   // use_sliding_window, the layers layer_types (or max_window_layers) marks.
   int64_t sliding_window = 0;
   std::vector<bool> sliding_layers;  // [num_layers], or empty: no window anywhere
-  // Phi-3: the checkpoint stores q/k/v as one qkv_proj and gate/up as one gate_up_proj (rows
-  // stacked), split at import and joined at export (ParamLayout::hf_tensors).
-  bool fused_projections = false;
   // The embedding's padding_idx (transformers builds nn.Embedding(vocab, hidden, pad_token_id)):
   // that row gets no gradient from the lookup (a tied lm_head's still reaches it); -1 = none.
   int64_t pad_token_id = -1;

@@ -21,7 +21,8 @@ struct ParamInfo {
   bool is_norm = false;         // RMSNorm weight: initialised to one
   bool is_bias = false;         // projection bias: initialised to zero
   // Laid out right before the next parameter, no padding between, and never in another bucket:
-  // one GEMM reads both as one matrix (a dense MLP's [W_gate; W_up]).
+  // one GEMM reads the run as one matrix (a dense MLP's [W_gate; W_up], attention's [W_q; W_k; W_v] and
+  // its biases).
   bool joined_to_next = false;
 };
 

@@ -30,6 +30,8 @@ template <typename T>
 void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t rows,
                       int64_t dim, bool accumulate);
 void transpose_blocks(void* dst, const void* src, int64_t d0, int64_t d1, size_t inner_bytes);
+// row_bytes of each of rows rows, dst_pitch and src_pitch bytes apart (Ops::copy_columns).
+void copy_columns(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, int64_t rows, size_t row_bytes);
 template <typename T>
 void replicate_heads(T* out, const T* in, int64_t rows, int64_t heads, int64_t copies, int64_t head_dim,
                      bool reverse);

@@ -235,6 +235,11 @@ void transpose_blocks(void* dst, const void* src, int64_t d0, int64_t d1, size_t
     for (int64_t j = 0; j < d1; ++j) std::memcpy(out + (j * d0 + i) * inner_bytes, in + (i * d1 + j) * inner_bytes, inner_bytes);
 }
 
+void copy_columns(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, int64_t rows, size_t row_bytes) {
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, row_bytes);
+}
+
 template <typename T>
 void replicate_heads(T* out, const T* in, int64_t rows, int64_t heads, int64_t copies, int64_t D, bool reverse) {
   for (int64_t r = 0; r < rows; ++r)

@@ -266,6 +266,12 @@ void CpuOps::adam(Stream& s, AdamCall call, const AdamArrays& a, int64_t n, cons
   });
 }
 
+void CpuOps::copy_columns(Stream& s, void* dst, int64_t dst_stride, const void* src, int64_t src_stride,
+                          int64_t rows, int64_t cols, DType dt) {
+  const size_t e = dtype_size(dt);
+  SO_ENQUEUE(s, cpu::copy_columns(dst, dst_stride * e, src, src_stride * e, rows, cols * e));
+}
+
 void CpuOps::transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
                               DType dt) {
   const size_t inner_bytes = static_cast<size_t>(inner) * dtype_size(dt);

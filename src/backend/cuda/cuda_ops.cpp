@@ -269,6 +269,15 @@ void CudaOps::cast(Stream& s, void* dst, DType dst_dt, const void* src, DType sr
   launch_cast(raw(s), dst, dst_dt, src, src_dt, n);
 }
 
+void CudaOps::copy_columns(Stream& s, void* dst, int64_t dst_stride, const void* src, int64_t src_stride,
+                           int64_t rows, int64_t cols, DType dt) {
+  if (rows == 0 || cols == 0) return;
+  const size_t e = dtype_size(dt);
+  SO_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_stride) * e, src, static_cast<size_t>(src_stride) * e,
+                                  static_cast<size_t>(cols) * e, static_cast<size_t>(rows), cudaMemcpyDeviceToDevice,
+                                  raw(s)));
+}
+
 void CudaOps::transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
                                DType dt) {
   launch_transpose_blocks(raw(s), dst, src, d0, d1, inner, dt);

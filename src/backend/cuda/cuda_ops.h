@@ -85,6 +85,8 @@ class CudaOps final : public Ops {
                                float alpha, float limit, DType dt) override;
   void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) override;
   void cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) override;
+  void copy_columns(Stream& s, void* dst, int64_t dst_stride, const void* src, int64_t src_stride, int64_t rows,
+                    int64_t cols, DType dt) override;
   void transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
                         DType dt) override;
   void replicate_heads(Stream& s, void* out, const void* in, int64_t rows, int64_t heads, int64_t copies,
