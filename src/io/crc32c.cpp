@@ -70,19 +70,32 @@ struct LaneShift {  // t[k][b]: the register b << 8k shifted over kLane zero byt
   }
 };
 
+// The instruction's one-word and one-byte steps; the loops below are the same on both machines.
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t crc_hw(const unsigned char* p, size_t n, uint32_t c) {
+#define SO_CRC_TARGET __attribute__((target("sse4.2")))
+SO_CRC_TARGET inline uint64_t crc_word(uint64_t c, uint64_t w) { return __builtin_ia32_crc32di(c, w); }
+SO_CRC_TARGET inline uint32_t crc_byte(uint32_t c, unsigned char b) { return __builtin_ia32_crc32qi(c, b); }
+bool have_hw() { return __builtin_cpu_supports("sse4.2"); }
+#elif defined(__aarch64__)
+#define SO_CRC_TARGET __attribute__((target("+crc")))
+SO_CRC_TARGET inline uint64_t crc_word(uint64_t c, uint64_t w) { return __crc32cd(static_cast<uint32_t>(c), w); }
+SO_CRC_TARGET inline uint32_t crc_byte(uint32_t c, unsigned char b) { return __crc32cb(c, b); }
+bool have_hw() { return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0; }
+#endif
+
+#if defined(SO_CRC_TARGET)
+SO_CRC_TARGET uint32_t crc_hw(const unsigned char* p, size_t n, uint32_t c) {
   uint64_t c64 = c;
   for (; n >= 8; n -= 8, p += 8) {
     uint64_t w;
     std::memcpy(&w, p, 8);
-    c64 = __builtin_ia32_crc32di(c64, w);
+    c64 = crc_word(c64, w);
   }
   c = static_cast<uint32_t>(c64);
-  for (; n > 0; --n, ++p) c = __builtin_ia32_crc32qi(c, *p);
+  for (; n > 0; --n, ++p) c = crc_byte(c, *p);
   return c;
 }
-__attribute__((target("sse4.2"))) uint32_t crc_hw_lanes(const unsigned char* p, size_t n, uint32_t c) {
+SO_CRC_TARGET uint32_t crc_hw_lanes(const unsigned char* p, size_t n, uint32_t c) {
   static const LaneShift shift;
   for (; n >= 3 * kLane; n -= 3 * kLane, p += 3 * kLane) {
     uint64_t c0 = c, c1 = 0, c2 = 0;
@@ -91,43 +104,15 @@ __attribute__((target("sse4.2"))) uint32_t crc_hw_lanes(const unsigned char* p, 
       std::memcpy(&w0, p + i, 8);
       std::memcpy(&w1, p + kLane + i, 8);
       std::memcpy(&w2, p + 2 * kLane + i, 8);
-      c0 = __builtin_ia32_crc32di(c0, w0);
-      c1 = __builtin_ia32_crc32di(c1, w1);
-      c2 = __builtin_ia32_crc32di(c2, w2);
+      c0 = crc_word(c0, w0);
+      c1 = crc_word(c1, w1);
+      c2 = crc_word(c2, w2);
     }
     c = shift(shift(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1)) ^ static_cast<uint32_t>(c2);
   }
   return crc_hw(p, n, c);
 }
-bool have_hw() { return __builtin_cpu_supports("sse4.2"); }
-#elif defined(__aarch64__)
-__attribute__((target("+crc"))) uint32_t crc_hw(const unsigned char* p, size_t n, uint32_t c) {
-  for (; n >= 8; n -= 8, p += 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    c = __crc32cd(c, w);
-  }
-  for (; n > 0; --n, ++p) c = __crc32cb(c, *p);
-  return c;
-}
-__attribute__((target("+crc"))) uint32_t crc_hw_lanes(const unsigned char* p, size_t n, uint32_t c) {
-  static const LaneShift shift;
-  for (; n >= 3 * kLane; n -= 3 * kLane, p += 3 * kLane) {
-    uint32_t c0 = c, c1 = 0, c2 = 0;
-    for (size_t i = 0; i < kLane; i += 8) {
-      uint64_t w0, w1, w2;
-      std::memcpy(&w0, p + i, 8);
-      std::memcpy(&w1, p + kLane + i, 8);
-      std::memcpy(&w2, p + 2 * kLane + i, 8);
-      c0 = __crc32cd(c0, w0);
-      c1 = __crc32cd(c1, w1);
-      c2 = __crc32cd(c2, w2);
-    }
-    c = shift(shift(c0) ^ c1) ^ c2;
-  }
-  return crc_hw(p, n, c);
-}
-bool have_hw() { return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0; }
+#undef SO_CRC_TARGET
 #else
 uint32_t crc_hw_lanes(const unsigned char* p, size_t n, uint32_t c) { return crc_table(p, n, c); }
 bool have_hw() { return false; }

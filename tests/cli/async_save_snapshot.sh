@@ -7,14 +7,8 @@
 # Losses and every tensor of both checkpoints must be identical bit for bit.
 # usage: async_save_snapshot.sh SO_TRAIN WORKDIR [--set key=value ...]
 set -euo pipefail
-python=${SO_PYTHON:?SO_PYTHON is not set: run under ctest, or set it to the interpreter scripts/python_env.sh makes}
-so_train=$1 work=$2
-shift 2
-rm -rf "$work" && mkdir -p "$work"
-# Two runs compared bit for bit: on a CUDA backend attention must be deterministic (not the default).
-common=(--config configs/runs/tiny-demo.json --set data.seq_len=32 --set train_micro_batch_size_per_gpu=4
-        --set backend.deterministic_attention=true
-        --set steps_per_print=1 --set gradient_clipping=0.05 --steps 8 --save-every 4 --keep 3 "$@")
+source "$(dirname "$0")/bit_exact_runs.sh"
+common=("${tiny_run[@]}" --set gradient_clipping=0.05 --steps 8 --save-every 4 --keep 3 "$@")
 "$so_train" "${common[@]}" --async-save off --save-dir "$work/sync" --metrics "$work/sync.jsonl" >/dev/null
 SO_CKPT_TEST_WRITER_DELAY=0.02 "$so_train" "${common[@]}" --async-save on --save-dir "$work/async" \
   --metrics "$work/async.jsonl" >/dev/null
@@ -24,9 +18,6 @@ a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
 assert len(a) == 8 and a == b, f"losses differ:\n sync  {a}\n async {b}"
 PY
 for step in 00000004 00000008; do
-  for group in /model /optim/exp_avg /optim/exp_avg_sq; do
-    h5diff -r "$work/sync/step-$step.h5" "$work/async/step-$step.h5" "$group" "$group" >/dev/null ||
-      { echo "step $step: tensors under $group differ"; exit 1; }
-  done
+  same_tensors "$work/sync/step-$step.h5" "$work/async/step-$step.h5" "step $step"
 done
 echo "async save snapshot: losses and all tensors of both checkpoints identical"

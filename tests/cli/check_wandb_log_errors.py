@@ -13,6 +13,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOG = os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "wandb_log.py")
+sys.path.insert(0, os.path.dirname(HERE))
+from script_checks import check, finish  # noqa: E402
 
 
 def main():
@@ -51,19 +53,14 @@ def main():
         (["--metrics", metrics, "--config", config], {"PYTHONPATH": no_wandb}, "wandb cannot be imported",
          "No module named 'wandb'"),
     ]
-    failures = 0
     for args, env, names, problem in cases:
         r = subprocess.run([sys.executable, LOG] + args + ["--dir", work], capture_output=True, text=True,
                            env=dict(os.environ, WANDB_MODE="offline", **env))
         lines = r.stderr.strip().splitlines()
         ok = (r.returncode == 1 and len(lines) == 1 and lines[0].startswith("wandb_log: ") and names in lines[0]
               and problem in lines[0] and "Traceback" not in r.stderr)
-        print(("ok: " if ok else "FAIL: ") + f"{names}: {r.stderr.strip()[-300:]}")
-        failures += not ok
-    if failures:
-        print(f"{failures} checks failed")
-        sys.exit(1)
-    print("wandb_log bad input: all checks passed")
+        check(ok, f"{names}: {r.stderr.strip()[-300:]}")
+    finish("wandb_log bad input")
 
 
 if __name__ == "__main__":

@@ -7,17 +7,27 @@
 set -uo pipefail
 so_train=$1 python=$2 dir=$3
 rm -rf "$dir" && mkdir -p "$dir"
+# full_disk_run KIB STEPS MONITOR REPORT ARGS...: so_train for STEPS steps with files limited to KIB
+# KiB finishes them and reports MONITOR's failed write once (REPORT, a grep pattern).
 # Ignored, SIGXFSZ lets the write past the limit fail with EFBIG rather than kill the process; the
 # limit applies to regular files only (the log goes to a pipe). PMIx's hash store keeps MPI's
 # start-up off the files it would otherwise write (its ds21 store's lock files).
-out=$(export PMIX_MCA_gds=hash; trap '' XFSZ; ulimit -f 2; "$so_train" --config configs/runs/tiny-demo.json --steps 8 --set data.seq_len=32 \
-        --tensorboard "$dir" 2>&1)
-rc=$?
-echo "$out" | grep -E "tensorboard|^done"
-[ $rc -eq 0 ] || { echo "FAIL: so_train exited $rc"; exit 1; }
-warnings=$(echo "$out" | grep -c "tensorboard: writing .* failed (File too large); no more TensorBoard events are written, training goes on")
-[ "$warnings" -eq 1 ] || { echo "FAIL: $warnings failure reports, want 1"; exit 1; }
-echo "$out" | grep "^done: 8 steps" >/dev/null || { echo "FAIL: the run did not finish its 8 steps"; exit 1; }
+full_disk_run() {
+  local kib=$1 steps=$2 monitor=$3 report=$4 out rc warnings
+  shift 4
+  out=$(export PMIX_MCA_gds=hash; trap '' XFSZ; ulimit -f "$kib"
+        "$so_train" --config configs/runs/tiny-demo.json --steps "$steps" --set data.seq_len=32 "$@" 2>&1)
+  rc=$?
+  echo "$out" | grep -E "$monitor|^done"
+  [ $rc -eq 0 ] || { echo "FAIL: so_train exited $rc"; exit 1; }
+  warnings=$(echo "$out" | grep -c "$report")
+  [ "$warnings" -eq 1 ] || { echo "FAIL: $warnings $monitor failure reports, want 1"; exit 1; }
+  echo "$out" | grep "^done: $steps steps" >/dev/null || { echo "FAIL: the run did not finish its $steps steps"; exit 1; }
+}
+
+full_disk_run 2 8 tensorboard \
+  "tensorboard: writing .* failed (File too large); no more TensorBoard events are written, training goes on" \
+  --tensorboard "$dir"
 "$python" - "$dir/DeepSpeedJobName" <<'PY' || exit 1
 import sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -29,12 +39,6 @@ PY
 
 # csv_monitor: 60 steps of rows pass 1 KiB.
 rm -rf "$dir/csv"
-out=$(export PMIX_MCA_gds=hash; trap '' XFSZ; ulimit -f 1; "$so_train" --config configs/runs/tiny-demo.json --steps 60 \
-        --set data.seq_len=32 --set "csv_monitor={\"enabled\": true, \"output_path\": \"$dir/csv\"}" 2>&1)
-rc=$?
-echo "$out" | grep -E "csv_monitor|^done"
-[ $rc -eq 0 ] || { echo "FAIL: so_train exited $rc"; exit 1; }
-warnings=$(echo "$out" | grep -c "csv_monitor: writing to .* failed; no more CSV rows are written, training goes on")
-[ "$warnings" -eq 1 ] || { echo "FAIL: $warnings csv_monitor failure reports, want 1"; exit 1; }
-echo "$out" | grep "^done: 60 steps" >/dev/null || { echo "FAIL: the run did not finish its 60 steps"; exit 1; }
+full_disk_run 1 60 csv_monitor "csv_monitor: writing to .* failed; no more CSV rows are written, training goes on" \
+  --set "csv_monitor={\"enabled\": true, \"output_path\": \"$dir/csv\"}"
 echo "monitors on a full disk ok"

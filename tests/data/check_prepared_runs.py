@@ -22,16 +22,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
 from check_masked_training import make_data  # noqa: E402
-
-failures = []
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what)
-    if not cond:
-        failures.append(what)
+from script_checks import check, finish  # noqa: E402
 
 
 def config(work, name, model, data, **train):
@@ -178,7 +171,7 @@ def main():
     model, data = make_data(work)
     if len(sys.argv) > 4:  # MPIEXEC: validation under ZeRO-3 over two data-parallel ranks
         check_evaluation(work, so, model, [sys.argv[4], "--oversubscribe", "-np", "2"], 3)
-        finish()
+        finish("prepared runs")
         return
     with h5py.File(data) as f:
         rows = f["train/tokens"].shape[0]
@@ -343,14 +336,7 @@ def main():
     refused(so, ["--config", config(work, "partial", model, data, steps=1), "--data", partial, "--seq-len", "32"],
             r"dataset 'tokens' .* only partly written", "1-D token dataset partly written")
 
-    finish()
-
-
-def finish():
-    if failures:
-        print(f"{len(failures)} checks failed")
-        sys.exit(1)
-    print("prepared runs: all checks passed")
+    finish("prepared runs")
 
 
 if __name__ == "__main__":

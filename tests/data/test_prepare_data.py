@@ -18,6 +18,8 @@ from transformers import AutoTokenizer
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PREPARE = os.path.join(ROOT, "scripts", "prepare_data.py")
+sys.path.insert(0, os.path.dirname(HERE))
+from script_checks import check, finish  # noqa: E402
 
 ALPACA = [
     {"instruction": "Name the sisters.", "input": "", "output": "Elinor and Marianne Dashwood."},
@@ -33,13 +35,6 @@ CHAT = [
     {"messages": [{"role": "user", "content": "Where is Longbourn?"},
                   {"role": "assistant", "content": "In Hertfordshire, sir."}]},
 ]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"FAIL: {what}")
 
 
 class Result:
@@ -468,10 +463,7 @@ def main():
         (ids, m), = documents(f)
     check(ids == tok("It is a truth universally acknowledged.")["input_ids"] + [eos] and all(m), "plain text")
 
-    if failures:
-        print(f"{len(failures)} checks failed")
-        sys.exit(1)
-    print("prepare_data: all checks passed")
+    finish("prepare_data")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@
 #include "src/backend/cuda/cuda_cast.h"
 #include "tests/optimizer_state.h"
 #include "tests/test_util.h"
+#include "tests/tiny_training.h"
 
 namespace so {
 namespace {
@@ -74,14 +75,16 @@ class CudaTraining : public testing::Test {
     bo.type = backend_type;
     bo.deterministic_attention = true;  // the bitwise comparisons need every kernel deterministic
     auto backend = create_backend(bo);
+<<<<<<< HEAD
     ModelOptions mo;
     mo.dtype = dt;
     mo.micro_batch = 4;
     mo.seq_len = 64;
     DecoderModel model(*backend, *cfg_, mo);
+=======
+>>>>>>> s5-dups
     EngineOptions eo;
     eo.dtype = dt;
-    eo.bucket_size = 100000;  // several buckets, so ratio 0.5 splits them
     eo.grad_clip = clip;
     eo.adam.beta2 = 0.95f;
     eo.adam.weight_decay = 0.1f;
@@ -90,9 +93,8 @@ class CudaTraining : public testing::Test {
     eo.offload.rollback = RollbackMode::Exact;
     eo.offload.speculation = Speculation::Always;
     eo.offload.cast_grads = eo.offload.cast_weights = CastSite::Host;
-    Engine engine(*backend, model.layout(), eo, *comm_);
-    engine.init_weights(42, 0.02f);
-    BatchSampler sampler(*tokens_, mo.seq_len, mo.micro_batch, cfg_->vocab_size, 3);
+    test::TinyTraining t(*backend, *cfg_, {.dtype = dt, .micro_batch = 4, .seq_len = 64}, eo, *comm_, *tokens_);
+    auto& [mo, model, engine, sampler] = t;
     RunResult r;
     for (int it = 1; it <= kSteps; ++it) {
       engine.begin_step(kLr);

@@ -27,6 +27,19 @@ struct Result {
   size_t state_bytes = 0;  // parameter, gradient and optimizer state of this rank (device + host)
 };
 
+// How far a run of as many steps is from the reference: the worst relative difference of any
+// step's loss and of any weight tensor.
+struct Distance {
+  double loss = 0, weights = 0;
+};
+Distance distance(const Result& got, const Result& ref) {
+  Distance d;
+  for (size_t s = 0; s < ref.losses.size(); ++s)
+    d.loss = std::max(d.loss, std::abs(got.losses[s] - ref.losses[s]) / ref.losses[s]);
+  d.weights = test::worst_rel_error(got.weights, ref.weights);
+  return d;
+}
+
 struct Mode {
   const char* name;
   const char* offload;  // the zero_optimization.offload_optimizer block
@@ -69,10 +82,7 @@ TEST_P(Distributed, Zero3AndUlyssesMatchOneRank) {
   for (int sp = 1; sp <= world_->size(); sp *= 2) {
     const Result got = run(*world_, sp, GetParam());
     ASSERT_EQ(got.losses.size(), ref.losses.size());
-    double worst_loss = 0;
-    for (size_t s = 0; s < ref.losses.size(); ++s)
-      worst_loss = std::max(worst_loss, std::abs(got.losses[s] - ref.losses[s]) / ref.losses[s]);
-    const double worst_w = test::worst_rel_error(got.weights, ref.weights);
+    const auto [worst_loss, worst_w] = distance(got, ref);
     if (world_->rank() == 0)
       std::printf("[(dp, sp) = (%d, %d), %s] worst loss rel diff %.3e, worst weight tensor rel diff %.3e\n",
                   world_->size() / sp, sp, GetParam().name, worst_loss, worst_w);
@@ -101,10 +111,7 @@ TEST(DistributedStages, EveryStageMatchesOneRankAndKeepsLessAsTheStageRises) {
     for (int stage = 0; stage <= 3; ++stage) {
       const Result got = run(*world, 1, mode, stage, 8);
       ASSERT_EQ(got.losses.size(), ref.losses.size());
-      double worst_loss = 0;
-      for (size_t s = 0; s < ref.losses.size(); ++s)
-        worst_loss = std::max(worst_loss, std::abs(got.losses[s] - ref.losses[s]) / ref.losses[s]);
-      const double worst_w = test::worst_rel_error(got.weights, ref.weights);
+      const auto [worst_loss, worst_w] = distance(got, ref);
       if (world->rank() == 0)
         std::printf("[%s, stage %d, %d ranks] worst loss rel diff %.3e, worst weight rel diff %.3e, state per rank %zu "
                     "bytes (one rank alone: %zu)\n",

@@ -15,11 +15,10 @@ Layout (one group per case, e.g. /b2_0.999_wd_0.1):
 Usage (from the repository root; needs torch and h5py from PyPI):
     python3 tests/reference/make_adamw_fixture.py [--out tests/reference/fixtures/adamw_torch.h5]
 """
-import argparse
-
-import h5py
 import numpy as np
 import torch
+
+from fixture_file import create_fixture, fixture_out
 
 N = 4099           # not a multiple of any vector width: tails are covered
 STEPS = 5
@@ -48,12 +47,9 @@ def run(p0, grads, scales, lr, b1, b2, eps, wd, impl):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="tests/reference/fixtures/adamw_torch.h5")
-    a = ap.parse_args()
+    out = fixture_out(__doc__, "adamw_torch.h5")
     rng = np.random.default_rng(20261123)
-    with h5py.File(a.out, "w") as f:
-        f.attrs["torch_version"] = str(torch.__version__)
+    with create_fixture(out) as f:
         for name, lr, b1, b2, eps, wd, gdt, scales in CASES:
             p0 = (rng.standard_normal(N) * 0.05).astype(np.float32)
             # Gradients with a spread of magnitudes (as real ones have), some exactly zero.
@@ -72,7 +68,7 @@ def main():
                 res = run(p0, grads, scales, lr, b1, b2, eps, wd, impl)
                 for k, arr in res.items():
                     g[f"{impl}/{k}"] = arr
-    print(f"wrote {a.out} (torch {torch.__version__})")
+    print(f"wrote {out} (torch {torch.__version__})")
 
 
 if __name__ == "__main__":

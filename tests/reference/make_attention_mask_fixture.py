@@ -16,16 +16,16 @@ log-sum-exp of each row's scaled, masked scores and the sink).
 Usage (from the repository root, with the project's Python, $SO_PYTHON):
     python tests/reference/make_attention_mask_fixture.py [--out tests/reference/fixtures/attention_mask_torch.h5]
 """
-import argparse
 import types
 
-import h5py
 import numpy as np
 import torch
 import transformers
 from transformers import masking_utils as mu
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_attention
 from transformers.models.llama.modeling_llama import eager_attention_forward as llama_attention
+
+from fixture_file import create_fixture, fixture_out
 
 CASES = [
     # name, B, S, Hq, Hkv, D, documents per row, window, sinks
@@ -104,13 +104,9 @@ def case(rng, B, S, Hq, Hkv, D, docs, window, with_sinks, key_end=None):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="tests/reference/fixtures/attention_mask_torch.h5")
-    a = ap.parse_args()
+    out = fixture_out(__doc__, "attention_mask_torch.h5")
     rng = np.random.default_rng(20261126)
-    with h5py.File(a.out, "w") as f:
-        f.attrs["torch_version"] = str(torch.__version__)
-        f.attrs["transformers_version"] = str(transformers.__version__)
+    with create_fixture(out, transformers) as f:
         for name, B, S, Hq, Hkv, D, docs, window, with_sinks in CASES:
             d, scale = case(rng, B, S, Hq, Hkv, D, docs, window, with_sinks, PADDED_CASES.get(name))
             g = f.create_group(name)

@@ -19,13 +19,12 @@ Layout:
 Usage (from the repository root, with the project's Python, $SO_PYTHON):
     python tests/reference/make_decay_groups_fixture.py [--out tests/reference/fixtures/decay_groups_torch.h5]
 """
-import argparse
-
-import h5py
 import numpy as np
 import torch
 import transformers
 from transformers import Qwen3Config, Qwen3ForCausalLM, Trainer
+
+from fixture_file import create_fixture, fixture_out
 
 STEPS = 10
 LR, BETA1, BETA2, EPS, WEIGHT_DECAY = 1e-2, 0.9, 0.95, 1e-8, 0.1
@@ -53,9 +52,7 @@ def run(model, p0, grads, decayed, max_norm):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="tests/reference/fixtures/decay_groups_torch.h5")
-    a = ap.parse_args()
+    out = fixture_out(__doc__, "decay_groups_torch.h5")
     torch.manual_seed(0)
     cfg = Qwen3Config(**CONFIG)
     model = Qwen3ForCausalLM(cfg).float()
@@ -73,13 +70,11 @@ def main():
     max_norm = float(np.median(norms))
     hf = set(Trainer.get_decay_parameter_names(None, model))
     cases = {"hf_trainer": hf, "no_embedding_decay": hf - {"model.embed_tokens.weight"}}
-    with h5py.File(a.out, "w") as f:
+    with create_fixture(out, transformers) as f:
         f.attrs["config_json"] = cfg.to_json_string()
         for k, v in dict(lr=LR, beta1=BETA1, beta2=BETA2, eps=EPS, weight_decay=WEIGHT_DECAY, max_norm=max_norm).items():
             f.attrs[k] = float(v)
         f.attrs["steps"] = STEPS
-        f.attrs["torch_version"] = str(torch.__version__)
-        f.attrs["transformers_version"] = str(transformers.__version__)
         for n in p0:
             f[f"p0/{n}"], f[f"grads/{n}"] = p0[n], grads[n]
         for case, decayed in cases.items():
@@ -88,7 +83,7 @@ def main():
             for n, (p, m, v) in run(model, p0, grads, decayed, max_norm).items():
                 g[f"p/{n}"], g[f"m/{n}"], g[f"v/{n}"] = p.reshape(-1), m.reshape(-1), v.reshape(-1)
     clipped = sum(x > max_norm for x in norms)
-    print(f"wrote {a.out} (torch {torch.__version__}, transformers {transformers.__version__}); "
+    print(f"wrote {out} (torch {torch.__version__}, transformers {transformers.__version__}); "
           f"{len(hf)} of {len(p0)} tensors decayed by HF Trainer; {clipped} of {STEPS} steps clipped")
 
 

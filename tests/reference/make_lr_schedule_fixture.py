@@ -16,14 +16,14 @@ so_train reads it) and lr (optimizer.params.lr); datasets lr [STEPS] and betas [
 Usage (from the repository root, with the project's Python, $SO_PYTHON):
     python tests/reference/make_lr_schedule_fixture.py [--out tests/reference/fixtures/lr_schedules.h5]
 """
-import argparse
 import json
 import math
 
-import h5py
 import numpy as np
 import torch
 import transformers
+
+from fixture_file import create_fixture, fixture_out
 
 STEPS = 120  # past the end of every schedule: the tails are compared too
 
@@ -88,26 +88,41 @@ class OneCycle:
                 group["betas"] = momentum
 
 
-class WarmupLR:
-    """DeepSpeed's WarmupLR and, with total_num_steps, WarmupDecayLR."""
+class _Warmup:
+    """What DeepSpeed's warmup schedules share: the iteration count, the warmup's length (at least 2)
+    and its shape ("log" or "linear"), and setting the first group's lr from get_lr()."""
 
-    def __init__(self, optimizer, warmup_min_lr=0.0, warmup_max_lr=0.001, warmup_num_steps=1000,
-                 warmup_type="log", total_num_steps=None, last_batch_iteration=-1):
+    def __init__(self, optimizer, warmup_num_steps, warmup_type, total_num_steps, last_batch_iteration):
         self.optimizer = optimizer
-        self.min_lr, self.max_lr = warmup_min_lr, warmup_max_lr
         self.warmup_num_steps = max(2, warmup_num_steps)
         self.warmup_type = warmup_type
         self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
         self.total_num_steps = total_num_steps
         self.last_batch_iteration = last_batch_iteration
+
+    def warmup_fraction(self):  # 0 -> 1 over the warmup
+        if self.warmup_type == "log":
+            return self.inverse_log_warm_up * math.log(self.last_batch_iteration + 1)
+        return self.last_batch_iteration / self.warmup_num_steps
+
+    def step(self):
+        self.last_batch_iteration += 1
+        self.optimizer.param_groups[0]["lr"] = self.get_lr()
+
+
+class WarmupLR(_Warmup):
+    """DeepSpeed's WarmupLR and, with total_num_steps, WarmupDecayLR."""
+
+    def __init__(self, optimizer, warmup_min_lr=0.0, warmup_max_lr=0.001, warmup_num_steps=1000,
+                 warmup_type="log", total_num_steps=None, last_batch_iteration=-1):
+        super().__init__(optimizer, warmup_num_steps, warmup_type, total_num_steps, last_batch_iteration)
+        self.min_lr, self.max_lr = warmup_min_lr, warmup_max_lr
         if last_batch_iteration == -1:
             optimizer.param_groups[0]["lr"] = self.get_lr()
 
     def gamma(self):
         if self.last_batch_iteration < self.warmup_num_steps:
-            if self.warmup_type == "log":
-                return self.inverse_log_warm_up * math.log(self.last_batch_iteration + 1)
-            return self.last_batch_iteration / self.warmup_num_steps
+            return self.warmup_fraction()
         if self.total_num_steps is None:
             return 1.0
         return max(0.0, float(self.total_num_steps - self.last_batch_iteration) /
@@ -118,34 +133,21 @@ class WarmupLR:
             return self.min_lr
         return self.min_lr + (self.max_lr - self.min_lr) * self.gamma()
 
-    def step(self):
-        self.last_batch_iteration += 1
-        self.optimizer.param_groups[0]["lr"] = self.get_lr()
 
-
-class WarmupCosineLR:
+class WarmupCosineLR(_Warmup):
     """DeepSpeed's WarmupCosineLR: ratios of the optimizer's lr."""
 
     def __init__(self, optimizer, total_num_steps, warmup_min_ratio=0.0, warmup_num_steps=1000,
                  cos_min_ratio=0.0001, warmup_type="log", last_batch_iteration=-1):
-        self.optimizer = optimizer
-        self.total_num_steps = total_num_steps
+        super().__init__(optimizer, warmup_num_steps, warmup_type, total_num_steps, last_batch_iteration)
         self.warmup_min_ratio, self.cos_min_ratio = warmup_min_ratio, cos_min_ratio
-        self.warmup_num_steps = max(2, warmup_num_steps)
-        self.warmup_type = warmup_type
-        self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
         self.org_lr = optimizer.param_groups[0]["lr"]
-        self.last_batch_iteration = last_batch_iteration
         if last_batch_iteration == -1:
             optimizer.param_groups[0]["lr"] = self.get_lr()
 
     def ratio(self):
         if self.last_batch_iteration < self.warmup_num_steps:
-            if self.warmup_type == "log":
-                r = self.inverse_log_warm_up * math.log(self.last_batch_iteration + 1)
-            else:
-                r = self.last_batch_iteration / self.warmup_num_steps
-            return self.warmup_min_ratio + r * (1.0 - self.warmup_min_ratio)
+            return self.warmup_min_ratio + self.warmup_fraction() * (1.0 - self.warmup_min_ratio)
         real_last_step = self.last_batch_iteration - self.warmup_num_steps + 1
         real_total_steps = self.total_num_steps - self.warmup_num_steps
         r = (1 + math.cos(math.pi * real_last_step / real_total_steps)) / 2
@@ -155,10 +157,6 @@ class WarmupCosineLR:
         if self.last_batch_iteration < 0:
             return 0.0
         return self.org_lr * self.ratio()
-
-    def step(self):
-        self.last_batch_iteration += 1
-        self.optimizer.param_groups[0]["lr"] = self.get_lr()
 
 
 class LRRangeTest:
@@ -253,18 +251,14 @@ def run(base_lr, section):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="tests/reference/fixtures/lr_schedules.h5")
-    a = ap.parse_args()
-    with h5py.File(a.out, "w") as f:
-        f.attrs["torch_version"] = str(torch.__version__)
-        f.attrs["transformers_version"] = str(transformers.__version__)
+    out = fixture_out(__doc__, "lr_schedules.h5")
+    with create_fixture(out, transformers) as f:
         for name, (base_lr, section) in CASES.items():
             g = f.create_group(name)
             g.attrs["scheduler_json"] = json.dumps(section)
             g.attrs["lr"] = float(base_lr)
             g["lr"], g["betas"] = run(base_lr, section)
-    print(f"wrote {a.out}: {len(CASES)} schedules x {STEPS} steps")
+    print(f"wrote {out}: {len(CASES)} schedules x {STEPS} steps")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ i32 experts [T, k] (transformers' choice, best first).
 Usage (from the repository root, with the project's Python, $SO_PYTHON):
     python tests/reference/make_moe_fixture.py [--out tests/reference/fixtures/moe_torch.h5]
 """
-import argparse
-
 import h5py
 import numpy as np
 import torch
@@ -27,6 +25,8 @@ from transformers.models.gpt_oss.configuration_gpt_oss import GptOssConfig
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
 from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+from fixture_file import fixture_out
 
 CASES = [
     # name, kind, T, H, I, E, k, normalize, hot_expert (every token's first choice, or -1), weight std
@@ -102,11 +102,9 @@ def make_case(kind, T, H, I, E, k, normalize, hot, std, gen):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="tests/reference/fixtures/moe_torch.h5")
-    args = ap.parse_args()
+    out = fixture_out(__doc__, "moe_torch.h5")
     gen = torch.Generator().manual_seed(2028)
-    with h5py.File(args.out, "w") as f:
+    with h5py.File(out, "w") as f:
         for name, kind, T, H, I, E, k, normalize, hot, std in CASES:
             x, dout, params, out, grads, experts = make_case(kind, T, H, I, E, k, normalize, hot, std, gen)
             g = f.create_group(name)

@@ -13,12 +13,11 @@ Layout: one group per case, attrs z_loss, scale (float64); logits f32 [rows, V],
 Usage (from the repository root, with the project's Python, $SO_PYTHON):
     python tests/reference/make_z_loss_fixture.py [--out tests/reference/fixtures/z_loss_torch.h5]
 """
-import argparse
-
-import h5py
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from fixture_file import create_fixture, fixture_out
 
 CASES = [
     # name, rows, V, z_loss, logit std, logit offset (a large offset makes lse, and the z term, large)
@@ -29,12 +28,9 @@ CASES = [
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="tests/reference/fixtures/z_loss_torch.h5")
-    a = ap.parse_args()
+    out = fixture_out(__doc__, "z_loss_torch.h5")
     rng = np.random.default_rng(20261125)
-    with h5py.File(a.out, "w") as f:
-        f.attrs["torch_version"] = str(torch.__version__)
+    with create_fixture(out) as f:
         for name, rows, V, z_loss, std, offset in CASES:
             logits = (rng.standard_normal((rows, V)) * std + offset).astype(np.float32)
             targets = rng.integers(0, V, rows).astype(np.int32)
@@ -53,7 +49,7 @@ def main():
             g["loss"] = np.asarray([loss.item()], np.float64)
             g["dlogits"] = z.grad.numpy().astype(np.float32)
             print(f"{name}: loss {loss.item():.9f} (z-loss part {scale * z_term.item():.9f})")
-    print(f"wrote {a.out}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
 #pragma once
 // Reading the model fixtures make_fixtures.py writes (fixtures/*.h5): the config, the batch
 // shape and the single forward/backward's batch. Shared by test_reference (one rank) and
-// test_reference_sp (Ulysses over two ranks).
+// test_reference_sp (Ulysses over two ranks); the AdamW hyper-parameters also by
+// test_decay_groups_torch.
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "so/io/hdf5_file.h"
+<<<<<<< HEAD
 #include "so/model/decoder_model.h"
+=======
+#include "so/model/decoder_model.h"
+#include "so/optim/adamw.h"
+>>>>>>> s5-dups
 
 namespace so {
 
@@ -26,6 +32,17 @@ inline Fixture open_fixture(const std::string& name) {
   f.B = shape[0];
   f.S = shape[1] - 1;
   return f;
+}
+
+// The AdamW hyper-parameters a fixture keeps as attrs of `group`: beta1, beta2, eps, weight_decay
+// (the lr is given per step).
+inline AdamWParams read_adamw_params(const H5File& f, const std::string& group) {
+  AdamWParams adam;
+  adam.beta1 = f.read_double_attr(group, "beta1");
+  adam.beta2 = f.read_double_attr(group, "beta2");
+  adam.eps = f.read_double_attr(group, "eps");
+  adam.weight_decay = f.read_double_attr(group, "weight_decay");
+  return adam;
 }
 
 inline TokenBatch to_batch(const std::vector<int32_t>& ids, int64_t B, int64_t S) {

@@ -17,6 +17,7 @@
 #include "so/io/hdf5_file.h"
 #include "so/model/decoder_model.h"
 #include "so/train/decay_groups.h"
+#include "tests/reference/reference_fixture.h"
 #include "tests/test_util.h"
 
 namespace so {
@@ -63,11 +64,7 @@ TEST(DecayGroupsVsTorch, TenStepsWithHfTrainerGroupsInEveryOptimizerMode) {
   nlohmann::json config_json;
   config_text >> config_json;
   const ModelConfig cfg = ModelConfig::from_hf_json(config_json, kFixture);
-  AdamWParams adam;
-  adam.beta1 = f.read_double_attr("/", "beta1");
-  adam.beta2 = f.read_double_attr("/", "beta2");
-  adam.eps = f.read_double_attr("/", "eps");
-  adam.weight_decay = f.read_double_attr("/", "weight_decay");
+  const AdamWParams adam = read_adamw_params(f, "/");
   const double lr = f.read_double_attr("/", "lr");
   const auto max_norm = static_cast<float>(f.read_double_attr("/", "max_norm"));
   const auto steps = static_cast<int64_t>(f.read_double_attr("/", "steps"));

@@ -183,11 +183,7 @@ TEST_P(ReferenceTest, LossLogitsAndEveryGradient) {
 
 TEST_P(ReferenceTest, TenAdamWStepsMatchTorch) {
   const H5File& f = fx_->file;
-  AdamWParams adam;
-  adam.beta1 = f.read_double_attr("/train", "beta1");
-  adam.beta2 = f.read_double_attr("/train", "beta2");
-  adam.eps = f.read_double_attr("/train", "eps");
-  adam.weight_decay = f.read_double_attr("/train", "weight_decay");
+  const AdamWParams adam = read_adamw_params(f, "/train");
   const double lr = f.read_double_attr("/train", "lr");
   const float clip = static_cast<float>(f.read_double_attr("/train", "grad_clip"));
   auto engine = make_engine(adam, clip, "/weights");

@@ -141,6 +141,13 @@ int64_t first_bit_difference(const std::vector<float>& a, const std::vector<floa
     EXPECT_EQ(at_, -1) << what << " differs at " << at_ << ": " << (at_ >= 0 ? (a)[at_] : 0.0f) << " vs " \
                        << (at_ >= 0 ? (b)[at_] : 0.0f);                                                \
   } while (0)
+// The weights and both moments of two states equal bit for bit ("WHAT p", "WHAT m", "WHAT v").
+#define EXPECT_SAME_STATE(what, a, b)                      \
+  do {                                                     \
+    EXPECT_SAME_BITS(std::string(what) + " p", (a).p, (b).p); \
+    EXPECT_SAME_BITS(std::string(what) + " m", (a).m, (b).m); \
+    EXPECT_SAME_BITS(std::string(what) + " v", (a).v, (b).v); \
+  } while (0)
 
 // `threads` cores of this process (repeating them on a smaller machine).
 std::vector<int> pool_cores(int threads) {
@@ -186,9 +193,7 @@ TEST_P(KernelTest, StepEqualsTheScalarReferenceBitForBit) {
               State ref = random_state(n, seed), got = ref;
               reference_step(ref, grad.data(), grad_dt, out == Out::None ? nullptr : ref_out.data(), out_dt, hp);
               kernel_step(k(), got, grad.data(), grad_dt, out == Out::None ? nullptr : k_out.data(), out_dt, hp);
-              EXPECT_SAME_BITS("p", got.p, ref.p);
-              EXPECT_SAME_BITS("m", got.m, ref.m);
-              EXPECT_SAME_BITS("v", got.v, ref.v);
+              EXPECT_SAME_STATE("state", got, ref);
               if (out == Out::F32) {
                 EXPECT_EQ(std::memcmp(k_out.data(), ref.p.data(), n * 4), 0) << "fp32 out != p";
               } else if (out == Out::BF16) {
@@ -372,9 +377,7 @@ TEST_P(KernelTest, RollbackEqualsTheScalarRollbackAndIsWithinItsBound) {
       k().rollback(arrays_of(s, grad.data(), grad_dt, out.data(), DType::BF16), n, hp);
       State ref = after;
       scalar.rollback(arrays_of(ref, grad.data(), grad_dt, ref_out.data(), DType::BF16), n, hp);
-      EXPECT_SAME_BITS("rolled-back p", s.p, ref.p);
-      EXPECT_SAME_BITS("rolled-back m", s.m, ref.m);
-      EXPECT_SAME_BITS("rolled-back v", s.v, ref.v);
+      EXPECT_SAME_STATE("rolled-back", s, ref);
       for (int64_t i = 0; i < n; ++i)  // the device copy of the rolled-back weights, in the same pass
         ASSERT_EQ(out[i].bits, expected_bf16(s.p[i], GetParam())) << "rolled-back bf16 out at " << i;
       worst.take(worst_error(s, before, {&before, &after}, gv, hp));
@@ -406,9 +409,7 @@ TEST_P(KernelTest, RedoMatchesADirectStepWithTheFinalScale) {
     k().redo(arrays_of(redone, grad.data(), DType::BF16, out.data(), DType::BF16), n, hp, final_scale);
     State ref = after;
     scalar.redo(arrays_of(ref, grad.data(), DType::BF16), n, hp, final_scale);
-    EXPECT_SAME_BITS("redone p (vs scalar)", redone.p, ref.p);
-    EXPECT_SAME_BITS("redone m (vs scalar)", redone.m, ref.m);
-    EXPECT_SAME_BITS("redone v (vs scalar)", redone.v, ref.v);
+    EXPECT_SAME_STATE("redone (vs scalar)", redone, ref);
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i].bits, expected_bf16(redone.p[i], GetParam())) << i;
     // The moments are exactly those of rollback then step (two passes); p skips 1/decay.
     two_pass = after;
@@ -437,24 +438,18 @@ TEST_P(KernelTest, ExactModeSnapshotsInTheStepAndRestoresOrRedoesBitwise) {
       k().step(arrays_of(spec, grad.data(), grad_dt, nullptr, DType::F32, &snap), n, hp);
       EXPECT_SAME_BITS("step with snapshot: p", spec.p, plain.p);
       EXPECT_SAME_BITS("step with snapshot: m", spec.m, plain.m);
-      EXPECT_SAME_BITS("snapshot p", snap.p, before.p);
-      EXPECT_SAME_BITS("snapshot m", snap.m, before.m);
-      EXPECT_SAME_BITS("snapshot v", snap.v, before.v);
+      EXPECT_SAME_STATE("snapshot", snap, before);
       // Clipped: from the snapshot with the final scale, bitwise a direct step.
       State redone = spec;
       std::vector<bf16> out(n);
       k().redo(arrays_of(redone, grad.data(), grad_dt, out.data(), DType::BF16, &snap), n, hp, final_scale);
       kernel_step(k(), direct, grad.data(), grad_dt, nullptr, DType::F32, clipped);
-      EXPECT_SAME_BITS("exact redo p", redone.p, direct.p);
-      EXPECT_SAME_BITS("exact redo m", redone.m, direct.m);
-      EXPECT_SAME_BITS("exact redo v", redone.v, direct.v);
+      EXPECT_SAME_STATE("exact redo", redone, direct);
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i].bits, expected_bf16(direct.p[i], GetParam())) << i;
       // Skipped: back to the snapshot, bitwise, the device copy written from it.
       State restored = spec;
       k().rollback(arrays_of(restored, grad.data(), grad_dt, out.data(), DType::BF16, &snap), n, hp);
-      EXPECT_SAME_BITS("exact rollback p", restored.p, before.p);
-      EXPECT_SAME_BITS("exact rollback m", restored.m, before.m);
-      EXPECT_SAME_BITS("exact rollback v", restored.v, before.v);
+      EXPECT_SAME_STATE("exact rollback", restored, before);
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i].bits, expected_bf16(before.p[i], GetParam())) << i;
     }
   }
@@ -526,9 +521,7 @@ TEST_P(KernelTest, GraceAdamOnAPoolEqualsOneKernelCall) {
     const AdamArrays arr_b = arrays_of(b, g, DType::BF16, out_b.data(), DType::BF16).from(3);
     k().step(arr_a, n, hp);
     ga.step(arr_b, n, hp);
-    EXPECT_SAME_BITS("p", a.p, b.p);
-    EXPECT_SAME_BITS("m", a.m, b.m);
-    EXPECT_SAME_BITS("v", a.v, b.v);
+    EXPECT_SAME_STATE("state", a, b);
     EXPECT_EQ(std::memcmp(out_a.data(), out_b.data(), out_a.size() * 2), 0);
     k().redo(arr_a, n, hp, 0.25f);
     ga.redo(arr_b, n, hp, 0.25f);

@@ -28,6 +28,7 @@
 #include "so/model/decoder_model.h"
 #include "tests/optimizer_state.h"
 #include "tests/test_util.h"
+#include "tests/tiny_training.h"
 
 namespace so {
 namespace {
@@ -107,25 +108,18 @@ class OffloadEquivalence : public testing::Test {
 
   static RunResult run(const Mode& md, float clip, bool inject_nan) {
     auto backend = create_backend(test::cpu_backend_options());
-    ModelOptions mo;
-    mo.dtype = md.dtype;
-    mo.micro_batch = 2;
-    mo.seq_len = 32;
-    DecoderModel model(*backend, *cfg_, mo);
     EngineOptions eo;
     eo.dtype = md.dtype;
-    eo.bucket_size = 100000;
     eo.grad_clip = clip;
     eo.adam.weight_decay = 0.1;
     eo.offload = md.off;
     eo.accumulation = md.micro_batches;
-    Engine engine(*backend, model.layout(), eo, *comm_);
-    engine.init_weights(42, 0.02f);
+    test::TinyTraining t(*backend, *cfg_, {.dtype = md.dtype, .micro_batch = 2, .seq_len = 32}, eo, *comm_, *tokens_);
+    auto& [mo, model, engine, sampler] = t;
     // The NaN goes into the second bucket in backward order: offloaded whenever any bucket is,
     // and the first bucket has been speculatively stepped by then.
     const Bucket& target = engine.buckets().at(1);
     NanInjector hooks(engine, *backend, target.params.front(), target.ready_unit);
-    BatchSampler sampler(*tokens_, mo.seq_len, mo.micro_batch, cfg_->vocab_size, 3);
 
     RunResult r;
     for (int it = 1; it <= kSteps; ++it) {
@@ -269,19 +263,12 @@ TEST_F(OffloadEquivalence, GradientsSummedOnTheHostAreNoFurtherFromFp64ThanTheDe
     // One step over micro-batches `first`.. of the sampler's sequence; the gradients it read.
     auto grads = [&](const Mode& md, int first, int micro_batches) {
       auto backend = create_backend(test::cpu_backend_options());
-      ModelOptions mo;
-      mo.dtype = dt;
-      mo.micro_batch = 2;
-      mo.seq_len = 32;
-      DecoderModel model(*backend, *cfg_, mo);
       EngineOptions eo;
       eo.dtype = dt;
-      eo.bucket_size = 100000;
       eo.offload = md.off;
       eo.accumulation = micro_batches;
-      Engine engine(*backend, model.layout(), eo, *comm_);
-      engine.init_weights(42, 0.02f);
-      BatchSampler sampler(*tokens_, mo.seq_len, mo.micro_batch, cfg_->vocab_size, 3);
+      test::TinyTraining t(*backend, *cfg_, {.dtype = dt, .micro_batch = 2, .seq_len = 32}, eo, *comm_, *tokens_);
+      auto& [mo, model, engine, sampler] = t;
       for (int skip = 0; skip < first; ++skip) sampler.next();
       engine.begin_step(kLr, micro_batches);
       model.zero_loss();
@@ -355,17 +342,11 @@ TEST_F(OffloadEquivalence, AsyncSnapshotIsTheSavingStepWhileTheOptimizerFinishes
     // the next step.
     auto snapshot = [&](bool overlap) {
       auto backend = create_backend(test::cpu_backend_options());
-      ModelOptions mo;
-      mo.micro_batch = 2;
-      mo.seq_len = 32;
-      DecoderModel model(*backend, *cfg_, mo);
       EngineOptions eo;
-      eo.bucket_size = 100000;
       eo.grad_clip = always_clip;
       eo.offload = md.off;
-      Engine engine(*backend, model.layout(), eo, *comm_);
-      engine.init_weights(42, 0.02f);
-      BatchSampler sampler(*tokens_, mo.seq_len, mo.micro_batch, cfg_->vocab_size, 3);
+      test::TinyTraining t(*backend, *cfg_, {.micro_batch = 2, .seq_len = 32}, eo, *comm_, *tokens_);
+      auto& [mo, model, engine, sampler] = t;
       auto step = [&] {
         engine.begin_step(kLr, 1);
         model.zero_loss();
@@ -418,15 +399,9 @@ TEST_F(OffloadEquivalence, AsyncSnapshotIsTheSavingStepWhileTheOptimizerFinishes
 // verdict is the order (the copy ran while the staging still waited), not a duration.
 TEST_F(OffloadEquivalence, StagedSnapshotInFlightDoesNotDelayLaterDeviceToHostCopies) {
   auto backend = create_backend(test::cpu_backend_options());
-  ModelOptions mo;
-  mo.micro_batch = 2;
-  mo.seq_len = 32;
-  DecoderModel model(*backend, *cfg_, mo);
-  EngineOptions eo;
-  eo.bucket_size = 100000;
-  Engine engine(*backend, model.layout(), eo, *comm_);  // every bucket's state on the device
-  engine.init_weights(42, 0.02f);
-  BatchSampler sampler(*tokens_, mo.seq_len, mo.micro_batch, cfg_->vocab_size, 3);
+  // Default engine options: every bucket's state on the device.
+  test::TinyTraining t(*backend, *cfg_, {.micro_batch = 2, .seq_len = 32}, EngineOptions{}, *comm_, *tokens_);
+  auto& [mo, model, engine, sampler] = t;
   engine.begin_step(kLr, 1);
   model.zero_loss();
   model.forward_backward(sampler.next(), engine, engine, 1.0f / (mo.micro_batch * mo.seq_len), true);

@@ -105,32 +105,29 @@ void swiglu_forward(T* out, const T* gate, const T* up, int64_t n) {
   }
 }
 
-template <typename T>
-void dropout_add(T* x, const T* y, int64_t rows, int64_t cols, const DropoutMask& m) {
+// Calls f(i, kept) for every element i of a [rows x cols] tensor under the mask m.
+template <typename F>
+void for_each_dropout(int64_t rows, int64_t cols, const DropoutMask& m, F f) {
   const uint32_t threshold = m.threshold();
-  const float scale = m.scale();
   for (int64_t r = 0; r < rows; ++r) {
     const uint64_t token = dropout_token(m, m.row0 + r);
-    for (int64_t c = 0; c < cols; ++c) {
-      const int64_t i = r * cols + c;
-      if (dropout_keep(m.key, token, static_cast<uint64_t>(c), threshold))
-        x[i] = from_f32<T>(std::fma(to_f32(y[i]), scale, to_f32(x[i])));
-    }
+    for (int64_t c = 0; c < cols; ++c) f(r * cols + c, dropout_keep(m.key, token, static_cast<uint64_t>(c), threshold));
   }
 }
 
 template <typename T>
-void dropout_backward(T* dy, const T* dx, int64_t rows, int64_t cols, const DropoutMask& m) {
-  const uint32_t threshold = m.threshold();
+void dropout_add(T* x, const T* y, int64_t rows, int64_t cols, const DropoutMask& m) {
   const float scale = m.scale();
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint64_t token = dropout_token(m, m.row0 + r);
-    for (int64_t c = 0; c < cols; ++c) {
-      const int64_t i = r * cols + c;
-      dy[i] = dropout_keep(m.key, token, static_cast<uint64_t>(c), threshold) ? from_f32<T>(to_f32(dx[i]) * scale)
-                                                                               : from_f32<T>(0.0f);
-    }
-  }
+  for_each_dropout(rows, cols, m, [&](int64_t i, bool kept) {
+    if (kept) x[i] = from_f32<T>(std::fma(to_f32(y[i]), scale, to_f32(x[i])));
+  });
+}
+
+template <typename T>
+void dropout_backward(T* dy, const T* dx, int64_t rows, int64_t cols, const DropoutMask& m) {
+  const float scale = m.scale();
+  for_each_dropout(rows, cols, m,
+                   [&](int64_t i, bool kept) { dy[i] = from_f32<T>(kept ? to_f32(dx[i]) * scale : 0.0f); });
 }
 
 template <typename T>

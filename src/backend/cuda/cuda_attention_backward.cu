@@ -316,6 +316,23 @@ struct TcBackwardLayout {
   static constexpr size_t kBytes = kChunk + 4 * 2 * kChunkBytes;
   static_assert(kT0 % 32 == 0 && kTile % 32 == 0 && kChunk % 32 == 0 && kChunkBytes % 32 == 0);
   static_assert(size_t(4) * 16 * kLdo * sizeof(float) <= 2 * kTile, "output staging must fit in two tiles");
+
+  // The regions at those offsets in a block's shared memory, as both kernels name them: the
+  // index map, the K, V, Q and dO tiles, the rows' lse (as log2) and Drow, and this warp's first
+  // chunk (its second follows at + kChunkBytes).
+  struct Regions {
+    float* idx;
+    Bf16 *k, *v, *q, *dout;
+    float *lse2, *drow;
+    Bf16* chunk;
+  };
+  __device__ static Regions regions(unsigned char* smem, int warp) {
+    float* rows = reinterpret_cast<float*>(smem + kRows);
+    return {reinterpret_cast<float*>(smem + kIdx),   reinterpret_cast<Bf16*>(smem + kT0),
+            reinterpret_cast<Bf16*>(smem + kT1),     reinterpret_cast<Bf16*>(smem + kT2),
+            reinterpret_cast<Bf16*>(smem + kT3),     rows,
+            rows + kTcTile,                          reinterpret_cast<Bf16*>(smem + kChunk + 2 * warp * kChunkBytes)};
+  }
 };
 
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major>;
@@ -379,15 +396,8 @@ __global__ void __launch_bounds__(kTcThreads)
   constexpr int kDt = D / 16;
   extern __shared__ __align__(128) unsigned char smem[];
   const int warp = threadIdx.x >> 5;
-  float* sIdx = reinterpret_cast<float*>(smem + L::kIdx);
-  Bf16* sK = reinterpret_cast<Bf16*>(smem + L::kT0);
-  Bf16* sV = reinterpret_cast<Bf16*>(smem + L::kT1);
-  Bf16* sQ = reinterpret_cast<Bf16*>(smem + L::kT2);
-  Bf16* sdO = reinterpret_cast<Bf16*>(smem + L::kT3);
-  float* sLse2 = reinterpret_cast<float*>(smem + L::kRows);
-  float* sDrow = sLse2 + kTcTile;
-  Bf16* sPt = reinterpret_cast<Bf16*>(smem + L::kChunk + 2 * warp * L::kChunkBytes);  // P^T chunk
-  Bf16* sdSt = reinterpret_cast<Bf16*>(smem + L::kChunk + (2 * warp + 1) * L::kChunkBytes);
+  const auto [sIdx, sK, sV, sQ, sdO, sLse2, sDrow, sPt] = L::regions(smem, warp);  // sPt: the P^T chunk
+  Bf16* sdSt = sPt + L::kChunkBytes / sizeof(Bf16);
 
   const int kt = blockIdx.x;  // low key tiles see the most queries and start first
   const int kvh = blockIdx.y;
@@ -462,14 +472,7 @@ __global__ void __launch_bounds__(kTcThreads)
   constexpr int kDt = D / 16;
   extern __shared__ __align__(128) unsigned char smem[];
   const int warp = threadIdx.x >> 5;
-  float* sIdx = reinterpret_cast<float*>(smem + L::kIdx);
-  Bf16* sK = reinterpret_cast<Bf16*>(smem + L::kT0);
-  Bf16* sV = reinterpret_cast<Bf16*>(smem + L::kT1);
-  Bf16* sQ = reinterpret_cast<Bf16*>(smem + L::kT2);
-  Bf16* sdO = reinterpret_cast<Bf16*>(smem + L::kT3);
-  float* sLse2 = reinterpret_cast<float*>(smem + L::kRows);
-  float* sDrow = sLse2 + kTcTile;
-  Bf16* sdS = reinterpret_cast<Bf16*>(smem + L::kChunk + 2 * warp * L::kChunkBytes);
+  const auto [sIdx, sK, sV, sQ, sdO, sLse2, sDrow, sdS] = L::regions(smem, warp);
 
   const int qt = gridDim.x - 1 - blockIdx.x;  // longest causal rows first
   const int h = blockIdx.y;
@@ -549,14 +552,9 @@ void attention_backward(cudaStream_t stream, const AttentionShape& a, const Atte
                         const AttentionInputs& in, const void* out, const float* lse, const void* dout,
                         const AttentionGrads& g, AttentionWorkspace ws) {
   constexpr const char* kWhat = "attention_backward";
-  const DeviceMask dm = device_mask(mask);
-  const int64_t B = a.B, S = a.S, Hq = a.Hq, Hkv = a.Hkv, D = a.D;
-  const float scale = a.scale;
-  const DType dt = in.q.dtype;
-  const void *q = in.q.data, *k = in.k.data, *v = in.v.data;
+  const auto [B, S, Hq, Hkv, D, scale, dt, q, k, v, dm] = checked_call(kWhat, a, mask, in);
   void *dq = g.dq.data, *dk = g.dk.data, *dv = g.dv.data, *dsinks_acc = g.dsinks_acc.data;
   SO_CHECK(mask.sinks == nullptr || dsinks_acc != nullptr, kWhat, ": sinks without a dsinks_acc buffer");
-  check_shape(kWhat, B, S, Hq, Hkv, D);
   if (B == 0 || S == 0) return;
   const size_t needed = attention_backward_workspace_bytes(a, dt);
   SO_CHECK(ws.data != nullptr && ws.bytes >= needed, kWhat, ": workspace of ", ws.bytes, " bytes, need ", needed,
@@ -575,9 +573,7 @@ void attention_backward(cudaStream_t stream, const AttentionShape& a, const Atte
       launch_sink_grad<float>(stream, dsinks_acc, mask.sinks, lse, drow, B, S, Hq);
   }
   if (variant == 2) {
-    const void* ptrs[] = {dq, dk, dv, dout, q, k, v};
-    const char* names[] = {"dq", "dk", "dv", "dout", "q", "k", "v"};
-    for (int i = 0; i < 7; ++i) check_aligned16(ptrs[i], kWhat, names[i]);
+    check_aligned16(kWhat, {{"dq", dq}, {"dk", dk}, {"dv", dv}, {"dout", dout}, {"q", q}, {"k", k}, {"v", v}});
     if (D == 64)
       launch_tc_backward<64>(stream, dq, dk, dv, dout, q, k, v, lse, drow, B, S, Hq, Hkv, scale, dm);
     else

@@ -14,9 +14,11 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "cuda_bf16.cuh"
 #include "cuda_check.h"
@@ -203,6 +205,19 @@ inline void check_shape(const char* what, int64_t B, int64_t S, int64_t Hq, int6
            " Hq=", Hq, ")");
 }
 
+// An entry point's arguments as its launchers take them, the shape checked and the mask on the device.
+struct Call {
+  int64_t B, S, Hq, Hkv, D;
+  float scale;
+  DType dt;
+  const void *q, *k, *v;
+  DeviceMask mask;
+};
+inline Call checked_call(const char* what, const AttentionShape& a, const AttentionMask& m, const AttentionInputs& in) {
+  check_shape(what, a.B, a.S, a.Hq, a.Hkv, a.D);
+  return {a.B, a.S, a.Hq, a.Hkv, a.D, a.scale, in.q.dtype, in.q.data, in.k.data, in.v.data, device_mask(m)};
+}
+
 inline bool tensor_core_supported(int64_t D, DType dt) { return dt == DType::BF16 && (D == 64 || D == 128); }
 
 // 1 (reference) or 2 (tensor core).
@@ -258,9 +273,11 @@ void launch_tiles(void (*kernel)(Params...), const char* name, int tile, int thr
   SO_CUDA_CHECK(cudaGetLastError());
 }
 
-inline void check_aligned16(const void* p, const char* what, const char* name) {
-  SO_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, what, ": the tensor-core kernel needs ", name,
-           " 16-byte aligned");
+// The tensor-core kernels load 16-byte chunks: every tensor they read or write (name, pointer).
+inline void check_aligned16(const char* what, std::initializer_list<std::pair<const char*, const void*>> tensors) {
+  for (const auto& [name, p] : tensors)
+    SO_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, what, ": the tensor-core kernel needs ", name,
+             " 16-byte aligned");
 }
 
 }  // namespace so::cuda::attn

@@ -297,18 +297,10 @@ void launch_tc_forward(cudaStream_t stream, void* out, float* lse, const void* q
 void attention_forward(cudaStream_t stream, const AttentionShape& a, const AttentionMask& mask,
                        const AttentionInputs& in, void* out, float* lse) {
   constexpr const char* kWhat = "attention_forward";
-  const DeviceMask dm = device_mask(mask);
-  const int64_t B = a.B, S = a.S, Hq = a.Hq, Hkv = a.Hkv, D = a.D;
-  const float scale = a.scale;
-  const DType dt = in.q.dtype;
-  const void *q = in.q.data, *k = in.k.data, *v = in.v.data;
-  check_shape(kWhat, B, S, Hq, Hkv, D);
+  const auto [B, S, Hq, Hkv, D, scale, dt, q, k, v, dm] = checked_call(kWhat, a, mask, in);
   if (B == 0 || S == 0) return;
   if (select_variant(kWhat, D, dt) == 2) {
-    check_aligned16(out, kWhat, "out");
-    check_aligned16(q, kWhat, "q");
-    check_aligned16(k, kWhat, "k");
-    check_aligned16(v, kWhat, "v");
+    check_aligned16(kWhat, {{"out", out}, {"q", q}, {"k", k}, {"v", v}});
     if (D == 64)
       launch_tc_forward<64>(stream, out, lse, q, k, v, B, S, Hq, Hkv, scale, dm, mask.sinks);
     else
