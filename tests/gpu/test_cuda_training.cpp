@@ -75,14 +75,6 @@ class CudaTraining : public testing::Test {
     bo.type = backend_type;
     bo.deterministic_attention = true;  // the bitwise comparisons need every kernel deterministic
     auto backend = create_backend(bo);
-<<<<<<< HEAD
-    ModelOptions mo;
-    mo.dtype = dt;
-    mo.micro_batch = 4;
-    mo.seq_len = 64;
-    DecoderModel model(*backend, *cfg_, mo);
-=======
->>>>>>> s5-dups
     EngineOptions eo;
     eo.dtype = dt;
     eo.grad_clip = clip;

@@ -8,12 +8,8 @@
 #include <vector>
 
 #include "so/io/hdf5_file.h"
-<<<<<<< HEAD
-#include "so/model/decoder_model.h"
-=======
 #include "so/model/decoder_model.h"
 #include "so/optim/adamw.h"
->>>>>>> s5-dups
 
 namespace so {
 
