@@ -346,7 +346,12 @@ TEST_F(OffloadEquivalence, AsyncSnapshotIsTheSavingStepWhileTheOptimizerFinishes
       eo.grad_clip = always_clip;
       eo.offload = md.off;
       test::TinyTraining t(*backend, *cfg_, {.micro_batch = 2, .seq_len = 32}, eo, *comm_, *tokens_);
-      auto& [mo, model, engine, sampler] = t;
+      // References, not a structured binding: the lambdas below capture them, which clang before
+      // 16 refuses for bindings.
+      ModelOptions& mo = t.mo;
+      DecoderModel& model = t.model;
+      Engine& engine = t.engine;
+      BatchSampler& sampler = t.sampler;
       auto step = [&] {
         engine.begin_step(kLr, 1);
         model.zero_loss();
