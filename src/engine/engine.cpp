@@ -8,6 +8,7 @@
 #include "so/core/cpu_affinity.h"
 #include "so/core/error.h"
 #include "so/core/random.h"
+#include "so/optim/clip_decision.h"
 
 namespace so {
 
@@ -86,6 +87,13 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
   exp_avg_ = backend.alloc(nd * sizeof(float), "adam exp_avg");
   exp_avg_sq_ = backend.alloc(nd * sizeof(float), "adam exp_avg_sq");
   bucket_sums_ = backend.alloc(nb * sizeof(float), "bucket gradient norms");
+  decides_on_device_ = off.mode == OffloadMode::None;
+  if (decides_on_device_) {
+    // The decision, then this rank's sum and the ranks' sums (doubles, 8-byte aligned after it).
+    decision_ = backend.alloc(sizeof(ClipDecision) + (1 + comm.size()) * sizeof(double), "step validation");
+    decision_host_ = HostBuffer(sizeof(ClipDecision), -1, &backend, "step validation (host copy)", 0, false);
+    decision_copied_ = backend.create_event();
+  }
   for (size_t b = 0; b < nb; ++b) {
     reduced_ev_.push_back(backend.create_event());
     stepped_ev_.push_back(backend.create_event());
@@ -589,6 +597,10 @@ void Engine::with_frozen(size_t b, const FrozenReader& read) {
 // ---- the step ---------------------------------------------------------------------------------
 
 void Engine::begin_step(double lr, int micro_batches, std::optional<std::pair<double, double>> betas) {
+  begin_step([lr, betas](int64_t) { return StepHyperparameters{lr, betas}; }, micro_batches);
+}
+
+void Engine::begin_step(StepSchedule schedule, int micro_batches) {
   SO_CHECK(micro_batches > 0, "engine: a step needs at least one micro-batch, got ", micro_batches);
   SO_CHECK(micro_batches == 1 || accumulate_on_host_ || ring_buf_.bytes() == 0, "engine: ", micro_batches,
            " micro-batches in a step of an engine built for ", opts_.accumulation,
@@ -598,10 +610,11 @@ void Engine::begin_step(double lr, int micro_batches, std::optional<std::pair<do
   micro_done_ = 0;
   in_backward_ = false;
   timeline_.begin_forward(iteration_);
-  spec_hp_ = opts_.adam;
-  spec_hp_.lr = lr;
-  if (betas) spec_hp_.beta1 = betas->first, spec_hp_.beta2 = betas->second;
-  spec_hp_.step = steps_ + 1;
+  schedule_ = std::move(schedule);
+  hyperparameters_fixed_ = false;
+  // CPU steps (and SuperOffload's speculation) start during backward: they need the step's
+  // hyperparameters now, and the previous step was decided on the host, so they are known.
+  if (offload_) fix_step_hyperparameters();
   speculating_ = opts_.offload.mode == OffloadMode::SuperOffload &&
                  (opts_.offload.speculation == Speculation::Always || !last_step_redone_);
   speculative_steps_ += speculating_;
@@ -614,6 +627,17 @@ void Engine::begin_step(double lr, int micro_batches, std::optional<std::pair<do
                        backend_.stream(StreamKind::Comm));
   std::fill(full_grads_zeroed_.begin(), full_grads_zeroed_.end(), 0);
   std::fill(grads_touched_.begin(), grads_touched_.end(), 0);
+}
+
+void Engine::fix_step_hyperparameters() {
+  if (hyperparameters_fixed_) return;
+  resolve_step();
+  const StepHyperparameters h = schedule_(steps_);
+  spec_hp_ = opts_.adam;
+  spec_hp_.lr = h.lr;
+  if (h.betas) spec_hp_.beta1 = h.betas->first, spec_hp_.beta2 = h.betas->second;
+  spec_hp_.step = steps_ + 1;
+  hyperparameters_fixed_ = true;
 }
 
 void Engine::wait_stepped_weights(size_t b) {
@@ -797,7 +821,7 @@ void Engine::complete_bucket(size_t b, bool first_micro, bool last_micro) {
 }
 
 void Engine::device_adam(size_t b, AdamCall call, const AdamWParams& hp, float final_scale, const float* guard,
-                         const char* what) {
+                         const char* what, const ClipDecision* decision) {
   Stream& comm = backend_.stream(StreamKind::Comm);
   // Guarded passes (speculative steps, their redo and rollback) keep or use the exact-rollback
   // snapshot; a plain step writes every element whatever the gradients.
@@ -805,56 +829,75 @@ void Engine::device_adam(size_t b, AdamCall call, const AdamWParams& hp, float f
   change_state(b, iteration_, device_arrays(b, guarded), !guarded, &comm, [&](const AdamArrays& a) {
     timeline_.stream_span(comm, Lane::Comm, str_cat(what, b), iteration_, [&] {
       for_each_decay_run(decay_runs_[b], a, hp, [&](const AdamArrays& run, int64_t n, const AdamWParams& run_hp) {
-        backend_.ops().adam(comm, call, run, n, run_hp, final_scale, guard);
+        backend_.ops().adam(comm, call, run, n, run_hp, final_scale, guard, decision);
       });
     });
   });
 }
 
-StepResult Engine::end_step() {
+void Engine::end_step() {
   SO_CHECK(micro_done_ == micro_batches_, "engine: end_step after ", micro_done_, " of ", micro_batches_,
            " backward passes");
   timeline_.end_backward();
   timeline_.mark_compute("optimizer (validation)");
+  fix_step_hyperparameters();  // on the device path, the previous step's result is read here (long done)
+  Stream& comm = backend_.stream(StreamKind::Comm);
+  if (decides_on_device_) {
+    // Nothing comes back to the host before the optimizer launches: the decision is made on the
+    // comm stream behind the bucket sums, and each bucket's AdamW reads it there. The host
+    // learns the result later (resolve_step).
+    decide_on_device();
+    const auto* decision = decision_.as<ClipDecision>();
+    for (size_t b : forward_order_) {
+      device_adam(b, AdamCall::Step, spec_hp_, 1.0f, nullptr, "adam (device) b", decision);
+      backend_.record(*stepped_ev_[b], comm);
+    }
+    ended_[0] = ended_[1];
+    ended_[1] = {iteration_, StepResult{}};
+    ended_[1].result.lr = spec_hp_.lr;
+    result_pending_ = true;
+    invalidate_gathered();  // stages 1-2: every bucket is gathered again after its update
+    return;
+  }
   Stream& s = backend_.stream(StreamKind::Compute);
   const size_t nb = buckets_.size();
   const size_t first = first_device_sum_;
   for (size_t b = first; b < nb; ++b) backend_.wait(s, *reduced_ev_[b]);
 
   // Per-bucket sums of squares of this rank's gradients, added in bucket order so every mode
-  // computes the same norm, then summed over ranks: the device buckets' and the last offloaded
-  // ones' here (those became ready in the first layer's backward or the embedding's: waiting for
-  // their copy to the host and the CPU's sum would put both on the critical path; the op computes
-  // the same float), the other offloaded ones' by the CPU as their gradients arrived.
+  // computes the same norm, then over ranks in rank order (clip_decision.h): the device buckets'
+  // and the last offloaded ones' here (those became ready in the first layer's backward or the
+  // embedding's: waiting for their copy to the host and the CPU's sum would put both on the
+  // critical path; the op computes the same float), the other offloaded ones' by the CPU as their
+  // gradients arrived.
   std::vector<float> sums(nb, 0.0f);
   if (nb > first) {  // computed in after_backward, beside the compute stream
     backend_.copy_d2h(sums.data() + first, bucket_sums_.data(), (nb - first) * sizeof(float), s);
     backend_.synchronize(s);
   }
-  if (offload_) {
-    const std::vector<float> host = offload_->sums(first);
-    std::copy(host.begin(), host.end(), sums.begin());
-  }
-  double sumsq = 0.0;
-  for (float x : sums) sumsq += x;
-  // Each rank holds its shard of the reduced gradients: sum over ranks (a non-finite value anywhere
-  // stays non-finite). Stage 0 ranks hold all of them already.
-  if (shards_.sharded()) comm_.all_reduce_sum(&sumsq, 1);
-
+  const std::vector<float> host = offload_->sums(first);
+  std::copy(host.begin(), host.end(), sums.begin());
+  // Each rank holds its shard of the reduced gradients: every rank's sum, each exact in its own
+  // slot (the others add zeros), so all ranks add them in the same order. Stage 0 ranks hold all
+  // of them already.
+  const int ranks = shards_.sharded() ? comm_.size() : 1;
+  std::vector<double> rank_sums(static_cast<size_t>(ranks), 0.0);
+  rank_sums[shards_.sharded() ? comm_.rank() : 0] = sum_in_order(sums.data(), static_cast<int64_t>(nb));
+  if (shards_.sharded()) comm_.all_reduce_sum(rank_sums.data(), ranks);
+  const ClipDecision d = decide_clip(rank_sums.data(), ranks, opts_.grad_clip);
   StepResult r;
-  r.grad_norm = std::sqrt(sumsq);
-  r.skipped = !std::isfinite(r.grad_norm);
-  // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied only when < 1.
-  if (!r.skipped && opts_.grad_clip > 0.0f)
-    r.clip_coef = static_cast<float>(std::min(1.0, opts_.grad_clip / (r.grad_norm + 1e-6)));
-  if (offload_) offload_->finish_step(StepDecision{r.skipped, r.clip_coef});
-  last_step_redone_ = r.skipped || r.clip_coef < 1.0f;
+  r.grad_norm = d.grad_norm;
+  r.skipped = d.skipped != 0;
+  r.clip_coef = d.clip_coef;
+  r.lr = spec_hp_.lr;
+  ended_[0] = ended_[1];
+  ended_[1].iteration = iteration_;
+  offload_->finish_step(StepDecision{r.skipped, r.clip_coef});
   // The device buckets, as the offloaded ones, in the order the next forward reads them, beside
   // the compute stream (which waits per bucket before reading its weights, and zeroes the other
   // gradients meanwhile): speculated ones are left alone, redone with the clip coefficient or rolled
   // back (one pass each; a bucket whose own gradients were not finite was never stepped, and its
   // guard skips these calls too); the others are stepped now.
-  Stream& comm = backend_.stream(StreamKind::Comm);
   for (size_t b : forward_order_) {
     if (b < first_device_bucket_) continue;
     const float* guard = bucket_sums_.as<float>() + (b - first);
@@ -870,12 +913,55 @@ StepResult Engine::end_step() {
     }
     backend_.record(*stepped_ev_[b], comm);
   }
-  if (!r.skipped) ++steps_;
+  apply_result(r);
   invalidate_gathered();  // stages 1-2: every bucket is gathered again after its update
   // ZeRO-Offload's step is synchronous, as in DeepSpeed: every bucket's weights are back on the
   // device before the next forward starts.
   if (opts_.offload.mode == OffloadMode::ZeroOffload) offload_->drain();
-  return r;
+}
+
+void Engine::decide_on_device() {
+  Stream& comm = backend_.stream(StreamKind::Comm);
+  auto* decision = decision_.as<ClipDecision>();
+  auto* rank_sum = reinterpret_cast<double*>(decision + 1);
+  double* rank_sums = rank_sum + 1;
+  const int ranks = shards_.sharded() ? comm_.size() : 1;
+  timeline_.stream_span(comm, Lane::Comm, "validation", iteration_, [&] {
+    backend_.ops().sum_in_order(comm, rank_sum, bucket_sums_.as<float>(), static_cast<int64_t>(buckets_.size()));
+    // The ranks' sums gathered as they are (two fp32 words per double: a gather moves bits and
+    // adds nothing), then added in rank order, as the host's decision adds them.
+    if (shards_.sharded()) comm_.all_gather(comm, rank_sums, rank_sum, 2, DType::F32);
+    backend_.ops().clip_decision(comm, decision, shards_.sharded() ? rank_sums : rank_sum, ranks, opts_.grad_clip);
+  });
+  backend_.copy_d2h(decision_host_.data(), decision, sizeof(ClipDecision), comm);
+  backend_.record(*decision_copied_, comm);
+}
+
+void Engine::resolve_step() {
+  if (!result_pending_) return;
+  backend_.synchronize(*decision_copied_);
+  const ClipDecision& d = *decision_host_.as<ClipDecision>();
+  StepResult r = ended_[1].result;
+  r.grad_norm = d.grad_norm;
+  r.skipped = d.skipped != 0;
+  r.clip_coef = d.clip_coef;
+  result_pending_ = false;
+  apply_result(r);
+}
+
+void Engine::apply_result(StepResult r) {
+  last_step_redone_ = r.skipped || r.clip_coef < 1.0f;
+  if (!r.skipped) ++steps_;
+  r.steps_taken = steps_;
+  ended_[1].result = r;
+}
+
+StepResult Engine::step_result(int64_t iteration) {
+  resolve_step();
+  for (const EndedStep& e : ended_)
+    if (e.iteration == iteration && iteration > 0) return e.result;
+  throw Error(str_cat("engine: the result of step ", iteration, " is not kept (steps ", ended_[0].iteration, " and ",
+                      ended_[1].iteration, " are)"));
 }
 
 void Engine::settle_weights() {

@@ -306,10 +306,11 @@ DecoderModel::DecoderModel(Backend& backend, const ModelConfig& cfg, const Model
     aux_sums_ = backend.alloc(2 * E * sizeof(double), "load-balancing loss sums");  // zeroed
     aux_dprob_ = backend.alloc(E * sizeof(float), "load-balancing loss gradient");
   }
-  expert_tokens_.resize(static_cast<size_t>(cfg.num_layers));
   if (!moe_.empty())
     expert_counts_ = backend.alloc(static_cast<size_t>(cfg.num_layers * cfg.moe.experts) * sizeof(int64_t),
                                    "tokens per expert");  // zeroed
+  figures_host_ = HostBuffer(expert_counts_.bytes() + sizeof(float), -1, &backend, "step figures (host copy)", 0, false);
+  figures_copied_ = backend.create_event();
   backend.synchronize(stream_);  // the host copies go away
   a.uploaded = backend.create_event();
   backend.record(*a.uploaded, stream_);
@@ -418,16 +419,28 @@ void DecoderModel::zero_expert_tokens() {
   if (expert_counts_) backend_.memset_zero(expert_counts_.data(), expert_counts_.bytes(), stream_);
 }
 
-const std::vector<std::vector<int64_t>>& DecoderModel::expert_tokens() {
-  if (!expert_counts_) return expert_tokens_;  // no MoE layer: every list empty
+void DecoderModel::queue_step_figures() {
+  SO_CHECK(!figures_queued_, "model: queue_step_figures while the last queued figures are unread");
+  const size_t counts = expert_counts_.bytes();
+  if (counts > 0) backend_.copy_d2h(figures_host_.data(), expert_counts_.data(), counts, stream_);
+  backend_.copy_d2h(figures_host_.as<char>() + counts, acts_->loss.data(), sizeof(float), stream_);
+  backend_.record(*figures_copied_, stream_);
+  figures_queued_ = true;
+}
+
+DecoderModel::StepFigures DecoderModel::step_figures() {
+  SO_CHECK(figures_queued_, "model: step_figures without queue_step_figures");
+  backend_.synchronize(*figures_copied_);
+  figures_queued_ = false;
+  StepFigures f;
+  const int64_t* counts = figures_host_.as<int64_t>();
+  std::memcpy(&f.loss, figures_host_.as<char>() + expert_counts_.bytes(), sizeof(float));
+  f.expert_tokens.resize(static_cast<size_t>(cfg_.num_layers));
   const int64_t E = cfg_.moe.experts;
-  std::vector<int64_t> counts(static_cast<size_t>(cfg_.num_layers * E));
-  backend_.copy_d2h(counts.data(), expert_counts_.data(), counts.size() * sizeof(int64_t), stream_);
-  backend_.synchronize(stream_);
-  for (int64_t l = 0; l < cfg_.num_layers; ++l)
-    if (moe_of_layer_[l] >= 0)
-      expert_tokens_[static_cast<size_t>(l)].assign(counts.begin() + l * E, counts.begin() + (l + 1) * E);
-  return expert_tokens_;
+  if (expert_counts_)
+    for (int64_t l = 0; l < cfg_.num_layers; ++l)
+      if (moe_of_layer_[l] >= 0) f.expert_tokens[static_cast<size_t>(l)].assign(counts + l * E, counts + (l + 1) * E);
+  return f;  // the load-balancing loss included (aux_loss_forward)
 }
 
 void DecoderModel::zero_loss() { backend_.memset_zero(acts_->loss.data(), sizeof(float), stream_); }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -246,15 +247,16 @@ void announce(Run& run, const TrainOptions& opts) {
                      " MFLOP/token, forward and backward, attention counted causally; the non-causal MFU beside it)"));
 }
 
-// What one step did.
+// What one step did. What the device computed (the loss, the expert counts, the optimizer's
+// result) is read by read_figures, normally after the next step's work is enqueued (figures_due).
 struct StepOutcome {
   int64_t step = 0;
   double loss = 0.0;  // the global mean over the step's supervised tokens (train.loss_normalization)
   int64_t supervised_tokens = 0;
-  double lr = 0.0;
   StepResult result;
   int64_t samples_before = 0, samples_after = 0;
   std::vector<std::vector<double>> expert_tokens;  // [layer][expert], summed over ranks (StepMetrics::moe)
+  StepMetrics metrics;  // what was known as the step ended: its evaluation (when due) and memory
 };
 
 // StepMetrics' expert figures from tokens per [layer][expert] (a dense layer's list empty).
@@ -270,16 +272,22 @@ void expert_token_metrics(const std::vector<std::vector<double>>& tokens, StepMe
   }
 }
 
-// Forward and backward over every micro-batch, then the optimizer step. The previous step's log
-// line is written in between: its timing is complete once this step's forward has run.
-StepOutcome take_step(Run& run, int64_t step, const TrainOptions& opts, StepLog& log) {
+// Forward and backward over every micro-batch, then the optimizer step, all enqueued without
+// waiting for the device; `before_log` runs once they are (it reads the previous step's figures
+// when those were left for later). The previous step's log line is written then: its timing is
+// complete once this step's forward has run.
+StepOutcome take_step(Run& run, int64_t step, const TrainOptions& opts, StepLog& log,
+                      const std::function<void()>& before_log) {
   Engine& engine = *run.engine;
   StepOutcome out;
   out.step = step;
   if (step == opts.profile_first) run.backend->profile_range(true);
-  out.lr = run.cfg.schedule.lr_at(engine.steps_taken());
   out.samples_before = run.state.data_position;
-  engine.begin_step(out.lr, static_cast<int>(run.batch.accumulation), run.cfg.schedule.betas_at(engine.steps_taken()));
+  // The step's learning rate follows the optimizer steps applied before it, which the engine knows
+  // by the time it launches this step's optimizer (the previous step may still be validating now).
+  const LrSchedule& schedule = run.cfg.schedule;
+  engine.begin_step([&schedule](int64_t taken) { return StepHyperparameters{schedule.lr_at(taken), schedule.betas_at(taken)}; },
+                    static_cast<int>(run.batch.accumulation));
   run.model->zero_loss();
   run.model->zero_expert_tokens();
   // Every rank's loss is scaled by the step's supervised tokens (train.loss_normalization) and
@@ -300,18 +308,38 @@ StepOutcome take_step(Run& run, int64_t step, const TrainOptions& opts, StepLog&
     sample += run.groups.dp_size * run.batch.micro;
   }
   out.samples_after = sample;
-  out.loss = run.model->read_loss();
+  engine.end_step();
+  if (step == opts.profile_last) run.backend->profile_range(false);
+  run.state.iteration = step;
+  // Between steps again: the previous step's figures are read (a failure there saves this step's
+  // state), then this step's are queued (one host copy at a time), before anything else touches
+  // the loss and the expert counts.
+  before_log();
+  run.model->queue_step_figures();
+  log.write_held(engine.timeline());
+  return out;
+}
+
+// Reads what the device computed for the step (waiting for those copies only): the loss and the
+// expert counts, summed over the ranks, and the optimizer's result.
+void read_figures(Run& run, StepOutcome& out) {
+  DecoderModel::StepFigures f = run.model->step_figures();
+  out.loss = f.loss;
   run.comm().all_reduce_sum(&out.loss, 1);
-  for (const std::vector<int64_t>& layer : run.model->expert_tokens()) {
+  for (const std::vector<int64_t>& layer : f.expert_tokens) {
     out.expert_tokens.emplace_back(layer.begin(), layer.end());
     // Every rank reduces the same layers (its model is the same): one sum per MoE layer.
     if (!layer.empty()) run.comm().all_reduce_sum(out.expert_tokens.back().data(), static_cast<int>(layer.size()));
   }
-  log.write_held(engine.timeline());
-  out.result = engine.end_step();
-  if (step == opts.profile_last) run.backend->profile_range(false);
-  run.state.iteration = step;
-  return out;
+  out.result = run.engine->step_result(out.step);
+}
+
+// Whether a step's figures are read as it ends rather than after the next step's work is enqueued:
+// a checkpoint is due (its log follows the step's warnings, as always), the run ends, or the step
+// could stop the run (the loop's health check then stops it at this step, before another is applied).
+bool figures_due(const Run& run, int64_t step, const TrainOptions& opts, const StepGuard& guard) {
+  return step == run.steps || (!opts.save_dir.empty() && opts.save_every > 0 && step % opts.save_every == 0) ||
+         guard.stops_if_skipped();
 }
 
 // Evaluation on the validation split every train.eval_every steps and at the last step, into m.
@@ -325,20 +353,24 @@ void evaluate_if_due(Run& run, int64_t step, StepMetrics& m) {
   m.evaluated = true, m.eval_loss = e.loss, m.eval_perplexity = e.perplexity, m.eval_tokens = e.supervised_tokens;
 }
 
+// As the step ends, before the next one changes anything: its evaluation when due, and memory.
+void close_step(Run& run, StepOutcome& out) {
+  evaluate_if_due(run, out.step, out.metrics);
+  const MemoryStats mem = run.backend->memory_stats();
+  out.metrics.mem_mib = mib(mem.in_use);
+  out.metrics.peak_mem_mib = mib(mem.peak);
+}
+
 // The step into the log (held until its timing is known), the CSV monitor and the run's summary.
 void record_step(Run& run, const StepOutcome& out, StepLog& log, CsvMonitor& csv, TrainSummary& summary) {
-  StepMetrics m;
+  StepMetrics m = out.metrics;
   m.step = out.step;
   m.loss = static_cast<float>(out.loss);
-  m.lr = out.lr;
+  m.lr = out.result.lr;
   m.grad_norm = out.result.grad_norm;
   m.skipped = out.result.skipped;
   m.supervised_tokens = out.supervised_tokens;
-  evaluate_if_due(run, out.step, m);
   expert_token_metrics(out.expert_tokens, m);
-  const MemoryStats mem = run.backend->memory_stats();
-  m.mem_mib = mib(mem.in_use);
-  m.peak_mem_mib = mib(mem.peak);
   log.hold(m);
 
   summary.clipped_steps += !out.result.skipped && out.result.clip_coef < 1.0f;
@@ -347,7 +379,7 @@ void record_step(Run& run, const StepOutcome& out, StepLog& log, CsvMonitor& csv
   summary.last_loss = static_cast<float>(out.loss);
   summary.losses.push_back(out.loss);
   summary.steps = out.step;
-  csv.step_events(out.samples_before, out.loss, out.samples_after, run.cfg.schedule.lr_at(run.engine->steps_taken()));
+  csv.step_events(out.samples_before, out.loss, out.samples_after, run.cfg.schedule.lr_at(out.result.steps_taken));
 }
 
 // A run that diverged or whose evaluation failed stops with an error, its state saved first when
@@ -394,25 +426,44 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
   StepGuard guard(cfg.nan_policy);
   TrainSummary summary;
 
-  for (int64_t step = first_step; step <= run.steps; ++step) {
-    // Step.
-    const StepOutcome out = take_step(run, step, opts, log);
-    // Log (and evaluate when due: a failure there costs none of the steps trained).
+  // A step's figures are read one step late (figures_due says when not): meanwhile the host
+  // enqueues the next step, and the device never drains between steps.
+  std::optional<StepOutcome> unread;
+  auto conclude = [&](StepOutcome& out) {
+    read_figures(run, out);
+    // Log (a failure there costs none of the steps trained).
     try {
       record_step(run, out, log, csv, summary);
     } catch (const std::exception& e) {
-      stop_saving(run, saves, log, str_cat("step ", step, " was trained, then: ", e.what()));
+      stop_saving(run, saves, log, str_cat("step ", out.step, " was trained, then: ", e.what()));
     }
     // Health: loss spikes reported, a diverged run stopped.
-    const StepGuard::Verdict verdict = guard.observe(step, out.loss, out.result.skipped);
+    const StepGuard::Verdict verdict = guard.observe(out.step, out.loss, out.result.skipped);
     if (run.lead() && !verdict.warning.empty()) log_warn(verdict.warning);
     if (!verdict.stop.empty()) stop_saving(run, saves, log, verdict.stop);
+  };
+  for (int64_t step = first_step; step <= run.steps; ++step) {
+    // Step.
+    StepOutcome out = take_step(run, step, opts, log, [&] {
+      if (unread) conclude(*unread), unread.reset();
+    });
+    // Evaluate when due: a failure there costs none of the steps trained.
+    try {
+      close_step(run, out);
+    } catch (const std::exception& e) {
+      stop_saving(run, saves, log, str_cat("step ", step, " was trained, then: ", e.what()));
+    }
+    if (figures_due(run, step, opts, guard))
+      conclude(out);
+    else
+      unread = std::move(out);
     // Save (and stop on a termination signal).
     if (saves.after_step(step, run.state)) {
       summary.stopped_by_signal = true;
       break;
     }
   }
+  if (unread) conclude(*unread);  // stopped by a signal
 
   // Finish: the final state saved when asked (--save-at-end, unless the last step saved it), the
   // last save committed, the optimizer drained, the last step logged.

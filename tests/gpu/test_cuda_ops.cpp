@@ -16,6 +16,7 @@
 #include <iterator>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -633,6 +634,27 @@ OpCase sum_squares_case(int64_t n, float poison, DType dt) {
           }};
 }
 
+// Bitwise: a step validated on the device must be decided as the host decides it (clip_decision.h):
+// this rank's bucket sums added in order, then the ranks' sums (the others given) in rank order;
+// clipped, unclipped and unclipping (max_norm 0), and a NaN or infinite bucket sum (skipped).
+OpCase clip_decision_case(int ranks, float max_norm, float poison) {
+  return {case_name("clip_decision", "ranks", ranks, "max", max_norm, std::isnan(poison) ? "nan" : std::isinf(poison) ? "inf" : ""),
+          [=](OpRun& r) {
+            constexpr int64_t kBuckets = 37;
+            std::vector<float> sums = normal(kBuckets, 40);
+            for (float& x : sums) x = 3.0f * x * x;
+            if (poison != 0.0f) sums[11] = poison;
+            std::vector<double> rank_sums(static_cast<size_t>(ranks), std::numeric_limits<double>::quiet_NaN());
+            for (int k = 1; k < ranks; ++k) rank_sums[k] = 17.25 * k + 1.0 / 3.0;
+            auto* all = const_cast<double*>(r.doubles(rank_sums));
+            r.ops().sum_in_order(r.s(), all, static_cast<const float*>(r.in(sums, DType::F32)), kBuckets);
+            auto* d = static_cast<ClipDecision*>(r.out(sizeof(ClipDecision) / 4, DType::F32));
+            r.ops().clip_decision(r.s(), d, all, ranks, max_norm);
+            r.expect("rank sums", all, 2 * ranks, DType::F32, OpClass::Exact);  // doubles as fp32 word pairs
+            r.expect("decision", d, sizeof(ClipDecision) / 4, DType::F32, OpClass::Exact);
+          }};
+}
+
 // Values spanning the range plus the special cases of rounding: NaN, infinities, signed zero,
 // subnormals, exact ties between two bf16 values.
 std::vector<float> cast_values(int64_t n) {
@@ -698,11 +720,14 @@ OpCase replicate_heads_case(int64_t rows, int64_t heads, int64_t copies, int64_t
 // Bitwise against the CPU's AdamW calls, which equal the scalar reference (adamw.h) and the host
 // kernels bit for bit; the offload modes' equivalence and the device buckets' speculation on the
 // GPU rest on this. Clipping scale and weight decay active; with a snapshot (the exact rollback),
-// and with a non-finite guard (the call must leave everything untouched).
-OpCase adam_case(AdamCall call, bool snapshot, bool finite_guard, int64_t n, DType grad_dt, DType out_dt) {
+// and with a non-finite guard (the call must leave everything untouched). With a device decision
+// (Ops::clip_decision's), its coefficient replaces hp.grad_scale, and a skipped one leaves everything.
+OpCase adam_case(AdamCall call, bool snapshot, bool finite_guard, int64_t n, DType grad_dt, DType out_dt,
+                 std::optional<ClipDecision> decision = std::nullopt) {
   const char* names[] = {"step", "rollback", "redo"};
   return {case_name(str_cat("adam_", names[static_cast<int>(call)], snapshot ? "_snapshot" : "",
-                            finite_guard ? "" : "_nonfinite_guard"),
+                            finite_guard ? "" : "_nonfinite_guard",
+                            !decision ? "" : decision->skipped ? "_decided_skip" : "_decided"),
                     "grad", dn(grad_dt), "out", dn(out_dt), "n", n),
           [=](OpRun& r) {
             std::vector<float> v = normal(n, 31, 0.01f);
@@ -727,11 +752,17 @@ OpCase adam_case(AdamCall call, bool snapshot, bool finite_guard, int64_t n, DTy
             hp.weight_decay = 0.1;
             hp.step = 7;
             hp.grad_scale = 0.37f;
-            r.ops().adam(r.s(), call, a, n, hp, 0.61f, guard);
+            const ClipDecision* d = nullptr;
+            if (decision) {
+              std::vector<uint8_t> bytes(sizeof(ClipDecision));
+              std::memcpy(bytes.data(), &*decision, bytes.size());
+              d = static_cast<const ClipDecision*>(r.in(bytes));
+            }
+            r.ops().adam(r.s(), call, a, n, hp, 0.61f, guard, d);
             r.expect("p", a.p, n, DType::F32, OpClass::Exact);
             r.expect("m", a.m, n, DType::F32, OpClass::Exact);
             r.expect("v", a.v, n, DType::F32, OpClass::Exact);
-            if (finite_guard) r.expect("out", a.out, n, out_dt, OpClass::Exact);
+            if (finite_guard && !(decision && decision->skipped)) r.expect("out", a.out, n, out_dt, OpClass::Exact);
             if (snapshot) r.expect("snapshot p", a.snapshot_p, n, DType::F32, OpClass::Exact);
           }};
 }
@@ -822,7 +853,12 @@ std::vector<OpCase> small_cases() {
         for (bool snapshot : {false, true}) c.push_back(adam_case(call, snapshot, true, 1001, dt, out));
     c.push_back(adam_case(AdamCall::Step, false, false, 1001, dt, dt));
     c.push_back(adam_case(AdamCall::Redo, true, false, 1001, dt, dt));
+    c.push_back(adam_case(AdamCall::Step, false, true, 1001, dt, dt, ClipDecision{2.5, 0.43f, 0}));
+    c.push_back(adam_case(AdamCall::Step, false, true, 1001, dt, dt, ClipDecision{INFINITY, 1.0f, 1}));
   }
+  for (int ranks : {1, 3})
+    for (float max_norm : {1.0f, 1e4f, 0.0f}) c.push_back(clip_decision_case(ranks, max_norm, 0.0f));
+  for (float poison : {std::numeric_limits<float>::quiet_NaN(), INFINITY}) c.push_back(clip_decision_case(3, 1.0f, poison));
   c.push_back(gemm_case({33, 65, 100, false, true}, DType::BF16, DType::F32));  // bf16 inputs, fp32 C
   c.push_back(grouped_gemm_case({{5, 0, 64, 66}, false, true, true, 0, 40, 72, 0.0f}, DType::BF16, DType::F32));
   c.push_back(moe_aux_case(37, {3, 0, 40, 1, 30}));

@@ -93,7 +93,8 @@ class CudaTraining : public testing::Test {
       model.zero_loss();
       model.forward_backward(sampler.next(), engine, engine, 1.0f / (mo.micro_batch * mo.seq_len), true);
       r.losses.push_back(model.read_loss());
-      r.steps.push_back(engine.end_step());
+      engine.end_step();
+      r.steps.push_back(engine.step_result());
     }
     engine.finish();
     r.rollbacks = engine.rollbacks();

@@ -67,6 +67,15 @@ struct RunResult {
   int64_t rollbacks = 0, speculative_steps = 0;
 };
 
+// A learning rate that follows the optimizer steps taken (a skipped step must not advance it).
+StepHyperparameters rising_lr(int64_t taken) { return {kLr * (1.0 + 0.1 * static_cast<double>(taken)), std::nullopt}; }
+
+// How a run drives the engine besides its mode.
+struct Drive {
+  bool rising_lr = false;  // the learning rate is rising_lr's, else kLr
+  bool read_late = false;  // each step's result read after the next step has ended, as the training loop reads it
+};
+
 // Injects a NaN into one parameter's gradient just before the engine sees the unit's backward.
 class NanInjector final : public ModelHooks {
  public:
@@ -106,7 +115,7 @@ class OffloadEquivalence : public testing::Test {
     delete comm_;
   }
 
-  static RunResult run(const Mode& md, float clip, bool inject_nan) {
+  static RunResult run(const Mode& md, float clip, bool inject_nan, Drive drive = {}) {
     auto backend = create_backend(test::cpu_backend_options());
     EngineOptions eo;
     eo.dtype = md.dtype;
@@ -126,15 +135,23 @@ class OffloadEquivalence : public testing::Test {
       const bool nan_now = inject_nan && it == kNanIteration;
       if (nan_now) r.before_skip = test::OptimizerState::read(engine).flat();
       hooks.armed = nan_now;
-      engine.begin_step(kLr, md.micro_batches);
+      if (drive.rising_lr)
+        engine.begin_step(rising_lr, md.micro_batches);
+      else
+        engine.begin_step(kLr, md.micro_batches);
       model.zero_loss();
       for (int m = 0; m < md.micro_batches; ++m)
         model.forward_backward(sampler.next(), engine, hooks, 1.0f / (mo.micro_batch * mo.seq_len * md.micro_batches),
                                true);
       r.losses.push_back(model.read_loss());
-      r.steps.push_back(engine.end_step());
+      engine.end_step();
+      if (!drive.read_late)
+        r.steps.push_back(engine.step_result());
+      else if (it > 1)
+        r.steps.push_back(engine.step_result(it - 1));
       if (nan_now) r.after_skip = test::OptimizerState::read(engine).flat();
     }
+    if (drive.read_late) r.steps.push_back(engine.step_result(kSteps));
     engine.finish();
     r.steps_taken = engine.steps_taken();
     r.rollbacks = engine.rollbacks();
@@ -206,6 +223,35 @@ TEST_F(OffloadEquivalence, AllModesBitwiseEqualWithClippingAndSkippedStep) {
     }
     EXPECT_TRUE(test::same_bits(got.before_skip, got.after_skip)) << md.name << ": skipped step changed the state";
   }
+}
+
+// Without offloaded buckets the step is validated on the device and the host reads the result
+// later: here each step's after the next step has ended, as the training loop reads it, so the
+// engine takes the step count the learning rate follows from its own copy of the decision. Against
+// ZeRO-Offload with every bucket on the CPU (decided on the host at once), with clipping on some
+// steps, a skipped step, two micro-batches and a learning rate that follows the steps taken: the
+// same states, results and learning rates bit for bit.
+TEST_F(OffloadEquivalence, DeviceDecisionReadLateEqualsHostDecision) {
+  Mode device = mode("none, read late", OffloadMode::None, 0), host = mode("zero-offload r1", OffloadMode::ZeroOffload, 1.0);
+  device.micro_batches = host.micro_batches = 2;
+  const float clip = clip_ / 4;  // two micro-batches' mean gradients are smaller: clip every step still
+  const RunResult ref = run(host, clip, true, {.rising_lr = true});
+  const RunResult got = run(device, clip, true, {.rising_lr = true, .read_late = true});
+  ASSERT_EQ(got.steps.size(), static_cast<size_t>(kSteps));
+  ASSERT_TRUE(got.steps[kNanIteration - 1].skipped) << "the injected NaN did not make the step skip";
+  int clipped = 0;
+  for (const StepResult& r : got.steps) clipped += !r.skipped && r.clip_coef < 1.0f;
+  ASSERT_GT(clipped, 0) << "clipping never triggered";
+  expect_bitwise(got, ref, device.name);
+  for (size_t s = 0; s < ref.steps.size(); ++s) {
+    EXPECT_EQ(got.steps[s].clip_coef, ref.steps[s].clip_coef) << "step " << s + 1;
+    EXPECT_EQ(got.steps[s].lr, ref.steps[s].lr) << "step " << s + 1;
+    EXPECT_EQ(got.steps[s].steps_taken, ref.steps[s].steps_taken) << "step " << s + 1;
+  }
+  // The step after the skipped one runs at the skipped one's learning rate.
+  EXPECT_EQ(got.steps[kNanIteration].lr, got.steps[kNanIteration - 1].lr);
+  EXPECT_EQ(got.steps[kNanIteration].lr, rising_lr(kNanIteration - 1).lr);
+  EXPECT_TRUE(test::same_bits(got.before_skip, got.after_skip)) << "the skipped step changed the state";
 }
 
 TEST_F(OffloadEquivalence, InverseRollbackWithinDocumentedBound) {
@@ -356,7 +402,8 @@ TEST_F(OffloadEquivalence, AsyncSnapshotIsTheSavingStepWhileTheOptimizerFinishes
         engine.begin_step(kLr, 1);
         model.zero_loss();
         model.forward_backward(sampler.next(), engine, engine, 1.0f / (mo.micro_batch * mo.seq_len), true);
-        EXPECT_LT(engine.end_step().clip_coef, 1.0f);
+        engine.end_step();
+        EXPECT_LT(engine.step_result().clip_coef, 1.0f);
       };
       for (int it = 1; it <= kSaveAt; ++it) step();
       if (!overlap) engine.finish();

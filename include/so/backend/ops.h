@@ -15,6 +15,7 @@
 #include "so/backend/dropout_mask.h"
 #include "so/core/dtype.h"
 #include "so/optim/adamw.h"
+#include "so/optim/clip_decision.h"
 
 namespace so {
 
@@ -357,6 +358,11 @@ class Ops {
 
   // out_acc += sum(x^2) in fp32 (non-finite inputs make it non-finite).
   virtual void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) = 0;
+  // A step validated on the device (clip_decision.h), in two parts so that the ranks' sums can be
+  // gathered between them: *rank_sum = sum_in_order(bucket_sums, n); *out = decide_clip(rank_sums,
+  // ranks, max_norm). Single-threaded and in order: bit for bit the host's decision.
+  virtual void sum_in_order(Stream& s, double* rank_sum, const float* bucket_sums, int64_t n) = 0;
+  virtual void clip_decision(Stream& s, ClipDecision* out, const double* rank_sums, int ranks, float max_norm) = 0;
 
   virtual void cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) = 0;
 
@@ -378,9 +384,12 @@ class Ops {
   // a.out_dt) in the same pass; with a snapshot in `a`, a step saves the old state there and
   // rollback / redo start from it. final_scale is a redo's grad_scale. With `guard` (a bucket's sum
   // of squared gradients, written earlier in stream order) the call does nothing when *guard is
-  // not finite: a non-finite gradient is never applied, so it never has to be undone.
+  // not finite: a non-finite gradient is never applied, so it never has to be undone. With
+  // `decision` (clip_decision's, earlier in stream order) the call does nothing when the step is
+  // skipped and uses its clip_coef as hp.grad_scale: no value has to come back to the host first.
   virtual void adam(Stream& s, AdamCall call, const AdamArrays& a, int64_t n, const AdamWParams& hp,
-                    float final_scale = 1.0f, const float* guard = nullptr) = 0;
+                    float final_scale = 1.0f, const float* guard = nullptr,
+                    const ClipDecision* decision = nullptr) = 0;
 };
 
 }  // namespace so

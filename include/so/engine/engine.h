@@ -7,9 +7,14 @@
 // the rest. One path for every mode: the modes differ only in where a bucket's state lives and
 // when its CPU step starts.
 //
-// A training step:  begin_step(lr, micro_batches) -> model.forward_backward(..., engine, engine)
-// per micro-batch -> end_step() -> ... The next step's forward waits per bucket (events) for the
-// weights it reads, not for the whole optimizer.
+// A training step:  begin_step(schedule, micro_batches) -> model.forward_backward(..., engine,
+// engine) per micro-batch -> end_step() -> ... The next step's forward waits per bucket (events)
+// for the weights it reads, not for the whole optimizer. When no bucket is stepped on the host,
+// the step is validated on the device too (Ops::clip_decision) and the device AdamW reads the
+// decision there: end_step returns without waiting for the device, and the host learns the result
+// when it asks (step_result) or when the next step needs it: the step count that the learning
+// rate schedule reads is known by the next end_step, which is where that step's optimizer launches.
+// With offloaded buckets the CPU Adam needs the decision on the host: end_step waits for it.
 //
 // ZeRO stages, with more than one rank in `comm` (one rank: all stages are the same):
 //   3: each rank keeps only its shard of every bucket's weights, gradients and optimizer state
@@ -37,6 +42,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/communicator.h"
@@ -77,10 +83,20 @@ struct EngineOptions {
 };
 
 struct StepResult {
-  double grad_norm = 0.0;  // global, before clipping
-  float clip_coef = 1.0f;  // factor applied to the gradients
-  bool skipped = false;    // non-finite gradients: nothing was updated
+  double grad_norm = 0.0;   // global, before clipping
+  float clip_coef = 1.0f;   // factor applied to the gradients
+  bool skipped = false;     // non-finite gradients: nothing was updated
+  double lr = 0.0;          // the step's learning rate (the schedule's at its start)
+  int64_t steps_taken = 0;  // optimizer steps applied, this one included when not skipped
 };
+
+// A step's learning rate and Adam (beta1, beta2) (none: the configured betas), for a step that
+// follows `steps_taken` applied optimizer steps (the trainer's schedule).
+struct StepHyperparameters {
+  double lr = 0.0;
+  std::optional<std::pair<double, double>> betas;
+};
+using StepSchedule = std::function<StepHyperparameters(int64_t steps_taken)>;
 
 enum class OptimState { Master, ExpAvg, ExpAvgSq };
 
@@ -172,21 +188,34 @@ class Engine final : public ParamStore, public ModelHooks {
   // Elements [first, first + n) of this rank's owned part (owned_slice); loaders go by pieces
   // through one reused buffer, touching no new pages.
   void write_owned(int param_id, OptimState which, int64_t first, const float* values, int64_t n);
-  bool last_step_redone() const { return last_step_redone_; }
+  bool last_step_redone() {
+    resolve_step();
+    return last_step_redone_;
+  }
   // Resuming: the loop's and the optimizer's counters as the checkpoint recorded them.
   void restore_counters(int64_t iteration, int64_t steps_taken, bool last_step_redone) {
+    resolve_step();  // a step still being decided is overwritten, not applied later
     iteration_ = iteration;
     steps_ = steps_taken;
     last_step_redone_ = last_step_redone;
   }
 
-  // Opens a step: zeroes the gradients and fixes the learning rate the (speculative) CPU steps
-  // use, and Adam's (beta1, beta2) when a schedule sets them (OneCycle's momentum cycle; none: the
-  // configured betas). The last of `micro_batches` backward passes hands the gradients to the optimizer.
+  // Opens a step: zeroes the gradients; the step's learning rate and betas come from `schedule` at
+  // the optimizer steps applied before it (OneCycle also cycles the betas), asked when first needed:
+  // here when CPU steps use them (speculation starts during backward), else in end_step, once the
+  // previous step's result is known. The last of `micro_batches` backward passes hands the
+  // gradients to the optimizer.
+  void begin_step(StepSchedule schedule, int micro_batches = 1);
+  // The same at a fixed learning rate (and betas).
   void begin_step(double lr, int micro_batches = 1, std::optional<std::pair<double, double>> betas = std::nullopt);
   // Validates (global norm, finite check) and applies the step. Skipped steps change nothing,
-  // not even the step count.
-  StepResult end_step();
+  // not even the step count. Returns once the step is enqueued (see the top of this file).
+  void end_step();
+  // The result of step `iteration` (1-based, as iteration()): the last ended step or the one before
+  // it (the training loop reads a step's after the next step has ended). Waits for the last ended
+  // step's validation when that ran on the device.
+  StepResult step_result(int64_t iteration);
+  StepResult step_result() { return step_result(iteration_); }  // the last ended step's
   // Waits for all optimizer work and closes the timeline (end of training, before reading state).
   void finish();
   // Between end_step and the next begin_step: a forward pass run now (evaluation) reads the weights
@@ -194,7 +223,10 @@ class Engine final : public ParamStore, public ModelHooks {
   // step's forward had already waited for the last ones); sharded, every gather waits for them anyway.
   void settle_weights();
 
-  int64_t steps_taken() const { return steps_; }
+  int64_t steps_taken() {
+    resolve_step();
+    return steps_;
+  }
   int64_t iteration() const { return iteration_; }
   // Speculated buckets undone (rolled back or redone with the clip coefficient), offloaded and device ones.
   int64_t rollbacks() const { return (offload_ ? offload_->rollbacks() : 0) + device_rollbacks_; }
@@ -216,6 +248,15 @@ class Engine final : public ParamStore, public ModelHooks {
   const ParamInfo& info(int param_id) const;
   bool on_host(int64_t shard_element) const { return shard_element >= device_end_; }
   void drain_optimizer();
+  // The step's learning rate and betas from the schedule (once per step; needs the previous result).
+  void fix_step_hyperparameters();
+  // Validation on the device: the decision (ClipDecision) enqueued on the comm stream after the
+  // bucket sums, and copied to the host behind it.
+  void decide_on_device();
+  // The last ended step's result into the counters, once; waits for a device decision's copy.
+  void resolve_step();
+  // r (with the step's lr) as the last ended step's: the counters advanced.
+  void apply_result(StepResult r);
   float* state_ptr(int64_t shard_element, OptimState which);
   // Gathers (stages 1-3): make bucket b's full weights available / make compute wait for them /
   // drop them (stage 3) or mark them stale after an update (stages 1-2).
@@ -245,9 +286,10 @@ class Engine final : public ParamStore, public ModelHooks {
   // validation or stepped on the device, or handed to the offload pipeline.
   void complete_bucket(size_t b, bool first_micro, bool last_micro);
   // One Adam pass (AdamCall) over device bucket b's state on the comm stream, a call per
-  // weight-decay run, guarded by the bucket's sum of squares when given.
+  // weight-decay run, guarded by the bucket's sum of squares when given, or by the device's
+  // decision (which also gives the clip coefficient).
   void device_adam(size_t b, AdamCall call, const AdamWParams& hp, float final_scale, const float* guard,
-                   const char* what);
+                   const char* what, const ClipDecision* decision = nullptr);
   // Runs pass(a), a change of bucket b's state for step `iteration`: enqueued on stream `s` (device
   // state), or done on the host before it returns (s null: the CPU optimizer's host state). If the
   // bucket's frozen state is still wanted and the change is of a step after the saving one: a
@@ -299,6 +341,20 @@ class Engine final : public ParamStore, public ModelHooks {
   std::vector<char> full_grads_zeroed_;              // stage 1: this step's zeroing of full_grads_[b] is issued
   std::vector<std::unique_ptr<Event>> stepped_ev_;   // device bucket b's last step done (comm stream)
   DeviceBuffer bucket_sums_;                    // fp32 per bucket validated on the device (first_device_sum_ on)
+  // Validation on the device (no bucket stepped on the host): the decision, this rank's sum of the
+  // bucket sums and every rank's (gathered), in backend memory; the decision's copy on the host.
+  bool decides_on_device_ = false;
+  DeviceBuffer decision_;
+  HostBuffer decision_host_;
+  std::unique_ptr<Event> decision_copied_;
+  bool result_pending_ = false;  // the last ended step's device decision is not in the counters yet
+  struct EndedStep {
+    int64_t iteration = 0;
+    StepResult result;  // its lr only while pending
+  };
+  EndedStep ended_[2];  // the step before the last ended one, and the last ended one
+  StepSchedule schedule_;
+  bool hyperparameters_fixed_ = false;  // spec_hp_ holds this step's lr and betas
   DeviceBuffer device_snapshot_;                // exact rollback of speculated device buckets: p, m, v [3][device_end_]
   StepTimeline timeline_;
   std::unique_ptr<GraceAdam> grace_;

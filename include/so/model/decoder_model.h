@@ -102,11 +102,20 @@ class DecoderModel {
   void zero_loss();
   // Synchronises and returns the accumulated loss.
   float read_loss();
-  // Tokens each layer sent to each expert ([layer][expert], top-k choices: a token counts once
-  // per chosen expert) over the forwards since zero_expert_tokens (recomputes not counted); a
-  // dense layer's list is empty. Counted on the device; this call synchronises once to read them.
-  const std::vector<std::vector<int64_t>>& expert_tokens();
   void zero_expert_tokens();
+  // A training step's figures, read without draining the device: queue_step_figures() copies the
+  // loss accumulator and the expert counts to host memory behind the work enqueued so far;
+  // step_figures() waits for that copy alone and returns them (once per queue). The training loop
+  // reads a step's figures after the next step's work is enqueued.
+  struct StepFigures {
+    float loss = 0.0f;  // as read_loss()
+    // Tokens each layer sent to each expert ([layer][expert], top-k choices: a token counts once
+    // per chosen expert) over the forwards since zero_expert_tokens (recomputes not counted); a
+    // dense layer's list is empty.
+    std::vector<std::vector<int64_t>> expert_tokens;
+  };
+  void queue_step_figures();
+  StepFigures step_figures();
   // The final hidden states [B*S, H] after the last forward (for tests that compare logits).
   const void* final_hidden() const;
 
@@ -177,7 +186,10 @@ class DecoderModel {
   std::vector<std::unique_ptr<MoeBlock>> moe_;
   std::vector<int> moe_of_layer_;  // index into moe_, -1 for a dense layer
   DeviceBuffer expert_counts_;  // int64 [layer][E] on the device (dense layers' rows unused)
-  std::vector<std::vector<int64_t>> expert_tokens_;  // their last read (expert_tokens())
+  // queue_step_figures' copy: the counts (int64 [layer][E]), then the loss (fp32); pinned.
+  HostBuffer figures_host_;
+  std::unique_ptr<Event> figures_copied_;
+  bool figures_queued_ = false;
   // The load-balancing loss (ModelConfig::Moe::aux_loss) of each forward: transformers'
   // load_balancing_loss_func over this micro-batch's MoE layers, computed on the device from the
   // layers' selections and router probabilities (aux_sums_, fp64 [2][E]): its loss-scaled value

@@ -25,6 +25,11 @@ class StepGuard {
   };
   // After each step, with the step's global loss and whether it was skipped.
   Verdict observe(int64_t step, double loss, bool skipped);
+  // Whether the next step would stop the run if it were skipped (the loop then reads that step's
+  // result at once rather than one step late, so a stop comes at the step it always came).
+  bool stops_if_skipped() const {
+    return cfg_.max_consecutive_skips > 0 && skipped_in_a_row_ + 1 >= cfg_.max_consecutive_skips;
+  }
 
  private:
   NanPolicyConfig cfg_;

@@ -241,6 +241,14 @@ void CpuOps::sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DT
   SO_ENQUEUE(s, *out_acc += static_cast<float>(sum_squares_chunked(optimizer_kernels(), x, dt, n)));
 }
 
+void CpuOps::sum_in_order(Stream& s, double* rank_sum, const float* bucket_sums, int64_t n) {
+  SO_ENQUEUE(s, *rank_sum = so::sum_in_order(bucket_sums, n));
+}
+
+void CpuOps::clip_decision(Stream& s, ClipDecision* out, const double* rank_sums, int ranks, float max_norm) {
+  SO_ENQUEUE(s, *out = decide_clip(rank_sums, ranks, max_norm));
+}
+
 void CpuOps::cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) {
   SO_ENQUEUE(s, dispatch_dtype(dst_dt, [&](auto d) {
     dispatch_dtype(src_dt, [&](auto x) {
@@ -250,14 +258,17 @@ void CpuOps::cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src
 }
 
 void CpuOps::adam(Stream& s, AdamCall call, const AdamArrays& a, int64_t n, const AdamWParams& hp, float final_scale,
-                  const float* guard) {
+                  const float* guard, const ClipDecision* decision) {
   SO_ENQUEUE(s, {
     if (guard && !std::isfinite(*guard)) return;
+    if (decision && decision->skipped) return;
+    AdamWParams h = hp;
+    if (decision) h.grad_scale = decision->clip_coef;
     const AdamKernels& k = optimizer_kernels();
     switch (call) {
-      case AdamCall::Step: return k.step(a, n, hp);
-      case AdamCall::Rollback: return k.rollback(a, n, hp);
-      case AdamCall::Redo: return k.redo(a, n, hp, final_scale);
+      case AdamCall::Step: return k.step(a, n, h);
+      case AdamCall::Rollback: return k.rollback(a, n, h);
+      case AdamCall::Redo: return k.redo(a, n, h, final_scale);
     }
   });
 }

@@ -60,6 +60,8 @@ class CpuOps final : public Ops {
   void clamped_swiglu_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t n,
                                float alpha, float limit, DType dt) override;
   void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) override;
+  void sum_in_order(Stream& s, double* rank_sum, const float* bucket_sums, int64_t n) override;
+  void clip_decision(Stream& s, ClipDecision* out, const double* rank_sums, int ranks, float max_norm) override;
   void copy_columns(Stream& s, void* dst, int64_t dst_stride, const void* src, int64_t src_stride, int64_t rows,
                     int64_t cols, DType dt) override;
   void transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
@@ -67,7 +69,7 @@ class CpuOps final : public Ops {
   void replicate_heads(Stream& s, const HeadReplication& h, void* out, const void* in, bool reverse) override;
   void cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) override;
   void adam(Stream& s, AdamCall call, const AdamArrays& a, int64_t n, const AdamWParams& hp, float final_scale,
-            const float* guard) override;
+            const float* guard, const ClipDecision* decision) override;
 
  private:
   CpuBackend& backend_;

@@ -47,8 +47,12 @@ __device__ __forceinline__ void undo_decayed(const Consts& c, float g, float& p,
 
 template <AdamCall kCall, bool kSnapshot, typename G, typename O, int N>
 __global__ void adam_kernel(float* p, float* m, float* v, float* sp, float* sm, float* sv, const G* grad, O* out,
-                            int64_t n, Consts c, const float* guard) {
+                            int64_t n, Consts c, const float* guard, const ClipDecision* decision) {
   if (guard != nullptr && !isfinite(*guard)) return;  // a non-finite bucket is never applied
+  if (decision != nullptr) {  // decided on the device: a skipped step changes nothing
+    if (decision->skipped) return;
+    c.grad_scale = decision->clip_coef;
+  }
   for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * N; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x * N) {
     float pv[N], mv[N], vv[N], gv[N];
@@ -90,7 +94,8 @@ __global__ void adam_kernel(float* p, float* m, float* v, float* sp, float* sm, 
 }
 
 template <AdamCall kCall>
-void launch(cudaStream_t stream, const AdamArrays& a, int64_t n, const Consts& k, const float* guard) {
+void launch(cudaStream_t stream, const AdamArrays& a, int64_t n, const Consts& k, const float* guard,
+            const ClipDecision* decision) {
   const bool snapshot = a.has_snapshot();
   const bool wide = aligned16(a.p) && aligned16(a.m) && aligned16(a.v) && aligned16(a.grad) && aligned16(a.out) &&
                     (!snapshot || (aligned16(a.snapshot_p) && aligned16(a.snapshot_m) && aligned16(a.snapshot_v)));
@@ -104,7 +109,7 @@ void launch(cudaStream_t stream, const AdamArrays& a, int64_t n, const Consts& k
         auto run = [&](auto kernel) {
           kernel<<<grid_for_elements(n, N), kBlockThreads, 0, stream>>>(
               a.p, a.m, a.v, a.snapshot_p, a.snapshot_m, a.snapshot_v, static_cast<const G*>(a.grad),
-              static_cast<O*>(a.out), n, k, guard);
+              static_cast<O*>(a.out), n, k, guard, decision);
         };
         snapshot ? run(adam_kernel<kCall, true, G, O, N>) : run(adam_kernel<kCall, false, G, O, N>);
         SO_CUDA_CHECK(cudaGetLastError());
@@ -116,14 +121,14 @@ void launch(cudaStream_t stream, const AdamArrays& a, int64_t n, const Consts& k
 }  // namespace
 
 void launch_adam(cudaStream_t stream, AdamCall call, const AdamArrays& a, int64_t n, const optim::AdamConstants& c,
-                 float final_scale, const float* guard) {
+                 float final_scale, const float* guard, const ClipDecision* decision) {
   if (n == 0) return;
   const Consts k{c.neg_step_size, c.bc2_sqrt,  c.decay,     c.beta2,     c.one_minus_b1, c.one_minus_b2,
                  c.eps,           c.grad_scale, c.inv_decay, c.inv_beta1, c.inv_beta2,    final_scale};
   switch (call) {
-    case AdamCall::Step: return launch<AdamCall::Step>(stream, a, n, k, guard);
-    case AdamCall::Rollback: return launch<AdamCall::Rollback>(stream, a, n, k, guard);
-    case AdamCall::Redo: return launch<AdamCall::Redo>(stream, a, n, k, guard);
+    case AdamCall::Step: return launch<AdamCall::Step>(stream, a, n, k, guard, decision);
+    case AdamCall::Rollback: return launch<AdamCall::Rollback>(stream, a, n, k, guard, decision);
+    case AdamCall::Redo: return launch<AdamCall::Redo>(stream, a, n, k, guard, decision);
   }
 }
 

@@ -107,6 +107,10 @@ size_t sum_squares_workspace_bytes(int64_t n);
 void launch_sum_squares(cudaStream_t stream, float* out_acc, const void* x, int64_t n, DType dt, void* workspace,
                         size_t workspace_bytes);
 
+// Ops::sum_in_order and Ops::clip_decision: one thread each, clip_decision.h's functions themselves.
+void launch_sum_in_order(cudaStream_t stream, double* rank_sum, const float* bucket_sums, int64_t n);
+void launch_clip_decision(cudaStream_t stream, ClipDecision* out, const double* rank_sums, int ranks, float max_norm);
+
 // dst = src converted fp32 <-> bf16 (round to nearest even, NaN kept); same dtype: a byte copy.
 void launch_cast(cudaStream_t stream, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n);
 
@@ -121,8 +125,9 @@ void launch_replicate_heads(cudaStream_t stream, void* out, const void* in, int6
 
 // Ops::adam: optim::adamw_reference and optim::AdamKernels' rollback and redo element by element, bit
 // for bit (same operation order, FMAs where they have them), with the constants the host derived
-// by optim::adam_constants; skipped when guard is set and *guard is not finite.
+// by optim::adam_constants; skipped when guard is set and *guard is not finite, or when decision is
+// set and decision->skipped; decision->clip_coef (read on the device) replaces c.grad_scale.
 void launch_adam(cudaStream_t stream, AdamCall call, const AdamArrays& a, int64_t n, const optim::AdamConstants& c,
-                 float final_scale, const float* guard);
+                 float final_scale, const float* guard, const ClipDecision* decision);
 
 }  // namespace so::cuda

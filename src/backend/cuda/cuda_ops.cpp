@@ -262,6 +262,14 @@ void CudaOps::sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, D
   launch_sum_squares(raw(s), out_acc, x, n, dt, scratch(s, bytes), bytes);
 }
 
+void CudaOps::sum_in_order(Stream& s, double* rank_sum, const float* bucket_sums, int64_t n) {
+  launch_sum_in_order(raw(s), rank_sum, bucket_sums, n);
+}
+
+void CudaOps::clip_decision(Stream& s, ClipDecision* out, const double* rank_sums, int ranks, float max_norm) {
+  launch_clip_decision(raw(s), out, rank_sums, ranks, max_norm);
+}
+
 void CudaOps::cast(Stream& s, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) {
   launch_cast(raw(s), dst, dst_dt, src, src_dt, n);
 }
@@ -285,10 +293,10 @@ void CudaOps::replicate_heads(Stream& s, const HeadReplication& h, void* out, co
 }
 
 void CudaOps::adam(Stream& s, AdamCall call, const AdamArrays& a, int64_t n, const AdamWParams& hp, float final_scale,
-                   const float* guard) {
+                   const float* guard, const ClipDecision* decision) {
   // The reference's own constants (derived on the host as torch derives them), so the device's
   // calls equal the host kernels bit for bit.
-  launch_adam(raw(s), call, a, n, optim::adam_constants(hp), final_scale, guard);
+  launch_adam(raw(s), call, a, n, optim::adam_constants(hp), final_scale, guard, decision);
 }
 
 }  // namespace so::cuda
