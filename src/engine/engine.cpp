@@ -89,8 +89,7 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
   bucket_sums_ = backend.alloc(nb * sizeof(float), "bucket gradient norms");
   decides_on_device_ = off.mode == OffloadMode::None;
   if (decides_on_device_) {
-    // The decision, then this rank's sum and the ranks' sums (doubles, 8-byte aligned after it).
-    decision_ = backend.alloc(sizeof(ClipDecision) + (1 + comm.size()) * sizeof(double), "step validation");
+    decision_ = backend.alloc(device_validation_bytes(comm.size()), "step validation");
     decision_host_ = HostBuffer(sizeof(ClipDecision), -1, &backend, "step validation (host copy)", 0, false);
     decision_copied_ = backend.create_event();
   }
@@ -412,6 +411,7 @@ std::vector<float> Engine::read_grad(int id) {
     return std::vector<float>(at, at + p.numel);
   }
   Stream& s = backend_.stream(StreamKind::Compute);
+  backend_.wait(s, *reduced_ev_[b]);  // all-reduced (several ranks) and summed on the comm stream
   DeviceBuffer wide = backend_.alloc(p.numel * sizeof(float), "grad readback");
   backend_.ops().cast(s, wide.data(), DType::F32, grads_.as<char>() + p.offset * dtype_size(opts_.dtype), opts_.dtype,
                       p.numel);
@@ -955,6 +955,8 @@ void Engine::apply_result(StepResult r) {
   r.steps_taken = steps_;
   ended_[1].result = r;
 }
+
+StepResult Engine::step_result() { return step_result(ended_[1].iteration); }
 
 StepResult Engine::step_result(int64_t iteration) {
   resolve_step();

@@ -11,6 +11,7 @@
 #include "so/core/units.h"
 #include "so/engine/bucket.h"
 #include "so/engine/cast_plan.h"
+#include "so/engine/engine.h"
 #include "so/engine/grad_ring.h"
 #include "so/engine/offload_optimizer.h"
 #include "so/engine/shard_layout.h"
@@ -314,6 +315,9 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
   plan.device.push_back({"optimizer state on the device (fp32 master, exp_avg, exp_avg_sq)", 3 * round_up(nd * 4, a),
                          str_cat(nd, " elements x 12 bytes")});
   plan.device.push_back({"bucket gradient norms", round_up(buckets.size() * 4, a), str_cat(buckets.size(), " buckets")});
+  if (!offload)
+    plan.device.push_back({"step validation", round_up(Engine::device_validation_bytes(world), a),
+                           "norm, skip flag and clip coefficient, decided on the device"});
   if (off.mode == OffloadMode::SuperOffload && off.rollback == RollbackMode::Exact && nd > 0)
     plan.device.push_back({"exact-rollback snapshot (device buckets)", round_up(3 * nd * 4, a), ""});
   const bool sharded = shards.sharded();

@@ -215,7 +215,7 @@ class Engine final : public ParamStore, public ModelHooks {
   // it (the training loop reads a step's after the next step has ended). Waits for the last ended
   // step's validation when that ran on the device.
   StepResult step_result(int64_t iteration);
-  StepResult step_result() { return step_result(iteration_); }  // the last ended step's
+  StepResult step_result();  // the last ended step's
   // Waits for all optimizer work and closes the timeline (end of training, before reading state).
   void finish();
   // Between end_step and the next begin_step: a forward pass run now (evaluation) reads the weights
@@ -242,6 +242,9 @@ class Engine final : public ParamStore, public ModelHooks {
   // gathers not included).
   size_t state_bytes() const;
   size_t host_state_bytes() const;  // host memory of offloaded state
+  // Device memory of the step's validation on the device (no bucket offloaded): the decision,
+  // then this rank's sum and the ranks' sums (doubles, 8-byte aligned after it).
+  static size_t device_validation_bytes(int ranks) { return sizeof(ClipDecision) + (1 + ranks) * sizeof(double); }
   std::string describe() const;     // one line: mode, placement, threads, casts
 
  private:
