@@ -5,11 +5,7 @@
 // across steps, ranks or a resume. CPU and CUDA kernels share these functions.
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define SO_HOST_DEVICE __host__ __device__
-#else
-#define SO_HOST_DEVICE
-#endif
+#include "so/core/host_device.h"
 
 namespace so {
 

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "so/backend/dropout_mask.h"  // SO_HOST_DEVICE
+#include "so/core/host_device.h"
 
 namespace so {
 
