@@ -49,10 +49,8 @@ template <AdamCall kCall, bool kSnapshot, typename G, typename O, int N>
 __global__ void adam_kernel(float* p, float* m, float* v, float* sp, float* sm, float* sv, const G* grad, O* out,
                             int64_t n, Consts c, const float* guard, const ClipDecision* decision) {
   if (guard != nullptr && !isfinite(*guard)) return;  // a non-finite bucket is never applied
-  if (decision != nullptr) {  // decided on the device: a skipped step changes nothing
-    if (decision->skipped) return;
-    c.grad_scale = decision->clip_coef;
-  }
+  if (decision != nullptr && decision->skipped) return;  // decided on the device: a skipped step changes nothing
+  [[maybe_unused]] const float grad_scale = decision != nullptr ? decision->clip_coef : c.grad_scale;
   for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * N; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x * N) {
     float pv[N], mv[N], vv[N], gv[N];
@@ -70,16 +68,16 @@ __global__ void adam_kernel(float* p, float* m, float* v, float* sp, float* sm, 
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       if constexpr (kCall == AdamCall::Step) {
-        step(c, __fmul_rn(gv[k], c.grad_scale), pv[k], mv[k], vv[k]);
+        step(c, __fmul_rn(gv[k], grad_scale), pv[k], mv[k], vv[k]);
       } else if constexpr (kCall == AdamCall::Rollback) {
         if constexpr (!kSnapshot) {
-          undo_decayed(c, __fmul_rn(gv[k], c.grad_scale), pv[k], mv[k], vv[k]);
+          undo_decayed(c, __fmul_rn(gv[k], grad_scale), pv[k], mv[k], vv[k]);
           pv[k] = __fmul_rn(pv[k], c.inv_decay);
         }
       } else if constexpr (kSnapshot) {  // redo from the snapshot: a step with the final scale
         step(c, __fmul_rn(gv[k], c.final_scale), pv[k], mv[k], vv[k]);
       } else {  // redo in place: p'' = (p' - update') + update'', never through 1/decay
-        undo_decayed(c, __fmul_rn(gv[k], c.grad_scale), pv[k], mv[k], vv[k]);
+        undo_decayed(c, __fmul_rn(gv[k], grad_scale), pv[k], mv[k], vv[k]);
         const float g = __fmul_rn(gv[k], c.final_scale);
         mv[k] = __fmaf_rn(c.one_minus_b1, __fsub_rn(g, mv[k]), mv[k]);
         vv[k] = __fmaf_rn(__fmul_rn(c.one_minus_b2, g), g, __fmul_rn(vv[k], c.beta2));
