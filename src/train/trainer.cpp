@@ -428,7 +428,7 @@ TrainSummary train(const RunConfig& cfg, Communicator& job, const TrainOptions& 
 
   // A step's figures are read one step late (figures_due says when not): meanwhile the host
   // enqueues the next step, and the device never drains between steps. Read late, a failure to
-  // log them (a CSV write) stops the run after the next step, whose state is saved; the guard
+  // record them stops the run after the next step, whose state is saved; the guard
   // never stops on a late step (figures_due), and a termination signal after a late step saves
   // first and reads that step's figures (its spike warning, if any) after.
   std::optional<StepOutcome> unread;
