@@ -102,9 +102,9 @@ void launch(cudaStream_t stream, const AdamArrays& a, int64_t n, const Consts& k
       with_vector_width<8>(wide, [&](auto vw) {
         constexpr int N = decltype(vw)::value;
         auto run = [&](auto kernel) {
-          kernel<<<grid_for_elements(n, N), kBlockThreads, 0, stream>>>(
-              a.p, a.m, a.v, a.snapshot_p, a.snapshot_m, a.snapshot_v, static_cast<const G*>(a.grad),
-              static_cast<O*>(a.out), n, k, guard);
+          kernel<<<grid_for_elements(n, N), kBlockThreads, 0, stream>>>(a.p, a.m, a.v, a.snapshot_p, a.snapshot_m,
+                                                                        a.snapshot_v, static_cast<const G*>(a.grad),
+                                                                        static_cast<O*>(a.out), n, k, guard);
         };
         snapshot ? run(adam_kernel<kCall, true, G, O, N>) : run(adam_kernel<kCall, false, G, O, N>);
         SO_CUDA_CHECK(cudaGetLastError());
@@ -118,7 +118,7 @@ void launch(cudaStream_t stream, const AdamArrays& a, int64_t n, const Consts& k
 void launch_adam(cudaStream_t stream, AdamCall call, const AdamArrays& a, int64_t n, const optim::AdamConstants& c,
                  float final_scale, const float* guard) {
   if (n == 0) return;
-  const Consts k{c.neg_step_size, c.bc2_sqrt,  c.decay,     c.beta2,     c.one_minus_b1, c.one_minus_b2,
+  const Consts k{c.neg_step_size, c.bc2_sqrt,   c.decay,     c.beta2,     c.one_minus_b1, c.one_minus_b2,
                  c.eps,           c.grad_scale, c.inv_decay, c.inv_beta1, c.inv_beta2,    final_scale};
   switch (call) {
     case AdamCall::Step: return launch<AdamCall::Step>(stream, a, n, k, guard);
