@@ -36,9 +36,7 @@ namespace po = boost::program_options;
 
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Median seconds of fn over `iters` runs after `warmup` unrecorded ones.
 template <typename Fn>
@@ -208,8 +206,10 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
   const std::vector<int> cores = process_cores();
   std::vector<int> thread_counts;
   for (int t : parse_threads(threads_arg)) {
-    if (t <= static_cast<int>(cores.size())) thread_counts.push_back(t);
-    else if (comm.rank() == 0) std::printf("# --threads %d dropped: this process has %zu cores\n", t, cores.size());
+    if (t <= static_cast<int>(cores.size()))
+      thread_counts.push_back(t);
+    else if (comm.rank() == 0)
+      std::printf("# --threads %d dropped: this process has %zu cores\n", t, cores.size());
   }
   SO_CHECK(!thread_counts.empty(), "--threads: no count fits this process's ", cores.size(), " cores");
 
@@ -217,18 +217,20 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
   const int64_t bytes_per_param = 24 + dtype_size(grad_dt) + (has_out ? dtype_size(out_dt) : 0);
   const AdamWParams hp{.lr = 1e-3, .weight_decay = 0.01, .step = 10};
   const ThpSettings thp = thp_settings();
-  std::printf("# so_bench adam: isa %s, grad %s, out %s, %s arrays on %s pages (THP %s, %zu KiB): %lld bytes/param "
-              "(p,m,v read+written 24, grad %zu, out %zu); software prefetch %lld elements ahead\n",
-              simd_isa_name(isa), dtype_name(grad_dt), has_out ? dtype_name(out_dt) : "none", layout.c_str(),
-              pages.c_str(), thp.mode.empty() ? "absent" : thp.mode.c_str(), thp.huge_page / 1024,
-              static_cast<long long>(bytes_per_param), dtype_size(grad_dt), has_out ? dtype_size(out_dt) : size_t{0},
-              static_cast<long long>(adam_prefetch_ahead()));
-  std::printf("# bound = max(min(memory: the best stream probe, the step's loads and stores with an add per stream, same threads:\n"
-              "#                  plain, prefetch (512 ahead), nt (non-temporal stores), %s (plain, on %s pages);\n"
-              "#              arithmetic ceiling: the step on an L1-resident block, best of 41 runs, x threads),\n"
-              "#          the fastest peer on the same bytes); median of %d rounds of %d (+%d warm-up); each round\n"
-              "#          starts with each peer's steps, each followed by as many of ours alone, for the peer's ratio\n",
-              huge ? "4k" : "huge", huge ? "ordinary" : "huge", rounds, iters, warmup);
+  std::printf(
+      "# so_bench adam: isa %s, grad %s, out %s, %s arrays on %s pages (THP %s, %zu KiB): %lld bytes/param "
+      "(p,m,v read+written 24, grad %zu, out %zu); software prefetch %lld elements ahead\n",
+      simd_isa_name(isa), dtype_name(grad_dt), has_out ? dtype_name(out_dt) : "none", layout.c_str(), pages.c_str(),
+      thp.mode.empty() ? "absent" : thp.mode.c_str(), thp.huge_page / 1024, static_cast<long long>(bytes_per_param),
+      dtype_size(grad_dt), has_out ? dtype_size(out_dt) : size_t{0}, static_cast<long long>(adam_prefetch_ahead()));
+  std::printf(
+      "# bound = max(min(memory: the best stream probe, the step's loads and stores with an add per stream, same "
+      "threads:\n"
+      "#                  plain, prefetch (512 ahead), nt (non-temporal stores), %s (plain, on %s pages);\n"
+      "#              arithmetic ceiling: the step on an L1-resident block, best of 41 runs, x threads),\n"
+      "#          the fastest peer on the same bytes); median of %d rounds of %d (+%d warm-up); each round\n"
+      "#          starts with each peer's steps, each followed by as many of ours alone, for the peer's ratio\n",
+      huge ? "4k" : "huge", huge ? "ordinary" : "huge", rounds, iters, warmup);
   const double ceiling1 = arithmetic_ceiling(isa, grad_dt, has_out, out_dt);
   std::printf("# arithmetic ceiling: %.3f Gparams/s per thread\n", ceiling1 * 1e-9);
   if (!peer_impls.empty())
@@ -297,8 +299,8 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
         // Each peer's burst, then a burst of ours' steps alone right after it: the pair's ratio.
         for (size_t k = 0; k < peers.size(); ++k) {
           if (peer_failed[k]) continue;
-          const std::optional<std::string> reply = peers[k].proc->request(
-              str_cat(n, " ", peer_mode, " ", warmup, " ", iters), "median_s=", 600.0);
+          const std::optional<std::string> reply =
+              peers[k].proc->request(str_cat(n, " ", peer_mode, " ", warmup, " ", iters), "median_s=", 600.0);
           if (!reply) {
             peer_failed[k] = true;
             peer_notes[peers[k].impl] = "failed: " + peers[k].proc->why();
@@ -342,8 +344,8 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
       for (size_t i = 0; i < peers.size(); ++i)
         if (same_bytes && !peer_failed[i] && median(peer_ratio[i]) < bound)
           bound = median(peer_ratio[i]), bound_by = peers[i].impl;
-      std::printf("%12lld %3d %10.3f %9.2f %6.0f", static_cast<long long>(n), t, rate * 1e-9, rate * bytes_per_param * 1e-9,
-                  100 * a.state.huge_page_share());
+      std::printf("%12lld %3d %10.3f %9.2f %6.0f", static_cast<long long>(n), t, rate * 1e-9,
+                  rate * bytes_per_param * 1e-9, 100 * a.state.huge_page_share());
       for (const std::vector<double>& pt : probe_t) std::printf(" %9.2f", n / median(pt) * bytes_per_param * 1e-9);
       std::printf(" %8.3f %-9s %9.3f %9.3f", bound, bound_by.c_str(), median(rollback_ratio), median(redo_ratio));
       for (size_t i = 0; i < peers.size(); ++i) {
@@ -356,15 +358,17 @@ int adam_bench(int argc, char** argv, Communicator& comm) {
       std::fflush(stdout);
     }
   }
-  std::printf("# huge%%: the share of ours' arrays the kernel backed with huge pages (smaps AnonHugePages)\n"
-              "# probe columns: GB/s of each memory probe (median); bound column: ours / min(best probe, arithmetic\n"
-              "# ceiling x threads), median of per-iteration ratios, or ours / the fastest same-bytes peer where that is\n"
-              "# lower (target >= 0.95); binds: what set the bound most often; rollback, redo: their time / the step's,\n"
-              "# per iteration; peers: Gp/s of their median step; ours/it: median over rounds of their median step /\n"
-              "# the median of a burst of ours' steps right after it\n");
+  std::printf(
+      "# huge%%: the share of ours' arrays the kernel backed with huge pages (smaps AnonHugePages)\n"
+      "# probe columns: GB/s of each memory probe (median); bound column: ours / min(best probe, arithmetic\n"
+      "# ceiling x threads), median of per-iteration ratios, or ours / the fastest same-bytes peer where that is\n"
+      "# lower (target >= 0.95); binds: what set the bound most often; rollback, redo: their time / the step's,\n"
+      "# per iteration; peers: Gp/s of their median step; ours/it: median over rounds of their median step /\n"
+      "# the median of a burst of ours' steps right after it\n");
   for (const auto& [impl, note] : peer_notes) std::printf("# %s: %s\n", impl.c_str(), note.c_str());
   if (!same_bytes && !superoffload_io && peers_arg != "none")
-    std::printf("# peers: none for these dtypes (like-for-like only with --grad-dtype fp32 --out-dtype none, or bf16/bf16)\n");
+    std::printf(
+        "# peers: none for these dtypes (like-for-like only with --grad-dtype fp32 --out-dtype none, or bf16/bf16)\n");
   return 0;
 }
 

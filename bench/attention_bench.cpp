@@ -94,8 +94,8 @@ int attention_bench(int argc, char** argv, Communicator&) {
   std::string backend = "cuda", head_dims = "64,128", docs = "1,4", impls = "flash,cudnn", dtype = "bf16", json_path;
   int64_t batch = 4, seq = 4096, hidden = 2048, gqa = 4;
   int warmup = 2, iters = 5;
-  desc.add_options()("help,h", "show this help")(
-      "backend", po::value<std::string>(&backend)->default_value(backend), "cuda, or cpu (tiny shapes: a dry run)")(
+  desc.add_options()("help,h", "show this help")("backend", po::value<std::string>(&backend)->default_value(backend),
+                                                 "cuda, or cpu (tiny shapes: a dry run)")(
       "batch", po::value<int64_t>(&batch)->default_value(batch), "rows (B)")(
       "seq", po::value<int64_t>(&seq)->default_value(seq), "tokens per row (S)")(
       "hidden", po::value<int64_t>(&hidden)->default_value(hidden), "query heads x head dim (Hq = hidden / D)")(
@@ -123,15 +123,17 @@ int attention_bench(int argc, char** argv, Communicator&) {
   for (int64_t D : dims)
     SO_CHECK(hidden % D == 0 && (hidden / D) % gqa == 0, "--hidden ", hidden, " is not a multiple of head dim ", D,
              " x --gqa ", gqa);
-  for (int64_t n : doc_counts) SO_CHECK(n <= seq, "--docs ", n, " is more documents than the ", seq, " tokens of a row");
+  for (int64_t n : doc_counts)
+    SO_CHECK(n <= seq, "--docs ", n, " is more documents than the ", seq, " tokens of a row");
   std::ofstream json;
   if (!json_path.empty()) {
     json.open(json_path, std::ios::app);
     SO_CHECK(json.good(), "cannot open '", json_path, "' for appending");
   }
-  std::printf("# so_bench attention: causal, %s, median of %d timed runs after %d warm-up; FLOPs: forward "
-              "4*B*Hq*D*sum(L^2)/2 over each row's documents, backward 2.5x\n",
-              dtype_name(dt), iters, warmup);
+  std::printf(
+      "# so_bench attention: causal, %s, median of %d timed runs after %d warm-up; FLOPs: forward "
+      "4*B*Hq*D*sum(L^2)/2 over each row's documents, backward 2.5x\n",
+      dtype_name(dt), iters, warmup);
   std::printf("# %-6s %-34s %10s %10s %10s %10s  %s\n", "impl", "shape", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s",
               "implementation");
   int failed = 0;
@@ -140,9 +142,9 @@ int attention_bench(int argc, char** argv, Communicator&) {
       for (const std::string& impl : impl_names) {
         const AttentionCase a{batch, seq, hidden / D, hidden / D / gqa, D, n, dt};
         const std::string shape = str_cat("B", a.B, " S", a.S, " Hq", a.Hq, " Hkv", a.Hkv, " D", a.D, " docs", a.docs);
-        nlohmann::json row{{"bench", "attention"}, {"backend", backend}, {"impl", impl}, {"B", a.B},
-                           {"S", a.S},             {"Hq", a.Hq},         {"Hkv", a.Hkv}, {"D", a.D},
-                           {"docs", a.docs},       {"dtype", dtype_name(dt)}};
+        nlohmann::json row{
+            {"bench", "attention"}, {"backend", backend}, {"impl", impl}, {"B", a.B},       {"S", a.S},
+            {"Hq", a.Hq},           {"Hkv", a.Hkv},       {"D", a.D},     {"docs", a.docs}, {"dtype", dtype_name(dt)}};
         try {
           BackendOptions o;
           o.type = backend;
@@ -155,8 +157,12 @@ int attention_bench(int argc, char** argv, Communicator&) {
           } else {
             const double fwd = r.forward_flop / (r.forward_ms * 1e-3) / 1e12;
             const double bwd = 2.5 * r.forward_flop / (r.backward_ms * 1e-3) / 1e12;
-            row.update({{"implementation", r.implementation}, {"fwd_ms", r.forward_ms}, {"bwd_ms", r.backward_ms},
-                        {"fwd_tflops", fwd}, {"bwd_tflops", bwd}, {"memory_peak_mib", r.memory_peak >> 20}});
+            row.update({{"implementation", r.implementation},
+                        {"fwd_ms", r.forward_ms},
+                        {"bwd_ms", r.backward_ms},
+                        {"fwd_tflops", fwd},
+                        {"bwd_tflops", bwd},
+                        {"memory_peak_mib", r.memory_peak >> 20}});
             std::printf("  %-6s %-34s %10.3f %10.1f %10.3f %10.1f  %s\n", impl.c_str(), shape.c_str(), r.forward_ms,
                         fwd, r.backward_ms, bwd, r.implementation.c_str());
           }

@@ -43,7 +43,7 @@ struct CalibrateOptions {
   DType dtype = DType::F32;
   int iters = 3;
   double max_gemm_flops = 0;  // 0: 2^34 on the CPU backend, 2^38 on a GPU
-  std::vector<int> threads;    // CPU backend compute threads to calibrate; empty = 1 and all cores
+  std::vector<int> threads;   // CPU backend compute threads to calibrate; empty = 1 and all cores
 };
 
 std::unique_ptr<Backend> make_backend(const CalibrateOptions& o, int threads) {
@@ -65,7 +65,7 @@ nlohmann::json gemm_table(Backend& be, const CalibrateOptions& o) {
     if (flops > top) break;
     Tensors t(be);
     void *A = t.random(m * k, o.dtype, 1), *B = t.random(n * k, o.dtype, 2), *C = t.alloc(m * n * dtype_size(o.dtype));
-    const Gemm g{.trans_b = true, .M = m, .N = n, .K = k, .A = A, .B = B, .ab = o.dtype, .C = C, .c = o.dtype};
+    const Gemm g = Gemm::nt(m, n, k, A, B, C, o.dtype);
     const double ms = time_ms(be, 1, o.iters, [&] { ops.gemm(s, g); });
     rows.push_back({{"m", m}, {"n", n}, {"k", k}, {"flops", flops}, {"tflops", flops / (ms * 1e-3) / 1e12}});
     std::printf("  gemm %6lld x %6lld x %6lld  %10.3f ms  %8.3f TFLOP/s\n", static_cast<long long>(m),
@@ -78,8 +78,8 @@ nlohmann::json attention_table(Backend& be, const CalibrateOptions& o) {
   nlohmann::json rows = nlohmann::json::array();
   Ops& ops = be.ops();
   Stream& s = be.stream(StreamKind::Compute);
-  const std::vector<int64_t> seqs = be.device_is_host() ? std::vector<int64_t>{128, 512, 2048}
-                                                        : std::vector<int64_t>{1024, 4096, 16384, 65536};
+  const std::vector<int64_t> seqs =
+      be.device_is_host() ? std::vector<int64_t>{128, 512, 2048} : std::vector<int64_t>{1024, 4096, 16384, 65536};
   for (int64_t D : {32, 64, 128})
     for (int64_t S : seqs) {
       const int64_t Hq = 4, Hkv = 2, B = 1, nq = B * S * Hq * D, nkv = B * S * Hkv * D;
@@ -96,11 +96,13 @@ nlohmann::json attention_table(Backend& be, const CalibrateOptions& o) {
       void *dout = t.random(nq, dt, 44), *dq = t.alloc(nq * dtype_size(dt)), *dk = t.alloc(nkv * dtype_size(dt)),
            *dv = t.alloc(nkv * dtype_size(dt));
       const double bwd = time_ms(be, 1, o.iters, [&] {
-        ops.attention_backward(s, a, AttentionMask{}, in, a.query_view(out, dt), a.lse_view(lse), a.query_view(dout, dt),
-                               a.grads(dt, dq, dk, dv, nullptr));
+        ops.attention_backward(s, a, AttentionMask{}, in, a.query_view(out, dt), a.lse_view(lse),
+                               a.query_view(dout, dt), a.grads(dt, dq, dk, dv, nullptr));
       });
       const double flops = 4.0 * B * Hq * S * S * D / 2.0;  // causal forward
-      rows.push_back({{"S", S}, {"D", D}, {"fwd_tflops", flops / (fwd * 1e-3) / 1e12},
+      rows.push_back({{"S", S},
+                      {"D", D},
+                      {"fwd_tflops", flops / (fwd * 1e-3) / 1e12},
                       {"bwd_tflops", 2.5 * flops / (bwd * 1e-3) / 1e12}});
       std::printf("  attention S %6lld D %4lld  forward %8.4f TFLOP/s  backward %8.4f TFLOP/s\n",
                   static_cast<long long>(S), static_cast<long long>(D), flops / (fwd * 1e-3) / 1e12,
@@ -269,13 +271,15 @@ int calibrate_bench(int argc, char** argv, Communicator& comm) {
   std::string dtype = "fp32", threads;
   bool collectives_only = false;
   desc.add_options()("help,h", "show this help")(
-      "out", po::value<std::string>(&o.out)->required(), "write the machine profile (JSON) here, e.g. configs/machines/NAME.json")(
+      "out", po::value<std::string>(&o.out)->required(),
+      "write the machine profile (JSON) here, e.g. configs/machines/NAME.json")(
       "name", po::value<std::string>(&o.name), "the profile's name (default: the file name)")(
       "backend", po::value<std::string>(&o.backend)->default_value(o.backend), "cpu or cuda")(
       "dtype", po::value<std::string>(&dtype)->default_value(dtype), "fp32 or bf16: the runs to be predicted")(
-      "threads", po::value<std::string>(&threads), "CPU backend: compute thread counts to calibrate, e.g. 1,2 "
-                                                    "(default: 1 and all the process's cores)")(
-      "max-gemm-flops", po::value<double>(&o.max_gemm_flops), "largest GEMM timed (default 2^34 CPU, 2^38 GPU)")(
+      "threads", po::value<std::string>(&threads),
+      "CPU backend: compute thread counts to calibrate, e.g. 1,2 "
+      "(default: 1 and all the process's cores)")("max-gemm-flops", po::value<double>(&o.max_gemm_flops),
+                                                  "largest GEMM timed (default 2^34 CPU, 2^38 GPU)")(
       "iters", po::value<int>(&o.iters)->default_value(o.iters), "timed runs per point (median)")(
       "collectives", po::bool_switch(&collectives_only),
       "under mpirun: measure only the collectives over these ranks and add them to the --out profile");
@@ -296,15 +300,17 @@ int calibrate_bench(int argc, char** argv, Communicator& comm) {
   if (o.backend == "cuda") o.threads = {0};
   if (o.name.empty()) {
     const size_t slash = o.out.find_last_of('/'), dot = o.out.rfind(".json");
-    o.name = o.out.substr(slash == std::string::npos ? 0 : slash + 1,
-                          dot == std::string::npos ? std::string::npos : dot - (slash == std::string::npos ? 0 : slash + 1));
+    o.name =
+        o.out.substr(slash == std::string::npos ? 0 : slash + 1,
+                     dot == std::string::npos ? std::string::npos : dot - (slash == std::string::npos ? 0 : slash + 1));
   }
 
   if (collectives_only) {
     SO_CHECK(comm.size() > 1, "--collectives needs several ranks (mpirun -np N so_bench calibrate --collectives ...)");
     // The project's reader: refuses FIFOs, directories, deep nesting and duplicate keys by name.
     nlohmann::json prof = read_json_file(o.out, "machine profile (--collectives adds to it)");
-    SO_CHECK(prof.is_object() && prof.contains("compute"), "'", o.out, "' is not a machine profile written by so_bench "
+    SO_CHECK(prof.is_object() && prof.contains("compute"), "'", o.out,
+             "' is not a machine profile written by so_bench "
              "calibrate (no 'compute' table)");
     auto be = make_backend(o, 1);
     const nlohmann::json table = collective_table(*be, comm, o);
@@ -317,8 +323,9 @@ int calibrate_bench(int argc, char** argv, Communicator& comm) {
     }
     return 0;
   }
-  SO_CHECK(comm.size() == 1, "calibrate the compute tables on one rank (ranks sharing the machine would skew them); "
-                             "then add collectives with mpirun -np N so_bench calibrate --collectives --out FILE");
+  SO_CHECK(comm.size() == 1,
+           "calibrate the compute tables on one rank (ranks sharing the machine would skew them); "
+           "then add collectives with mpirun -np N so_bench calibrate --collectives --out FILE");
   nlohmann::json prof;
   prof["name"] = o.name;
   prof["source"] = "measured: so_bench calibrate";

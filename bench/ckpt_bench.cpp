@@ -2,9 +2,9 @@
 // through the same CheckpointSave / load_checkpoint the trainer uses (all ranks of the job writing
 // their ZeRO-3 shards), with file size and bytes per second against the disk's own bounds
 // (sequential write made durable, and sequential read from the disk, of the same bytes in the same
-// directory, each the faster of through and around the page cache), and the stall an asynchronous save costs the training step
-// that follows it: the save call itself, plus what the next optimizer step (which changes every
-// bucket while the writer runs) takes beyond the same step without a save in flight. With
+// directory, each the faster of through and around the page cache), and the stall an asynchronous save costs the
+// training step that follows it: the save call itself, plus what the next optimizer step (which changes every bucket
+// while the writer runs) takes beyond the same step without a save in flight. With
 // --train-steps, also what saves cost real training (the trainer on configs/runs/bench-step.json
 // with this model): per save, the extra time of the steps from the saving one to the next save,
 // synchronous and asynchronous, against the median step of the same training without saves.
@@ -37,8 +37,8 @@ namespace {
 // `every` steps. A save's cost is the time the steps from the saving one to the next save (or the
 // end) take beyond as many steps of the run without saves (its median step); the last save of the
 // asynchronous run has steps after it, so its writer finishes within them.
-void train_with_saves(const std::string& model, const std::string& dtype, const std::string& dir, int steps,
-                      int every, Communicator& comm) {
+void train_with_saves(const std::string& model, const std::string& dtype, const std::string& dir, int steps, int every,
+                      Communicator& comm) {
   nlohmann::json doc = load_json_file("configs/runs/bench-step.json");
   apply_override(doc, "model.config=" + model);
   apply_override(doc, std::string("bf16.enabled=") + (dtype == "bf16" ? "true" : "false"));
@@ -70,9 +70,10 @@ void train_with_saves(const std::string& model, const std::string& dtype, const 
   };
   const double sync_cost = per_save(sync), async_cost = per_save(async);
   if (comm.rank() == 0) {
-    std::printf("# in training (%s, %d steps, a save every %d; step %.3f s without saves): a synchronous save "
-                "costs %.3f s of training, an asynchronous one %.3f s: %.3f of the synchronous\n",
-                model.c_str(), steps, every, typical, sync_cost, async_cost, async_cost / sync_cost);
+    std::printf(
+        "# in training (%s, %d steps, a save every %d; step %.3f s without saves): a synchronous save "
+        "costs %.3f s of training, an asynchronous one %.3f s: %.3f of the synchronous\n",
+        model.c_str(), steps, every, typical, sync_cost, async_cost, async_cost / sync_cost);
   }
 }
 
@@ -101,8 +102,8 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
   po::variables_map vm;
   if (!parse_command_line(desc, argc, argv, vm)) return 0;
   SO_CHECK(reps >= 2, "--reps must be at least 2 (the first save sizes the disk-bound probe)");
-  SO_CHECK(train_steps == 0 || (train_save_every >= 2 && train_steps / 2 >= train_save_every),
-           "--train-steps ", train_steps, " with --train-save-every ", train_save_every,
+  SO_CHECK(train_steps == 0 || (train_save_every >= 2 && train_steps / 2 >= train_save_every), "--train-steps ",
+           train_steps, " with --train-save-every ", train_save_every,
            ": saves need at least 2 steps between them and the run at least two saves");
 
   nlohmann::json doc = {{"model", {{"config", model}}},
@@ -256,9 +257,10 @@ int ckpt_bench(int argc, char** argv, Communicator& comm) {
                 bytes / params, best_save, best_load, bytes / best_save / 1e9, bytes / best_load / 1e9, write_bound,
                 read_bound, bytes / best_save / 1e9 / write_bound, bytes / best_load / 1e9 / read_bound);
     if (async)
-      std::printf("# async save: stall %.3f s (the call %.3f s + the next optimizer step's extra time: %.3f s against "
-                  "%.3f s alone), %.3f of the synchronous save; save to commit %.3f s\n",
-                  best_stall, stall_call, stall_step, stall_alone, best_stall / best_save, best_async);
+      std::printf(
+          "# async save: stall %.3f s (the call %.3f s + the next optimizer step's extra time: %.3f s against "
+          "%.3f s alone), %.3f of the synchronous save; save to commit %.3f s\n",
+          best_stall, stall_call, stall_step, stall_alone, best_stall / best_save, best_async);
     std::printf("# the previous checkpoint's deletion after a commit, in the background: up to %.3f s\n", removal);
   }
   if (train_steps > 0) train_with_saves(model, dtype, dir, train_steps, train_save_every, comm);

@@ -94,8 +94,8 @@ Row measure(const Setup& b, Collective c, int64_t count, DeviceBuffer& send, Dev
   issue(b, c, send.data(), recv.data(), count);
   b.backend.synchronize(s);
   const bool in_place = c == Collective::AllReduce || c == Collective::Broadcast;
-  double wrong = static_cast<double>(
-      count_wrong(CheckSpec{c, ReduceOp::Sum, b.dt, count, n, rank, Setup::kRoot}, in_place ? send.data() : recv.data()));
+  double wrong = static_cast<double>(count_wrong(CheckSpec{c, ReduceOp::Sum, b.dt, count, n, rank, Setup::kRoot},
+                                                 in_place ? send.data() : recv.data()));
   b.comm.all_reduce_sum(&wrong, 1);
 
   Row r;
@@ -146,10 +146,11 @@ int comm_bench(int argc, char** argv, Communicator& comm) {
   int64_t wrong_total = 0;
   for (Collective c : collectives) {
     if (printer) {
-      std::printf("# so_bench comm %s: %d ranks, %s, %lld..%lld B x%d, %d warm-up + %d timed iterations, %s backend "
-                  "comm stream\n",
-                  collective_name(c), comm.size(), dtype_name(setup.dt), static_cast<long long>(min_bytes),
-                  static_cast<long long>(max_bytes), factor, warmup, iters, backend->name().c_str());
+      std::printf(
+          "# so_bench comm %s: %d ranks, %s, %lld..%lld B x%d, %d warm-up + %d timed iterations, %s backend "
+          "comm stream\n",
+          collective_name(c), comm.size(), dtype_name(setup.dt), static_cast<long long>(min_bytes),
+          static_cast<long long>(max_bytes), factor, warmup, iters, backend->name().c_str());
       std::printf("#%11s  %12s  %8s  %6s  %6s  %9s  %8s  %8s  %6s\n", "size", "count", "type", "redop", "root", "time",
                   "algbw", "busbw", "#wrong");
       std::printf("#%11s  %12s  %8s  %6s  %6s  %9s  %8s  %8s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)",

@@ -86,11 +86,7 @@ Peaks measure_peaks(const std::string& backend, int64_t n, int64_t copy_mib, int
     void* A = random ? t.random(n * n, DType::BF16, 1) : t.constant(n * n, DType::BF16, 0.75f);
     void* B = random ? t.random(n * n, DType::BF16, 2) : t.constant(n * n, DType::BF16, 0.75f);
     void* C = t.alloc(n * n * 2);
-    const double ms = time_ms(*be, warmup, iters,
-                              [&] {
-      ops.gemm(s,
-               {.trans_b = true, .M = n, .N = n, .K = n, .A = A, .B = B, .ab = DType::BF16, .C = C, .c = DType::BF16});
-    });
+    const double ms = time_ms(*be, warmup, iters, [&] { ops.gemm(s, Gemm::nt(n, n, n, A, B, C, DType::BF16)); });
     return std::make_pair(ms, 2.0 * n * n * n / (ms * 1e-3) / 1e12);
   };
   std::tie(p.gemm_ms, p.gemm_tflops) = gemm_tflops(true);
@@ -167,7 +163,7 @@ class OpsTable {
                 r.unit.c_str(), r.fraction, r.note.c_str());
     std::fflush(stdout);
     if (json_)
-      *json_ << nlohmann::json{{"bench", "ops"}, {"op", r.op},   {"shape", r.shape},       {"ms", r.ms},
+      *json_ << nlohmann::json{{"bench", "ops"}, {"op", r.op},     {"shape", r.shape},      {"ms", r.ms},
                                {"rate", r.rate}, {"unit", r.unit}, {"of_peak", r.fraction}, {"note", r.note}}
                     .dump()
              << "\n";
@@ -214,8 +210,7 @@ void gemm_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int it
     void* B = t.random(g.K * g.N, DType::BF16, 12);
     void* C = t.random(g.M * g.N, g.c, 13);
     const double ms = time_ms(be, warmup, iters, [&] {
-      ops.gemm(s, {.trans_a = g.ta, .trans_b = g.tb, .M = g.M, .N = g.N, .K = g.K, .beta = g.beta, .A = A, .B = B,
-                   .ab = DType::BF16, .C = C, .c = g.c});
+      ops.gemm(s, Gemm::nn(g.M, g.N, g.K, A, B, C, DType::BF16, g.beta).transposed(g.ta, g.tb).out_as(g.c));
     });
     tab.flops(g.name, dims({g.M, g.N, g.K}) + " bf16, C " + dtype_name(g.c), ms, 2.0 * g.M * g.N * g.K);
   }
@@ -231,7 +226,8 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
   auto timed = [&](auto&& fn) { return time_ms(be, warmup, iters, fn); };
   std::mt19937 rng(7);
   std::vector<int32_t> tokens(static_cast<size_t>(T)), positions(static_cast<size_t>(T));
-  for (int64_t i = 0; i < T; ++i) tokens[i] = static_cast<int32_t>(rng() % V), positions[i] = static_cast<int32_t>(i % 4096);
+  for (int64_t i = 0; i < T; ++i)
+    tokens[i] = static_cast<int32_t>(rng() % V), positions[i] = static_cast<int32_t>(i % 4096);
   const double distinct = static_cast<double>(std::set<int32_t>(tokens.begin(), tokens.end()).size());
   {
     Tensors t(be);
@@ -253,8 +249,7 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
     tab.bytes("rmsnorm_forward", th, timed([&] { ops.rmsnorm_forward(s, norm, out, rstd, x, w); }),
               2.0 * T * H * 2 + H * 2 + T * 4);
     void *dout = t.random(T * H, bf, 25), *dx = t.alloc(T * H * 2), *dw = t.random(H, bf, 26);
-    tab.bytes("rmsnorm_backward", th,
-              timed([&] {
+    tab.bytes("rmsnorm_backward", th, timed([&] {
                 ops.rmsnorm_backward(s, norm, {.dx = dx, .dw_acc = dw, .accumulate = false}, dout, x, w, rstd);
               }),
               3.0 * T * H * 2 + 3 * H * 2 + T * 4);
@@ -265,11 +260,11 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
     void* q = t.random(n, bf, 27);
     const int32_t* pos = t.ints(positions);
     const double* freq = t.doubles(rope_default_inv_freq(500000.0, D));
-    tab.bytes("rope (q, in place)", dims({T, m.heads, D}) + " bf16",
-              timed([&] {
+    tab.bytes("rope (q, in place)", dims({T, m.heads, D}) + " bf16", timed([&] {
                 ops.rope(s, {.T = T, .heads = m.heads, .head_dim = D, .positions = pos, .inv_freq = freq, .dtype = bf},
                          q, false);
-              }), 2.0 * n * 2 + T * 4);
+              }),
+              2.0 * n * 2 + T * 4);
   }
   {
     Tensors t(be);
@@ -288,8 +283,7 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
     auto* loss = static_cast<float*>(t.random(1, DType::F32, 31));
     void* dlogits = t.alloc(R * V * 2);
     const int32_t* tg = t.ints(std::vector<int32_t>(tokens.begin(), tokens.begin() + R));
-    tab.bytes("cross_entropy (+dlogits)", dims({R, V}) + " fp32 -> bf16",
-              timed([&] {
+    tab.bytes("cross_entropy (+dlogits)", dims({R, V}) + " fp32 -> bf16", timed([&] {
                 ops.cross_entropy(s, {.rows = R, .V = V, .scale = 1.0f / R, .z_loss = 0.0f, .dtype = bf}, loss, dlogits,
                                   logits, tg);
               }),
@@ -302,8 +296,7 @@ void memory_rows(Backend& be, OpsTable& tab, const OpsShape& m, int warmup, int 
     void* x = t.random(n, bf, 33);
     tab.bytes("sum_squares", std::to_string(n) + " bf16", timed([&] { ops.sum_squares(s, acc, x, n, bf); }), n * 2.0);
     void* wide = t.alloc(n * 4);
-    tab.bytes("cast bf16 -> fp32", std::to_string(n), timed([&] { ops.cast(s, wide, DType::F32, x, bf, n); }),
-              n * 6.0);
+    tab.bytes("cast bf16 -> fp32", std::to_string(n), timed([&] { ops.cast(s, wide, DType::F32, x, bf, n); }), n * 6.0);
   }
   {
     Tensors t(be);
@@ -347,9 +340,8 @@ void attention_rows(OpsTable& tab, const OpsShape& m, int64_t S, int warmup, int
   const std::string shape = str_cat("B", a.B, " S", S, " Hq", a.Hq, " Hkv", a.Hkv, " D", a.D, " bf16");
   // "auto" that falls back is not cuDNN deterministic: its rows would repeat the flash ones.
   if (std::string(impl.attention) == "auto") {
-    const std::string runs =
-        be->ops().attention_implementation(
-            AttentionShape{a.B, S, a.Hq, a.Hkv, a.D, 1.0f / std::sqrt(static_cast<float>(a.D))}, AttentionMask{}, a.dt);
+    const std::string runs = be->ops().attention_implementation(
+        AttentionShape{a.B, S, a.Hq, a.Hkv, a.D, 1.0f / std::sqrt(static_cast<float>(a.D))}, AttentionMask{}, a.dt);
     if (runs.rfind("cuDNN", 0) != 0) {
       std::printf("# attention [%s] %s: not run: %s\n", impl.name, shape.c_str(), runs.c_str());
       return;
@@ -399,8 +391,8 @@ int ops_bench(int argc, char** argv, Communicator&) {
   OpsShape m;
   std::string attn_seqs = "4096,16384,131072", json_path;
   int attn_iters = 3;
-  desc.add_options()("help,h", "show this help")(
-      "tokens", po::value<int64_t>(&m.tokens)->default_value(m.tokens), "tokens per step (B*S)")(
+  desc.add_options()("help,h", "show this help")("tokens", po::value<int64_t>(&m.tokens)->default_value(m.tokens),
+                                                 "tokens per step (B*S)")(
       "hidden", po::value<int64_t>(&m.hidden)->default_value(m.hidden), "hidden size")(
       "heads", po::value<int64_t>(&m.heads)->default_value(m.heads), "query heads")(
       "kv-heads", po::value<int64_t>(&m.kv_heads)->default_value(m.kv_heads), "key/value heads")(

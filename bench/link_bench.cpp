@@ -42,8 +42,8 @@ int link_bench(int argc, char** argv, Communicator& comm) {
   po::options_description desc("so_bench link options");
   std::string min_arg = "4K", max_arg = "256M", backend_arg = "auto", memory_arg = "pinned,pageable";
   int factor = 4, iters = 5, warmup = 2, device = -1;
-  desc.add_options()("help,h", "show this help")(
-      "min-bytes", po::value<std::string>(&min_arg)->default_value(min_arg), "smallest chunk (suffix K, M, G)")(
+  desc.add_options()("help,h", "show this help")("min-bytes", po::value<std::string>(&min_arg)->default_value(min_arg),
+                                                 "smallest chunk (suffix K, M, G)")(
       "max-bytes", po::value<std::string>(&max_arg)->default_value(max_arg),
       "largest chunk, and the bytes every row copies in total")(
       "step-factor", po::value<int>(&factor)->default_value(factor), "each chunk size is the previous times this")(
@@ -74,9 +74,10 @@ int link_bench(int argc, char** argv, Communicator& comm) {
   DeviceBuffer dev = be->alloc(bytes, "link probe (device)");
   HostBuffer pinned(bytes, -1, be.get(), "link probe (pinned host)");
   std::vector<char> pageable(bytes, 1);  // plain malloc'd memory, touched
-  std::printf("# so_bench link: backend %s, %lld bytes copied per row in chunks, median of %d (+%d warm-up), "
-              "event-timed on the D2H / H2D streams\n",
-              be->name().c_str(), static_cast<long long>(max_bytes), iters, warmup);
+  std::printf(
+      "# so_bench link: backend %s, %lld bytes copied per row in chunks, median of %d (+%d warm-up), "
+      "event-timed on the D2H / H2D streams\n",
+      be->name().c_str(), static_cast<long long>(max_bytes), iters, warmup);
   std::printf("#%12s %9s %8s %10s %10s\n", "chunk (B)", "memory", "chunks", "h2d GB/s", "d2h GB/s");
   Stream& h2d = be->stream(StreamKind::H2D);
   Stream& d2h = be->stream(StreamKind::D2H);
@@ -101,8 +102,9 @@ int link_bench(int argc, char** argv, Communicator& comm) {
       if (chunk > max_bytes / factor) break;
     }
   }
-  std::printf("# the offload pipeline copies one bucket per transfer from pinned memory (so_train prints what it "
-              "measured at start-up: 'casting: link measured with ...')\n");
+  std::printf(
+      "# the offload pipeline copies one bucket per transfer from pinned memory (so_train prints what it "
+      "measured at start-up: 'casting: link measured with ...')\n");
   return 0;
 }
 

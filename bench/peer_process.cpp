@@ -76,7 +76,8 @@ std::optional<std::string> PeerProcess::read_line(double timeout_s) {
       buffered_.erase(0, nl + 1);
       return line;
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       why_ = "timed out";
       return std::nullopt;

@@ -70,25 +70,25 @@ struct Subcommand {
 
 // One row per subcommand.
 constexpr Subcommand kSubcommands[] = {
-    {"adam", "GraceAdam (CPU AdamW) per size vs its roofline (same-stream probe, arithmetic ceiling) and vs torch "
-             "and DeepSpeed CPU AdamW",
+    {"adam",
+     "GraceAdam (CPU AdamW) per size vs its roofline (same-stream probe, arithmetic ceiling) and vs torch "
+     "and DeepSpeed CPU AdamW",
      adam_bench},
-    {"step", "exposed optimizer time per step: ZeRO-Offload vs SuperOffload on the same model and data",
-     step_bench},
-    {"ckpt", "HDF5 checkpoint save and load time, file size and bytes/s for a model from random weights",
-     ckpt_bench},
+    {"step", "exposed optimizer time per step: ZeRO-Offload vs SuperOffload on the same model and data", step_bench},
+    {"ckpt", "HDF5 checkpoint save and load time, file size and bytes/s for a model from random weights", ckpt_bench},
     {"link", "host <-> device copy GB/s per direction and chunk size, pinned and pageable host memory", link_bench},
     {"comm", "collectives' time, algorithm and bus bandwidth per size (nccl-tests' table), results checked",
      comm_bench},
     {"gpu-peaks", "GPU ceilings: bf16 GEMM TFLOP/s (vs the nominal peak) and device copy GB/s, CUDA-event timed",
      gpu_peaks_bench},
-    {"calibrate", "the performance model's machine profile: GEMM, attention and memory-bound throughputs, link, CPU "
-                  "Adam and (under mpirun) collectives, as JSON",
+    {"calibrate",
+     "the performance model's machine profile: GEMM, attention and memory-bound throughputs, link, CPU "
+     "Adam and (under mpirun) collectives, as JSON",
      calibrate_bench},
-    {"ops", "every op at Llama-1B sizes as a fraction of the measured ceilings; attention up to S = 131072",
-     ops_bench},
-    {"attention", "causal GQA attention forward/backward TFLOP/s per implementation (our kernels, cuDNN), unpacked "
-                  "and packed-document rows",
+    {"ops", "every op at Llama-1B sizes as a fraction of the measured ceilings; attention up to S = 131072", ops_bench},
+    {"attention",
+     "causal GQA attention forward/backward TFLOP/s per implementation (our kernels, cuDNN), unpacked "
+     "and packed-document rows",
      attention_bench},
 };
 

@@ -112,8 +112,8 @@ int step_bench(int argc, char** argv, Communicator& comm) {
   for (const Row& r : rows)
     if (r.name.rfind("zero-offload", 0) == 0) zero = &r.s;
   nlohmann::json json_rows = nlohmann::json::array();
-  std::printf("\n#%24s %9s %10s %10s %16s %12s %16s\n", "placement", "clipped", "tokens/s", "step ms",
-              "opt exposed ms", "opt CPU ms", "exposed/ZeRO-Off");
+  std::printf("\n#%24s %9s %10s %10s %16s %12s %16s\n", "placement", "clipped", "tokens/s", "step ms", "opt exposed ms",
+              "opt CPU ms", "exposed/ZeRO-Off");
   for (const Row& r : rows) {
     const std::string clipped = std::to_string(r.s.clipped_steps) + "/" + std::to_string(r.s.steps - start);
     std::printf(" %24s %9s %10.0f %10.2f %16.2f %12.2f", r.name.c_str(), clipped.c_str(), r.s.mean_tokens_per_s,
@@ -138,9 +138,10 @@ int step_bench(int argc, char** argv, Communicator& comm) {
     out << nlohmann::json{{"bench", "step"}, {"config", config}, {"clip", clip}, {"rows", json_rows}}.dump() << "\n";
     SO_CHECK(out.good(), "cannot write '", json_path, "'");
   }
-  std::printf("# clipped: steps clipped / steps run (--clip %s%s); means over the steps after each run's first; "
-              "targets: SuperOffload never above 1.0x ZeRO-Offload's exposed time\n",
-              clip.c_str(), resume.empty() ? "" : str_cat(", from ", resume).c_str());
+  std::printf(
+      "# clipped: steps clipped / steps run (--clip %s%s); means over the steps after each run's first; "
+      "targets: SuperOffload never above 1.0x ZeRO-Offload's exposed time\n",
+      clip.c_str(), resume.empty() ? "" : str_cat(", from ", resume).c_str());
   return 0;
 }
 

@@ -20,7 +20,8 @@ BindResult bind_process(const RankPlacement& p) {
     r.problem = str_cat("hwloc_set_cpubind to ", format_core_list(p.cores), " failed: ", std::strerror(errno));
   r.effective = process_cores();
   if (r.problem.empty() && r.effective != p.cores)
-    r.problem = str_cat("asked for cores ", format_core_list(p.cores), ", the kernel gave ", format_core_list(r.effective));
+    r.problem =
+        str_cat("asked for cores ", format_core_list(p.cores), ", the kernel gave ", format_core_list(r.effective));
 
   // Preferred, not bound: a full node spills over instead of failing an allocation.
   if (numa_available() < 0) {

@@ -7,7 +7,6 @@
 
 namespace so {
 
-
 NodeRanks node_ranks() {
   NodeRanks r;
   SO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &r.rank));
@@ -31,8 +30,8 @@ std::vector<std::string> gather_at_root(const std::string& text) {
   SO_MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD));
   if (rank == 0) std::exclusive_scan(lens.begin(), lens.end(), offsets.begin(), 0);
   std::string all(rank == 0 ? static_cast<size_t>(std::accumulate(lens.begin(), lens.end(), 0)) : 0, '\0');
-  SO_MPI_CHECK(MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0,
-                           MPI_COMM_WORLD));
+  SO_MPI_CHECK(
+      MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0, MPI_COMM_WORLD));
   std::vector<std::string> texts;
   for (size_t i = 0; i < lens.size(); ++i)
     texts.push_back(all.substr(static_cast<size_t>(offsets[i]), static_cast<size_t>(lens[i])));

@@ -31,8 +31,8 @@ std::vector<NumaNode> usable_nodes(const Topology& topo, const std::vector<int>&
 
 RankPlacement place_rank(const Topology& topo, int local_rank, int local_size, double optimizer_fraction,
                          const std::vector<int>& core_list) {
-  SO_CHECK(local_size > 0 && local_rank >= 0 && local_rank < local_size, "place_rank: local rank ", local_rank,
-           " of ", local_size);
+  SO_CHECK(local_size > 0 && local_rank >= 0 && local_rank < local_size, "place_rank: local rank ", local_rank, " of ",
+           local_size);
   const std::vector<NumaNode> nodes = usable_nodes(topo, core_list);
   const int n_gpus = static_cast<int>(topo.gpus.size());
   SO_CHECK(n_gpus == 0 || local_size <= n_gpus, topo.host, " runs ", local_size, " ranks but has ", n_gpus,
@@ -46,8 +46,8 @@ RankPlacement place_rank(const Topology& topo, int local_rank, int local_size, d
       continue;
     }
     const int want = topo.gpus[static_cast<size_t>(r)].numa_node;
-    SO_CHECK(std::any_of(nodes.begin(), nodes.end(), [&](const NumaNode& n) { return n.os_index == want; }),
-             "GPU ", r, " (", topo.gpus[static_cast<size_t>(r)].pci_bus_id, ") is attached to NUMA node ", want,
+    SO_CHECK(std::any_of(nodes.begin(), nodes.end(), [&](const NumaNode& n) { return n.os_index == want; }), "GPU ", r,
+             " (", topo.gpus[static_cast<size_t>(r)].pci_bus_id, ") is attached to NUMA node ", want,
              ", which has no cores to run its rank on", core_list.empty() ? "" : " in --bind-core-list");
     node_of[r] = want;
   }
@@ -57,7 +57,8 @@ RankPlacement place_rank(const Topology& topo, int local_rank, int local_size, d
   const int slot = static_cast<int>(std::count(node_of.begin(), node_of.begin() + local_rank, p.numa_node));
   p.ranks_on_node = static_cast<int>(std::count(node_of.begin(), node_of.end(), p.numa_node));
 
-  const NumaNode& node = *std::find_if(nodes.begin(), nodes.end(), [&](const NumaNode& n) { return n.os_index == p.numa_node; });
+  const NumaNode& node =
+      *std::find_if(nodes.begin(), nodes.end(), [&](const NumaNode& n) { return n.os_index == p.numa_node; });
   const int c = static_cast<int>(node.cores.size());
   const int r = p.ranks_on_node;
   p.cores_on_node = c;

@@ -15,13 +15,13 @@
 namespace so {
 
 struct RankPlacement {
-  int gpu = -1;                // index into Topology::gpus (= CUDA device); -1 = none
-  int numa_node = -1;          // os index
-  std::vector<int> cores;      // ascending: what the process is bound to
-  CoreSplit split;             // compute stream / optimizer pool (empty when there is no pool)
-  int ranks_on_node = 0;       // local ranks placed on this NUMA node
-  int cores_on_node = 0;       // cores of the node available to them
-  bool shares_cores = false;   // ranks_on_node > cores_on_node: cores are shared, not split
+  int gpu = -1;               // index into Topology::gpus (= CUDA device); -1 = none
+  int numa_node = -1;         // os index
+  std::vector<int> cores;     // ascending: what the process is bound to
+  CoreSplit split;            // compute stream / optimizer pool (empty when there is no pool)
+  int ranks_on_node = 0;      // local ranks placed on this NUMA node
+  int cores_on_node = 0;      // cores of the node available to them
+  bool shares_cores = false;  // ranks_on_node > cores_on_node: cores are shared, not split
 };
 
 // optimizer_fraction: cpuadam_cores_perc in (0, 1], or 0 when there is no optimizer pool (no

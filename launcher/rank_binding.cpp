@@ -49,8 +49,8 @@ BindOptions parse_bind_options(const std::string& mode, const std::string& core_
 
 RankBinding bind_this_rank(const BindOptions& opts, const std::string& backend, double optimizer_fraction) {
   const NodeRanks nr = node_ranks();
-  const std::string who = str_cat("rank ", nr.rank, "/", nr.size, " host ", host_name(), " (local ", nr.local_rank,
-                                  "/", nr.local_size, "): ");
+  const std::string who = str_cat("rank ", nr.rank, "/", nr.size, " host ", host_name(), " (local ", nr.local_rank, "/",
+                                  nr.local_size, "): ");
   if (opts.mode == BindMode::None) {
     const std::vector<int> cores = process_cores();
     return {str_cat(who, "gpu -, numa node -, cores ", format_core_list(cores), " (",

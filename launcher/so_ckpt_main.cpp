@@ -25,12 +25,12 @@ int usage() {
 
 int inspect(const std::string& path) {
   const so::CheckpointSummary c = so::read_checkpoint_summary(path);
-  std::printf("%s\n  format version %lld, written by %lld ranks (ZeRO stage %lld)\n  iteration %lld, optimizer steps "
-              "%lld, next sample %lld\n",
-              c.path.c_str(), static_cast<long long>(c.format_version), static_cast<long long>(c.world_size),
-              static_cast<long long>(c.zero_stage),
-              static_cast<long long>(c.state.iteration), static_cast<long long>(c.state.steps_taken),
-              static_cast<long long>(c.state.data_position));
+  std::printf(
+      "%s\n  format version %lld, written by %lld ranks (ZeRO stage %lld)\n  iteration %lld, optimizer steps "
+      "%lld, next sample %lld\n",
+      c.path.c_str(), static_cast<long long>(c.format_version), static_cast<long long>(c.world_size),
+      static_cast<long long>(c.zero_stage), static_cast<long long>(c.state.iteration),
+      static_cast<long long>(c.state.steps_taken), static_cast<long long>(c.state.data_position));
   std::printf("  model: %s\n  tensors (each also under /optim/exp_avg and /optim/exp_avg_sq):\n",
               c.model_config.dump().c_str());
   int64_t total = 0;
@@ -47,18 +47,24 @@ int inspect(const std::string& path) {
 int verify(const std::string& path) {
   const std::vector<std::string> problems = so::verify_checkpoint(path);
   for (const std::string& p : problems) std::printf("DAMAGED: %s\n", p.c_str());
-  if (problems.empty()) std::printf("ok: %s (every tensor read, checksums and manifest match)\n", so::resolve_checkpoint(path).c_str());
+  if (problems.empty())
+    std::printf("ok: %s (every tensor read, checksums and manifest match)\n", so::resolve_checkpoint(path).c_str());
   return problems.empty() ? 0 : 1;
 }
 
 int export_hf(int argc, char** argv) {
   std::string out, path, dtype = "bf16", shard = "0";
   for (int i = 0; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--hf") && i + 1 < argc) out = argv[++i];
-    else if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
-    else if (!std::strcmp(argv[i], "--max-shard-size") && i + 1 < argc) shard = argv[++i];
-    else if (argv[i][0] != '-' && path.empty()) path = argv[i];
-    else throw so::Error(std::string("export: unexpected argument '") + argv[i] + "'");
+    if (!std::strcmp(argv[i], "--hf") && i + 1 < argc)
+      out = argv[++i];
+    else if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc)
+      dtype = argv[++i];
+    else if (!std::strcmp(argv[i], "--max-shard-size") && i + 1 < argc)
+      shard = argv[++i];
+    else if (argv[i][0] != '-' && path.empty())
+      path = argv[i];
+    else
+      throw so::Error(std::string("export: unexpected argument '") + argv[i] + "'");
   }
   if (out.empty() || path.empty()) return usage();
   SO_CHECK(dtype == "bf16" || dtype == "fp32", "export: --dtype is '", dtype, "'; choose bf16 or fp32");
@@ -74,9 +80,8 @@ int export_hf(int argc, char** argv) {
   opts.max_shard_bytes = std::strtoll(shard.c_str(), &end, 10);
   SO_CHECK(errno == 0 && end != shard.c_str() && *end == '\0' && opts.max_shard_bytes >= 0,
            "export: --max-shard-size is '", shard, "'; give a byte count (0 = one file)");
-  so::export_hf_model(out, cfg, layout,
-                      [&](int id) { return reader.tensor("/model/" + layout.params[id].name); },
-                      opts);
+  so::export_hf_model(
+      out, cfg, layout, [&](int id) { return reader.tensor("/model/" + layout.params[id].name); }, opts);
   std::printf("exported %s (step %lld) to %s as %s safetensors\n", c.path.c_str(),
               static_cast<long long>(c.state.steps_taken), out.c_str(), dtype.c_str());
   return 0;

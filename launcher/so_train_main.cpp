@@ -43,8 +43,8 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       "replaces the config's model section")(
       "data", po::value<std::string>(&data),
       "training data: a .txt file (bytes as tokens), .h5/.hdf5 (dataset 'tokens') or a token file (docs/configs.md); "
-      "replaces data.type and data.path")(
-      "seq-len", po::value<int64_t>(&seq_len), "tokens per sequence (data.seq_len)")(
+      "replaces data.type and data.path")("seq-len", po::value<int64_t>(&seq_len),
+                                          "tokens per sequence (data.seq_len)")(
       "steps", po::value<int64_t>(&steps), "number of optimizer steps (overrides train.steps)")(
       "set", po::value<std::vector<std::string>>(&sets)->composing(),
       "override a config value: --set optimizer.params.lr=3e-4 (repeatable)")(
@@ -52,8 +52,9 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       "tensorboard", po::value<std::string>(&tensorboard),
       "write TensorBoard event files to DIR/<tensorboard.job_name>/ (sets tensorboard.enabled and "
       "tensorboard.output_path)")(
-      "quiet,q", "short logs: no start-up notes (warnings and errors only) and short step lines (progress, loss, lr, "
-                 "norm, throughput, ETA) every steps_per_print steps")(
+      "quiet,q",
+      "short logs: no start-up notes (warnings and errors only) and short step lines (progress, loss, lr, "
+      "norm, throughput, ETA) every steps_per_print steps")(
       "trace", po::value<std::string>(&trace),
       "write a Chrome/Perfetto trace (compute, D2H, H2D and CPU-optimizer lanes, per bucket) to this file")(
       "profile-steps", po::value<std::string>(&profile_steps),
@@ -73,12 +74,14 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
       "async-save", po::value<std::string>(&async_save)->default_value("on"),
       "on: training goes on while a checkpoint is written (committed when every rank is done); off: wait for it")(
       "resume", po::value<std::string>(&resume), "resume from a checkpoint file, or the `latest` one of a directory")(
-      "plan", "print the memory plan of this run (device and host bytes per rank, term by term, whether they fit, the "
-              "largest sequence length that would) and exit without training")(
+      "plan",
+      "print the memory plan of this run (device and host bytes per rank, term by term, whether they fit, the "
+      "largest sequence length that would) and exit without training")(
       "plan-machine", po::value<std::string>(&plan_machine)->default_value("this"),
       "with --plan: this (the backend the config selects, with its capacity), gh200-96, gh200-144 or h100-80")(
       "plan-ranks", po::value<int>(&plan_ranks), "with --plan: plan for this many ranks (default: the ranks launched)")(
-      "plan-host-gib", po::value<double>(&plan_host_gib), "with --plan: host memory per rank in GiB (default: the profile's)")(
+      "plan-host-gib", po::value<double>(&plan_host_gib),
+      "with --plan: host memory per rank in GiB (default: the profile's)")(
       "plan-json", po::value<std::string>(&plan_json),
       "with --plan: also write the run's description for the performance model (jobs/sweeps/perf_model.py) here");
   po::variables_map vm;
@@ -106,15 +109,15 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
     nlohmann::json doc = so::load_json_file(config);
     // A DeepSpeed config names neither model nor data: these flags supply them.
     if (!model.empty() && doc.is_object())
-      doc["model"] = std::filesystem::is_directory(model) ? nlohmann::json{{"hf_dir", model}}
-                                                          : nlohmann::json{{"config", model}};
+      doc["model"] =
+          std::filesystem::is_directory(model) ? nlohmann::json{{"hf_dir", model}} : nlohmann::json{{"config", model}};
     if (!data.empty() && doc.is_object()) {
       const std::string ext = std::filesystem::path(data).extension().string();
       if (!doc.contains("data") || !doc["data"].is_object()) doc["data"] = nlohmann::json::object();
-      doc["data"]["type"] = ext == ".txt"                      ? "text"
-                             : ext != ".h5" && ext != ".hdf5"    ? "tokens"
-                             : so::is_prepared_file(data)       ? "prepared"
-                                                                 : "hdf5";
+      doc["data"]["type"] = ext == ".txt"                    ? "text"
+                            : ext != ".h5" && ext != ".hdf5" ? "tokens"
+                            : so::is_prepared_file(data)     ? "prepared"
+                                                             : "hdf5";
       doc["data"]["path"] = data;
     }
     if (vm.count("seq-len")) so::apply_override(doc, "data.seq_len=" + std::to_string(seq_len));
@@ -126,7 +129,8 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
           (doc["train"].contains("steps") || doc["train"].contains("num_train_epochs"))))
       so::apply_override(doc, "train.steps=1");
     if (!tensorboard.empty() && doc.is_object()) {
-      if (!doc.contains("tensorboard") || !doc["tensorboard"].is_object()) doc["tensorboard"] = nlohmann::json::object();
+      if (!doc.contains("tensorboard") || !doc["tensorboard"].is_object())
+        doc["tensorboard"] = nlohmann::json::object();
       doc["tensorboard"]["enabled"] = true;
       doc["tensorboard"]["output_path"] = tensorboard;
     }
@@ -158,7 +162,8 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
     const std::string chosen = so::resolve_auto_memory(cfg, ranks, machine);
     const so::MemoryPlan plan = so::plan_memory(cfg, ranks, 0, machine, !save_dir.empty() && async_save == "on");
     if (mpi.world_rank() == 0) {
-      std::printf("%s%s", chosen.empty() ? "" : (chosen + "\n").c_str(), so::format_plan(cfg, ranks, plan, machine).c_str());
+      std::printf("%s%s", chosen.empty() ? "" : (chosen + "\n").c_str(),
+                  so::format_plan(cfg, ranks, plan, machine).c_str());
       if (!plan_json.empty()) {
         std::ofstream f(plan_json);
         f << so::plan_json(cfg, ranks, plan).dump(2) << "\n";
@@ -184,8 +189,9 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   so::TrainOptions opts;
   opts.metrics_path = metrics;
   if (cfg.wandb.enabled && metrics.empty())
-    throw so::Error("command line: wandb.enabled is true but there is no --metrics FILE: scripts/wandb_log.py logs the "
-                    "run to wandb from that file");
+    throw so::Error(
+        "command line: wandb.enabled is true but there is no --metrics FILE: scripts/wandb_log.py logs the "
+        "run to wandb from that file");
   opts.quiet = vm.count("quiet") > 0;
   opts.trace_path = trace;
   if (save_every < 0) throw so::Error("command line: --save-every must not be negative");
@@ -213,10 +219,11 @@ int run(int argc, char** argv, so::MpiSession& mpi) {
   }
   const so::TrainSummary s = so::train(cfg, *comm, opts);
   if (comm->rank() == 0)
-    std::printf("done: %lld steps, loss %.4f -> %.4f, mean %.0f tokens/s, exposed optimizer %.2f ms/step "
-                "(CPU optimizer busy %.2f ms/step)\n",
-                static_cast<long long>(s.steps), s.first_loss, s.last_loss, s.mean_tokens_per_s,
-                1e3 * s.mean_exposed_optimizer_s, 1e3 * s.mean_optimizer_busy_s);
+    std::printf(
+        "done: %lld steps, loss %.4f -> %.4f, mean %.0f tokens/s, exposed optimizer %.2f ms/step "
+        "(CPU optimizer busy %.2f ms/step)\n",
+        static_cast<long long>(s.steps), s.first_loss, s.last_loss, s.mean_tokens_per_s,
+        1e3 * s.mean_exposed_optimizer_s, 1e3 * s.mean_optimizer_busy_s);
   return 0;
 }
 
@@ -232,7 +239,8 @@ int main(int argc, char** argv) {
       const std::string msg = e.what();
       const bool named = msg.rfind("[rank ", 0) == 0;
       std::fprintf(stderr, "so_train: error: %s%s\n",
-                   mpi.world_size() > 1 && !named ? so::str_cat("[rank ", mpi.world_rank(), "] ").c_str() : "", msg.c_str());
+                   mpi.world_size() > 1 && !named ? so::str_cat("[rank ", mpi.world_rank(), "] ").c_str() : "",
+                   msg.c_str());
       std::fflush(stderr);
       // Other ranks may be inside a collective: end the whole job rather than leave them waiting.
       if (mpi.world_size() > 1) so::MpiSession::abort_job(1);

@@ -91,15 +91,16 @@ Topology topology_of_this_machine() {
 }
 
 Topology topology_from_xml(const std::string& path) {
-  const HwlocTopology t = load_hwloc_topology(
-      "hwloc XML '" + path + "'", [&](hwloc_topology_t h) { return hwloc_topology_set_xml(h, path.c_str()) || keep_gpus(h); });
+  const HwlocTopology t = load_hwloc_topology("hwloc XML '" + path + "'", [&](hwloc_topology_t h) {
+    return hwloc_topology_set_xml(h, path.c_str()) || keep_gpus(h);
+  });
   return describe(t.get(), path);
 }
 
 Topology topology_from_synthetic(const std::string& description) {
-  const HwlocTopology t = load_hwloc_topology("hwloc synthetic topology '" + description + "'", [&](hwloc_topology_t h) {
-    return hwloc_topology_set_synthetic(h, description.c_str());
-  });
+  const HwlocTopology t =
+      load_hwloc_topology("hwloc synthetic topology '" + description + "'",
+                          [&](hwloc_topology_t h) { return hwloc_topology_set_synthetic(h, description.c_str()); });
   return describe(t.get(), "synthetic");
 }
 

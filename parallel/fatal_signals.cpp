@@ -18,8 +18,8 @@ struct Fatal {
   int sig;
   const char* name;
 };
-constexpr Fatal kFatal[] = {{SIGSEGV, "SIGSEGV"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"}, {SIGFPE, "SIGFPE"},
-                            {SIGILL, "SIGILL"}};
+constexpr Fatal kFatal[] = {
+    {SIGSEGV, "SIGSEGV"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"}, {SIGFPE, "SIGFPE"}, {SIGILL, "SIGILL"}};
 constexpr int kSignals = sizeof(kFatal) / sizeof(kFatal[0]);
 
 struct sigaction g_before[kSignals];

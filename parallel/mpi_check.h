@@ -18,10 +18,10 @@ inline std::string mpi_error_string(int rc) {
 
 }  // namespace so
 
-#define SO_MPI_CHECK(call, ...)                                                                  \
-  do {                                                                                           \
-    const int so_mpi_rc_ = (call);                                                               \
-    if (so_mpi_rc_ != MPI_SUCCESS)                                                               \
-      SO_FAIL("MPI call failed: ", #call __VA_OPT__(, " (", __VA_ARGS__, ")"), ": ",             \
-              ::so::mpi_error_string(so_mpi_rc_));                                               \
+#define SO_MPI_CHECK(call, ...)                                                      \
+  do {                                                                               \
+    const int so_mpi_rc_ = (call);                                                   \
+    if (so_mpi_rc_ != MPI_SUCCESS)                                                   \
+      SO_FAIL("MPI call failed: ", #call __VA_OPT__(, " (", __VA_ARGS__, ")"), ": ", \
+              ::so::mpi_error_string(so_mpi_rc_));                                   \
   } while (0)

@@ -15,11 +15,9 @@
 #include "so/backend/backend.h"
 #include "so/core/error.h"
 
-
 namespace so {
 
 namespace {
-
 
 bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   const auto* pa = static_cast<const char*>(a);
@@ -178,9 +176,11 @@ class MpiCommunicator final : public Communicator {
   }
 
   void all_to_all(Stream& s, void* recv, const void* send, int64_t count, DType dt) override {
-    SO_CHECK(backend_, context("all_to_all", count, dt), ": the communicator is not attached to a backend (attach() first)");
+    SO_CHECK(backend_, context("all_to_all", count, dt),
+             ": the communicator is not attached to a backend (attach() first)");
     const int64_t word = word_elements(count, mpi_count_limit());
-    SO_CHECK(count >= 0 && word > 0, context("all_to_all", count, dt), ": the count has no divisor that brings it within ",
+    SO_CHECK(count >= 0 && word > 0, context("all_to_all", count, dt),
+             ": the count has no divisor that brings it within ",
              "MPI's int counts; choose a sequence length with more factors of two");
     const int n = static_cast<int>(count / word);
     const size_t bytes = size_ * count * dtype_size(dt);

@@ -21,10 +21,10 @@ inline std::string nccl_error_string(ncclResult_t rc) {
 
 }  // namespace so
 
-#define SO_NCCL_CHECK(call, ...)                                                                 \
-  do {                                                                                           \
-    const ncclResult_t so_nccl_rc_ = (call);                                                     \
-    if (so_nccl_rc_ != ncclSuccess)                                                              \
-      SO_FAIL("NCCL call failed: ", #call __VA_OPT__(, " (", __VA_ARGS__, ")"), ": ",            \
-              ::so::nccl_error_string(so_nccl_rc_));                                             \
+#define SO_NCCL_CHECK(call, ...)                                                      \
+  do {                                                                                \
+    const ncclResult_t so_nccl_rc_ = (call);                                          \
+    if (so_nccl_rc_ != ncclSuccess)                                                   \
+      SO_FAIL("NCCL call failed: ", #call __VA_OPT__(, " (", __VA_ARGS__, ")"), ": ", \
+              ::so::nccl_error_string(so_nccl_rc_));                                  \
   } while (0)

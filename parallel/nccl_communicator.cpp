@@ -131,10 +131,7 @@ class StreamScratch {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::unique_ptr<Communicator> mpi, Backend* backend)
-      : mpi_(std::move(mpi)),
-        backend_(backend),
-        device_(current_device()),
-        comm_(mpi_comm_of(*mpi_), group()) {}
+      : mpi_(std::move(mpi)), backend_(backend), device_(current_device()), comm_(mpi_comm_of(*mpi_), group()) {}
 
   int rank() const override { return mpi_->rank(); }
   int size() const override { return mpi_->size(); }
@@ -239,9 +236,9 @@ class NcclCommunicator final : public Communicator {
         SO_NCCL_CHECK(ncclSend(static_cast<const char*>(send) + peer * block, count, nccl_type(dt), peer, comm_.get(),
                                cuda::raw(s)),
                       context("all_to_all", count, dt), " to rank ", peer);
-        SO_NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + peer * block, count, nccl_type(dt), peer, comm_.get(),
-                               cuda::raw(s)),
-                      context("all_to_all", count, dt), " from rank ", peer);
+        SO_NCCL_CHECK(
+            ncclRecv(static_cast<char*>(recv) + peer * block, count, nccl_type(dt), peer, comm_.get(), cuda::raw(s)),
+            context("all_to_all", count, dt), " from rank ", peer);
       }
     } catch (...) {
       (void)ncclGroupEnd();  // close the group, or this thread's later NCCL calls would join it

@@ -17,6 +17,7 @@ packages=(
   libre2-dev                            # linear-time regular expressions (train.weight_decay_exclude)
   g++-aarch64-linux-gnu qemu-user       # Arm NEON/SVE optimizer kernels: cross build + emulated tests (tests/cross)
   clang libclang-rt-14-dev              # the ASan+UBSan tree and the libFuzzer targets (tests/sanitize, tests/fuzz)
+  clang-format-14                       # the C++/CUDA style (.clang-format), checked by lint.clang_format
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -30,7 +30,8 @@ struct OptimizerState {
   std::vector<float> flat() const {
     std::vector<float> out;
     for (size_t p = 0; p < master.size(); ++p)
-      for (const std::vector<float>* v : {&master[p], &exp_avg[p], &exp_avg_sq[p]}) out.insert(out.end(), v->begin(), v->end());
+      for (const std::vector<float>* v : {&master[p], &exp_avg[p], &exp_avg_sq[p]})
+        out.insert(out.end(), v->begin(), v->end());
     return out;
   }
 };

@@ -73,8 +73,8 @@ void check_view(const char* op, const char* name, const ConstTensorView& v, cons
 
 DType check_attention_tensors(const char* op, const AttentionShape& a, const AttentionInputs& in,
                               const ConstTensorView& out, const ConstTensorView& lse, const ConstTensorView& dout) {
-  SO_CHECK(a.B >= 0 && a.S >= 0 && a.Hq > 0 && a.Hkv > 0 && a.D > 0 && a.Hq % a.Hkv == 0, op, ": bad shape ",
-           a.text(), " (query heads must be a positive multiple of KV heads)");
+  SO_CHECK(a.B >= 0 && a.S >= 0 && a.Hq > 0 && a.Hkv > 0 && a.D > 0 && a.Hq % a.Hkv == 0, op, ": bad shape ", a.text(),
+           " (query heads must be a positive multiple of KV heads)");
   const DType dt = in.q.dtype;
   check_view(op, "q", in.q, a.queries(), dt, a);
   check_view(op, "k", in.k, a.keys(), dt, a);
@@ -85,8 +85,8 @@ DType check_attention_tensors(const char* op, const AttentionShape& a, const Att
   return dt;
 }
 
-void check_attention_grads(const char* op, const AttentionShape& a, const AttentionMask& mask,
-                           const AttentionGrads& g, DType dt) {
+void check_attention_grads(const char* op, const AttentionShape& a, const AttentionMask& mask, const AttentionGrads& g,
+                           DType dt) {
   check_view(op, "dq", g.dq, a.queries(), dt, a);
   check_view(op, "dk", g.dk, a.keys(), dt, a);
   check_view(op, "dv", g.dv, a.keys(), dt, a);

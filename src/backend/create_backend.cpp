@@ -23,7 +23,8 @@ std::unique_ptr<Backend> create_backend(const BackendOptions& opts) {
   SO_FAIL("backend '", opts.type, "' is unknown (available: auto, cpu, cuda)");
 #else
   if (opts.type == "cpu" || opts.type == "auto") return std::make_unique<cpu::CpuBackend>(opts);
-  SO_FAIL("backend '", opts.type, "' is not available in this build (available: auto, cpu; configure with -DSO_CUDA=ON for cuda)");
+  SO_FAIL("backend '", opts.type,
+          "' is not available in this build (available: auto, cpu; configure with -DSO_CUDA=ON for cuda)");
 #endif
 }
 

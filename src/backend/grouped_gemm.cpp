@@ -4,10 +4,10 @@
 
 namespace so {
 
-void walk_grouped_gemm(const GroupedGemm& g,
-                       const std::function<void(bool, bool, int64_t, int64_t, int64_t, const void*, const void*,
-                                                void*)>& gemm,
-                       const std::function<void(void*, size_t)>& zero) {
+void walk_grouped_gemm(
+    const GroupedGemm& g,
+    const std::function<void(bool, bool, int64_t, int64_t, int64_t, const void*, const void*, void*)>& gemm,
+    const std::function<void(void*, size_t)>& zero) {
   const size_t ab = dtype_size(g.ab), c = dtype_size(g.c);
   const auto* A = static_cast<const char*>(g.A);
   SO_CHECK(g.offsets != nullptr, "grouped_gemm: no offsets");
@@ -17,7 +17,8 @@ void walk_grouped_gemm(const GroupedGemm& g,
              start + n, "), outside [0, max_rows = ", g.max_rows, ") or reversed");
     if (!g.vary_k()) {
       const void* B = g.per_group ? g.per_group[grp] : static_cast<const char*>(g.B) + grp * g.N * g.K * ab;
-      if (n > 0) gemm(false, g.trans_b, n, g.N, g.K, A + start * g.K * ab, B, static_cast<char*>(g.C) + start * g.N * c);
+      if (n > 0)
+        gemm(false, g.trans_b, n, g.N, g.K, A + start * g.K * ab, B, static_cast<char*>(g.C) + start * g.N * c);
     } else {
       void* C = g.per_group ? g.per_group[grp] : static_cast<char*>(g.C) + grp * g.M * g.N * c;
       if (n > 0) {

@@ -11,9 +11,9 @@
 namespace so {
 
 // gemm(trans_a, trans_b, M, N, K, A, B, C) with g's alpha, beta and dtypes; zero(C, bytes).
-void walk_grouped_gemm(const GroupedGemm& g,
-                       const std::function<void(bool, bool, int64_t, int64_t, int64_t, const void*, const void*,
-                                                void*)>& gemm,
-                       const std::function<void(void*, size_t)>& zero);
+void walk_grouped_gemm(
+    const GroupedGemm& g,
+    const std::function<void(bool, bool, int64_t, int64_t, int64_t, const void*, const void*, void*)>& gemm,
+    const std::function<void(void*, size_t)>& zero);
 
 }  // namespace so

@@ -86,7 +86,8 @@ class OldCheckpointRemover {
       lock.unlock();
       std::error_code ec;
       fs::remove(file, ec);
-      if (ec) log_warn(str_cat("checkpoint: could not remove the old checkpoint '", file.string(), "': ", ec.message()));
+      if (ec)
+        log_warn(str_cat("checkpoint: could not remove the old checkpoint '", file.string(), "': ", ec.message()));
       lock.lock();
       busy_ = false;
       cv_.notify_all();
@@ -166,9 +167,10 @@ CheckpointSave::CheckpointSave(Engine& engine, Communicator& comm, const ModelCo
         const std::string n = entry.path().filename().string();
         if (n.rfind(".step-", 0) == 0 && n.size() > 8 && n.substr(n.size() - 8) == ".partial") fs::remove(entry.path());
       }
-      ckpt::create_file(s.partial.string(),
-                        ckpt::make_metadata(state, comm.size(), engine.zero_stage(), run_config, model.to_hf_json(), layout),
-                        layout, counts, write_order);
+      ckpt::create_file(
+          s.partial.string(),
+          ckpt::make_metadata(state, comm.size(), engine.zero_stage(), run_config, model.to_hf_json(), layout), layout,
+          counts, write_order);
     } catch (const std::exception& e) {
       error = str_cat("checkpoint save to '", dir, "': ", e.what());
     }
@@ -220,8 +222,7 @@ void CheckpointSave::Impl::write_all() {
           const ParamSlice mine = engine.saved_slice(id, rank);
           if (mine.count == 0) continue;
           const ParamInfo& p = layout.params[id];
-          const std::optional<OwnedPart> part =
-              owned_part(engine.shards(), engine.buckets()[b], b, p.offset, p.numel);
+          const std::optional<OwnedPart> part = owned_part(engine.shards(), engine.buckets()[b], b, p.offset, p.numel);
           SO_CHECK(part && part->src == mine.first && part->n == mine.count, "checkpoint: slice of ", p.name);
           const int64_t at = part->dst - engine.bucket_shard_begin(b);  // in the bucket's shard
           const std::vector<ckpt::Segment>& segs = segments[id];
@@ -239,7 +240,8 @@ void CheckpointSave::Impl::write_all() {
                     crc = crc32c(dst, n, crc);
                   },
                   str_cat("checkpoint save: ", name));
-              const uint64_t entry[3] = {static_cast<uint64_t>(segs[i].first), static_cast<uint64_t>(segs[i].count), crc};
+              const uint64_t entry[3] = {static_cast<uint64_t>(segs[i].first), static_cast<uint64_t>(segs[i].count),
+                                         crc};
               file->write_at(entry, sizeof entry, table_at + i * sizeof entry,
                              str_cat("checkpoint save: checksums of ", name));
             }
@@ -310,8 +312,9 @@ std::string CheckpointSave::commit() {
 
 void wait_for_old_checkpoint_removal() { OldCheckpointRemover::instance().wait(); }
 
-std::string save_checkpoint(Engine& engine, Communicator& comm, const ModelConfig& model, const nlohmann::json& run_config,
-                            const TrainState& state, const std::string& dir, int keep) {
+std::string save_checkpoint(Engine& engine, Communicator& comm, const ModelConfig& model,
+                            const nlohmann::json& run_config, const TrainState& state, const std::string& dir,
+                            int keep) {
   return CheckpointSave(engine, comm, model, run_config, state, dir, keep, false).commit();
 }
 
@@ -331,12 +334,14 @@ std::string resolve_checkpoint(const std::string& file_or_dir) {
   std::ifstream in(latest);
   std::string name;
   std::getline(in, name);
-  SO_CHECK(!name.empty() && name.size() < 256 && name.find('/') == std::string::npos && fs::is_regular_file(p / name, ec),
-           "'", latest.string(), "' names '", name.substr(0, 256), "', which is not a checkpoint file in that directory");
+  SO_CHECK(
+      !name.empty() && name.size() < 256 && name.find('/') == std::string::npos && fs::is_regular_file(p / name, ec),
+      "'", latest.string(), "' names '", name.substr(0, 256), "', which is not a checkpoint file in that directory");
   return (p / name).string();
 }
 
-TrainState load_checkpoint(Engine& engine, Communicator& comm, const ModelConfig& model, const std::string& file_or_dir) {
+TrainState load_checkpoint(Engine& engine, Communicator& comm, const ModelConfig& model,
+                           const std::string& file_or_dir) {
   (void)comm;  // every rank reads its own part: nothing to agree on
   const ckpt::CheckpointFile file(resolve_checkpoint(file_or_dir));
   SO_CHECK(file.summary().model_config == model.to_hf_json(), "checkpoint '", file.path(),

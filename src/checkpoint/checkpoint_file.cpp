@@ -23,8 +23,9 @@ namespace fs = std::filesystem;
 // Data and checksum tables are read and written as the little-endian bytes they are on disk.
 static_assert(std::endian::native == std::endian::little);
 
-const TensorGroup kGroups[3] = {
-    {OptimState::Master, "/model"}, {OptimState::ExpAvg, "/optim/exp_avg"}, {OptimState::ExpAvgSq, "/optim/exp_avg_sq"}};
+const TensorGroup kGroups[3] = {{OptimState::Master, "/model"},
+                                {OptimState::ExpAvg, "/optim/exp_avg"},
+                                {OptimState::ExpAvgSq, "/optim/exp_avg_sq"}};
 
 namespace {
 
@@ -131,7 +132,7 @@ void create_file(const std::string& path, const nlohmann::json& metadata, const 
   uint64_t bytes = metadata.dump().size() + (uint64_t{1} << 20);
   for (size_t id = 0; id < layout.params.size(); ++id)
     bytes += std::size(kGroups) * (4 * static_cast<uint64_t>(layout.params[id].numel) +
-                                    24 * static_cast<uint64_t>(segments_per_tensor[id]) + 2 * 4096);
+                                   24 * static_cast<uint64_t>(segments_per_tensor[id]) + 2 * 4096);
   check_room(fs::path(path).parent_path().string(), bytes);
   // Datasets of a block or more start on a block boundary, so a rank's slice of one is written
   // and read in whole blocks around the page cache (DirectIoFile).
@@ -169,7 +170,8 @@ void create_file(const std::string& path, const nlohmann::json& metadata, const 
   };
   for (const TensorGroup& g : kGroups)
     for (size_t id = 0; id < layout.params.size(); ++id)
-      create(checksum_name(g, layout.params[id].name), H5T_STD_U64LE, {static_cast<hsize_t>(segments_per_tensor[id]), 3});
+      create(checksum_name(g, layout.params[id].name), H5T_STD_U64LE,
+             {static_cast<hsize_t>(segments_per_tensor[id]), 3});
   for (const int id : write_order)
     for (const TensorGroup& g : kGroups) {
       const ParamInfo& p = layout.params[static_cast<size_t>(id)];
@@ -228,7 +230,8 @@ void parse_metadata(std::string_view text, const std::string& where, CheckpointS
   r.finish();
   // The manifest must be exactly the tensors of the model the checkpoint says it holds.
   layout = ParamLayout::for_model(ModelConfig::from_hf_json(summary.model_config, msource + " model_config"));
-  SO_CHECK(summary.manifest == manifest_of(layout), where, ": the manifest does not list the tensors of its model_config");
+  SO_CHECK(summary.manifest == manifest_of(layout), where,
+           ": the manifest does not list the tensors of its model_config");
 }
 
 CheckpointFile::CheckpointFile(const std::string& path) : path_(path) {
@@ -277,8 +280,9 @@ CheckpointFile::CheckpointFile(const std::string& path) : path_(path) {
         const uint64_t at = c.offset;
         const uint64_t bytes = table ? static_cast<uint64_t>(n_segments) * 24 : static_cast<uint64_t>(p.numel) * 4;
         SO_CHECK(c.offset != HADDR_UNDEF, where, ": dataset ", name, " has no storage (never written)");
-        SO_CHECK(at <= file_end && bytes <= file_end - at, where, ": dataset ", name, " (bytes ", at, " to ", at + bytes,
-                 ") lies outside the file's ", file_end, " bytes (truncated, damaged superblock, or never written)");
+        SO_CHECK(at <= file_end && bytes <= file_end - at, where, ": dataset ", name, " (bytes ", at, " to ",
+                 at + bytes, ") lies outside the file's ", file_end,
+                 " bytes (truncated, damaged superblock, or never written)");
         // Read by pieces in place (read_to), a dataset of a block or more must start on a whole
         // value; so_train aligns them to the block (create_file).
         SO_CHECK(bytes < DirectIoFile::kBlock || at % 8 == 0, where, ": dataset ", name, " starts at byte ", at,
@@ -292,10 +296,12 @@ CheckpointFile::CheckpointFile(const std::string& path) : path_(path) {
       int64_t at = 0;
       for (int64_t i = 0; i < n_segments; ++i) {
         const uint64_t first = raw[3 * i], count = raw[3 * i + 1], crc = raw[3 * i + 2];
-        const bool ok = first == static_cast<uint64_t>(at) && count >= 1 && count <= static_cast<uint64_t>(kChunkElements) &&
+        const bool ok = first == static_cast<uint64_t>(at) && count >= 1 &&
+                        count <= static_cast<uint64_t>(kChunkElements) &&
                         first / kChunkElements == (first + count - 1) / kChunkElements && crc <= UINT32_MAX &&
                         first + count <= static_cast<uint64_t>(p.numel);
-        SO_CHECK(ok, where, ": checksum table ", cname, " entry ", i, " is not a valid segment (damaged, or never written)");
+        SO_CHECK(ok, where, ": checksum table ", cname, " entry ", i,
+                 " is not a valid segment (damaged, or never written)");
         t.segments.push_back(Segment{static_cast<int64_t>(first), static_cast<int64_t>(count)});
         t.crcs.push_back(static_cast<uint32_t>(crc));
         at = static_cast<int64_t>(first + count);
@@ -318,13 +324,15 @@ CheckpointFile::SegmentSpan CheckpointFile::segments_of(const Tensor& t, int64_t
   const auto begin = t.segments.begin(), end = t.segments.end();
   SegmentSpan s;
   s.seg = std::partition_point(begin, end, [&](const Segment& g) { return g.first + g.count <= first; }) - begin;
-  const size_t last = std::partition_point(begin, end, [&](const Segment& g) { return g.first < first + count; }) - begin;
+  const size_t last =
+      std::partition_point(begin, end, [&](const Segment& g) { return g.first < first + count; }) - begin;
   s.lo = t.segments[s.seg].first;
   s.hi = t.segments[last - 1].first + t.segments[last - 1].count;
   return s;
 }
 
-const CheckpointFile::Tensor& CheckpointFile::checked_slice(const std::string& dataset, int64_t first, int64_t count) const {
+const CheckpointFile::Tensor& CheckpointFile::checked_slice(const std::string& dataset, int64_t first,
+                                                            int64_t count) const {
   const Tensor& t = tensor(dataset);
   SO_CHECK(first >= 0 && count >= 0 && first + count <= t.numel, "checkpoint: elements [", first, ", ", first + count,
            ") of ", dataset, " (", t.numel, " elements)");
@@ -362,32 +370,32 @@ void CheckpointFile::read_to(const std::string& dataset, int64_t first, int64_t 
   const int64_t lo = span.lo, hi = span.hi;
   uint32_t crc = 0;
   const std::string what = str_cat("checkpoint '", path_, "': dataset ", dataset);
-  file_->read_to(static_cast<size_t>(hi - lo) * 4, t.data_offset + static_cast<uint64_t>(lo) * 4,
-                 [&](const char* src, size_t from, size_t n) {
-                   // Pieces split where the file's 4 MiB pieces do: on whole values, since datasets
-                   // read by pieces start on a multiple of 4 (checked at open).
-                   SO_CHECK(from % 4 == 0 && n % 4 == 0, what, ": a read split a value");
-                   const auto* v = reinterpret_cast<const float*>(src);
-                   for (int64_t e = lo + static_cast<int64_t>(from / 4), stop = e + static_cast<int64_t>(n / 4); e < stop;) {
-                     const Segment& s = t.segments[seg];
-                     const int64_t k = std::min(stop, s.first + s.count) - e;  // values of this segment here
-                     crc = crc32c(v, static_cast<size_t>(k) * 4, crc);
-                     const int64_t a = std::max(e, first), b = std::min(e + k, first + count);
-                     if (a < b) deliver(v + (a - e), a, b - a);
-                     v += k, e += k;
-                     if (e == s.first + s.count) {
-                       SO_CHECK(crc == t.crcs[seg], what, " elements [", s.first, ", ", s.first + s.count,
-                                ") fail their checksum (the checkpoint is damaged)");
-                       ++seg, crc = 0;
-                     }
-                   }
-                 },
-                 what);
+  file_->read_to(
+      static_cast<size_t>(hi - lo) * 4, t.data_offset + static_cast<uint64_t>(lo) * 4,
+      [&](const char* src, size_t from, size_t n) {
+        // Pieces split where the file's 4 MiB pieces do: on whole values, since datasets
+        // read by pieces start on a multiple of 4 (checked at open).
+        SO_CHECK(from % 4 == 0 && n % 4 == 0, what, ": a read split a value");
+        const auto* v = reinterpret_cast<const float*>(src);
+        for (int64_t e = lo + static_cast<int64_t>(from / 4), stop = e + static_cast<int64_t>(n / 4); e < stop;) {
+          const Segment& s = t.segments[seg];
+          const int64_t k = std::min(stop, s.first + s.count) - e;  // values of this segment here
+          crc = crc32c(v, static_cast<size_t>(k) * 4, crc);
+          const int64_t a = std::max(e, first), b = std::min(e + k, first + count);
+          if (a < b) deliver(v + (a - e), a, b - a);
+          v += k, e += k;
+          if (e == s.first + s.count) {
+            SO_CHECK(crc == t.crcs[seg], what, " elements [", s.first, ", ", s.first + s.count,
+                     ") fail their checksum (the checkpoint is damaged)");
+            ++seg, crc = 0;
+          }
+        }
+      },
+      what);
 }
 
 void CheckpointFile::read_into(const std::string& dataset, int64_t first, int64_t count, float* out) const {
-  read_to(dataset, first, count,
-          [&](const float* v, int64_t e, int64_t n) { std::copy_n(v, n, out + (e - first)); });
+  read_to(dataset, first, count, [&](const float* v, int64_t e, int64_t n) { std::copy_n(v, n, out + (e - first)); });
 }
 
 std::vector<float> CheckpointFile::read(const std::string& dataset, int64_t first, int64_t count) const {

@@ -40,7 +40,8 @@ void RunSaves::save(TrainState& state, bool async) {
   if (in_flight_) commit();
   state.steps_taken = engine_.steps_taken();
   state.last_step_redone = engine_.last_step_redone();
-  in_flight_ = std::make_unique<CheckpointSave>(engine_, comm_, model_, run_config_, state, opts_.save_dir, opts_.keep, async);
+  in_flight_ =
+      std::make_unique<CheckpointSave>(engine_, comm_, model_, run_config_, state, opts_.save_dir, opts_.keep, async);
   if (!async) commit();
 }
 

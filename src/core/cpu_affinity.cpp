@@ -70,8 +70,8 @@ std::string format_core_list(const std::vector<int>& cores) {
 
 CoreSplit split_cores(const std::vector<int>& cores, double optimizer_fraction) {
   SO_CHECK(!cores.empty(), "split_cores: no cores to split");
-  SO_CHECK(optimizer_fraction > 0.0 && optimizer_fraction <= 1.0, "split_cores: cpuadam_cores_perc must be in (0, 1], got ",
-           optimizer_fraction);
+  SO_CHECK(optimizer_fraction > 0.0 && optimizer_fraction <= 1.0,
+           "split_cores: cpuadam_cores_perc must be in (0, 1], got ", optimizer_fraction);
   const int n = static_cast<int>(cores.size());
   // The compute stream keeps at least one core of its own whenever there are two.
   const int k = std::clamp(static_cast<int>(std::lround(optimizer_fraction * n)), 1, std::max(1, n - 1));

@@ -27,10 +27,11 @@ std::string JsonReader::key_path(const std::string& key) const { return path_.em
 void JsonReader::fail(const std::string& key, const std::string& msg) const {
   // Hugging Face's DeepSpeed integration writes "auto" and fills it in before DeepSpeed reads the
   // file; a file with "auto" left in it is not one DeepSpeed itself accepts either.
-  const bool is_auto = obj_.contains(key) && obj_.at(key).is_string() && obj_.at(key).get_ref<const std::string&>() == "auto";
-  throw Error(str_cat(source_, ": '", key_path(key), "' ", msg,
-                      is_auto ? " (\"auto\" is filled in by the Hugging Face Trainer from its own arguments; give the value)"
-                              : ""));
+  const bool is_auto =
+      obj_.contains(key) && obj_.at(key).is_string() && obj_.at(key).get_ref<const std::string&>() == "auto";
+  throw Error(str_cat(
+      source_, ": '", key_path(key), "' ", msg,
+      is_auto ? " (\"auto\" is filled in by the Hugging Face Trainer from its own arguments; give the value)" : ""));
 }
 
 bool JsonReader::has(const std::string& key) const { return obj_.contains(key) && !obj_.at(key).is_null(); }
@@ -186,7 +187,8 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& source)
   std::vector<Frame> open;
   auto path_to = [&](const std::string& key) {
     std::string path;
-    for (size_t i = 0; i + 1 < open.size(); ++i) path += open[i].object ? (path.empty() ? "" : ".") + open[i].key : "[]";
+    for (size_t i = 0; i + 1 < open.size(); ++i)
+      path += open[i].object ? (path.empty() ? "" : ".") + open[i].key : "[]";
     return path + (path.empty() ? "" : ".") + key;
   };
   const nlohmann::json::parser_callback_t check = [&](int depth, Event event, nlohmann::json& parsed) {
@@ -224,7 +226,8 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what, 
   struct stat st {};
   SO_CHECK(::fstat(fd, &st) == 0, "cannot stat ", what, " '", path, "': ", std::strerror(errno));
   SO_CHECK(!S_ISDIR(st.st_mode), what, " '", path, "' is a directory; give a JSON file");
-  SO_CHECK(S_ISREG(st.st_mode), what, " '", path, "' is not a regular file (a FIFO, socket or device); give a JSON file");
+  SO_CHECK(S_ISREG(st.st_mode), what, " '", path,
+           "' is not a regular file (a FIFO, socket or device); give a JSON file");
   SO_CHECK(st.st_size <= max_bytes, what, " '", path, "' is ", st.st_size, " bytes; more than the ", max_bytes,
            " accepted for a ", what);
   std::string text(static_cast<size_t>(st.st_size), '\0');
@@ -232,7 +235,8 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what, 
   while (got < text.size()) {
     const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
     if (n < 0 && errno == EINTR) continue;
-    SO_CHECK(n > 0, "reading ", what, " '", path, "' failed", n < 0 ? str_cat(": ", std::strerror(errno)) : " (shorter than its size)");
+    SO_CHECK(n > 0, "reading ", what, " '", path, "' failed",
+             n < 0 ? str_cat(": ", std::strerror(errno)) : " (shorter than its size)");
     got += static_cast<size_t>(n);
   }
   return parse_json_text(text, str_cat(what, " '", path, "'"));

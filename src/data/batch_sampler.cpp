@@ -58,7 +58,8 @@ BlendedSampler::BlendedSampler(std::vector<std::unique_ptr<BatchSampler>> parts,
   const double largest = *std::max_element(weights.begin(), weights.end());
   double total = 0.0;
   for (double w : weights) total += w / largest;
-  for (double w : weights) cumulative_.push_back((cumulative_.empty() ? 0.0 : cumulative_.back()) + w / largest / total);
+  for (double w : weights)
+    cumulative_.push_back((cumulative_.empty() ? 0.0 : cumulative_.back()) + w / largest / total);
   cumulative_.back() = 1.0;
 }
 

@@ -17,8 +17,9 @@ int64_t EpochSampler::row_of(int64_t sample) const {
     perm_.resize(n);
     std::iota(perm_.begin(), perm_.end(), int64_t{0});
     for (int64_t i = n - 1; i > 0; --i) {
-      const uint64_t j = random_u64(seed_ ^ static_cast<uint64_t>(epoch) * 0x9e3779b97f4a7c15ull, 0xe90c,
-                                    static_cast<uint64_t>(i)) % static_cast<uint64_t>(i + 1);
+      const uint64_t j =
+          random_u64(seed_ ^ static_cast<uint64_t>(epoch) * 0x9e3779b97f4a7c15ull, 0xe90c, static_cast<uint64_t>(i)) %
+          static_cast<uint64_t>(i + 1);
       std::swap(perm_[i], perm_[j]);
     }
     epoch_ = epoch;

@@ -21,8 +21,10 @@ T load(const uint8_t* p) {
 // Bytes per token of an integer dtype code; 0 for the float codes (6, 7), which hold no token ids.
 int integer_bytes(int code) {
   switch (code) {
-    case 1: case 2: return 1;
-    case 3: case 8: return 2;
+    case 1:
+    case 2: return 1;
+    case 3:
+    case 8: return 2;
     case 4: return 4;
     case 5: return 8;
     default: return 0;
@@ -69,7 +71,8 @@ MegatronIndexedDataset::MegatronIndexedDataset(const std::string& prefix)
   int64_t last = -1;
   for (uint64_t d = 0; d < docs; ++d) {
     const int64_t s = load<int64_t>(doc_index + 8 * d);
-    SO_CHECK(s > last && s <= static_cast<int64_t>(seqs) && (d > 0 || s == 0) && (d + 1 < docs || s == static_cast<int64_t>(seqs)),
+    SO_CHECK(s > last && s <= static_cast<int64_t>(seqs) && (d > 0 || s == 0) &&
+                 (d + 1 < docs || s == static_cast<int64_t>(seqs)),
              "'", idx, "': document index ", d, " is ", s, "; they must rise from 0 to the sequence count ", seqs);
     if (d + 1 < docs) doc_offsets_.push_back(seq_start[s]);
     last = s;

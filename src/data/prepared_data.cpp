@@ -57,7 +57,8 @@ int64_t prepared_row_length(const std::string& path) {
 
 PreparedSplit::PreparedSplit(const std::string& path, const std::string& split)
     : file_(H5File::open_read(path)), split_(split) {
-  SO_CHECK(is_prepared_file(path), path, " is not a file scripts/prepare_data.py wrote (its root attribute 'format' is not "
+  SO_CHECK(is_prepared_file(path), path,
+           " is not a file scripts/prepare_data.py wrote (its root attribute 'format' is not "
            "'so_train prepared data')");
   const int64_t version = file_.read_int_attr("/", "format_version");
   SO_CHECK(version == kFormatVersion, path, " has prepared-data format version ", version, "; this build reads ",
@@ -93,7 +94,8 @@ PreparedSplit::PreparedSplit(const std::string& path, const std::string& split)
              n_docs[0], " of '", split, "/document_lengths'");
     int64_t used = 0;
     for (int64_t d = first_document_[r]; d < first_document_[r + 1]; ++d) {
-      SO_CHECK(document_lengths_[d] >= 1, path, ": document ", d, " of '", split, "' has length ", document_lengths_[d]);
+      SO_CHECK(document_lengths_[d] >= 1, path, ": document ", d, " of '", split, "' has length ",
+               document_lengths_[d]);
       used += document_lengths_[d];
     }
     SO_CHECK(used <= row_length_, path, ": row ", r, " of '", split, "' holds documents of ", used,
@@ -121,8 +123,8 @@ PreparedSplit::PreparedSplit(const std::string& path, const std::string& split)
     for (int64_t t = 0; t < row_length_; ++t)
       if (b.inputs[t] < 0 || b.inputs[t] >= tokenizer_.vocab_size) outside.add(b.inputs[t], r, t);
   }
-  SO_CHECK(outside.count == 0, describe(), ": ", outside.count, " token ids lie outside the tokenizer's vocabulary [0, ",
-           tokenizer_.vocab_size, "): ", outside.describe());
+  SO_CHECK(outside.count == 0, describe(), ": ", outside.count,
+           " token ids lie outside the tokenizer's vocabulary [0, ", tokenizer_.vocab_size, "): ", outside.describe());
   SO_CHECK(std::any_of(supervised_.begin(), supervised_.end(), [](int64_t n) { return n > 0; }), describe(),
            ": no row has a supervised token (every loss_mask is 0, or only on documents' first tokens): nothing to "
            "train on");
@@ -189,8 +191,8 @@ void PreparedSplit::read_row(int64_t row, TokenBatch& b, int64_t at) const {
 
 void check_tokenizer_matches(const TokenizerIdentity& data, const std::string& data_path, int64_t model_vocab,
                              const std::string& model_dir) {
-  SO_CHECK(data.vocab_size <= model_vocab, data_path, " was made with a tokenizer of ", data.vocab_size,
-           " tokens (", data.model_dir, "), more than the model's vocab_size ", model_vocab,
+  SO_CHECK(data.vocab_size <= model_vocab, data_path, " was made with a tokenizer of ", data.vocab_size, " tokens (",
+           data.model_dir, "), more than the model's vocab_size ", model_vocab,
            ": its token ids would index past the embedding");
   if (model_dir.empty()) return;
   const std::string tj = (std::filesystem::path(model_dir) / "tokenizer.json").string();

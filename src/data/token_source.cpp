@@ -83,8 +83,7 @@ class TextBytes final : public TokenSource {
 
 class Hdf5Tokens final : public TokenSource {
  public:
-  Hdf5Tokens(const std::string& path, const std::string& dataset)
-      : file_(H5File::open_read(path)), dataset_(dataset) {
+  Hdf5Tokens(const std::string& path, const std::string& dataset) : file_(H5File::open_read(path)), dataset_(dataset) {
     const auto shape = file_.shape(dataset);
     SO_CHECK(shape.size() == 1, "HDF5 token dataset '", dataset, "' in '", path, "' must be 1-D, has rank ",
              shape.size());
@@ -140,8 +139,7 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
   std::memcpy(header + 16, &count, 8);
   out.write(header, sizeof(header));
   for (int32_t t : tokens) {
-    SO_CHECK(t >= 0 && (bytes_per_token == 4 || t < 65536), "token ", t, " does not fit ", bytes_per_token,
-             " bytes");
+    SO_CHECK(t >= 0 && (bytes_per_token == 4 || t < 65536), "token ", t, " does not fit ", bytes_per_token, " bytes");
     const uint32_t v = static_cast<uint32_t>(t);
     out.write(reinterpret_cast<const char*>(&v), bytes_per_token);  // little-endian hosts only
   }

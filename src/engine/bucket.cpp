@@ -20,7 +20,8 @@ std::vector<Bucket> make_buckets(const ParamLayout& layout, int64_t bucket_size)
     int lo = id;
     while (lo > 0 && layout.params[lo - 1].joined_to_next) --lo;
     const ParamInfo& last = layout.params[id];
-    const int64_t end = (last.offset + last.numel + ParamLayout::kAlign - 1) / ParamLayout::kAlign * ParamLayout::kAlign;
+    const int64_t end =
+        (last.offset + last.numel + ParamLayout::kAlign - 1) / ParamLayout::kAlign * ParamLayout::kAlign;
     const int64_t extent = end - layout.params[lo].offset;
     if (!cur.params.empty() && cur.size() + extent > bucket_size) close();
     if (cur.params.empty()) {

@@ -59,7 +59,9 @@ CastPlan plan_casts(Backend& be, GraceAdam& adam, const CastPlanRequest& r) {
   const int64_t n = cast_probe_elements(r.bucket_elements);
   Backend* pin = r.pin_memory ? &be : nullptr;
   int stream = 0;
-  auto host = [&](size_t bytes, const char* tag) { return HostBuffer(bytes, r.numa_node, pin, tag, stream_skew(stream++)); };
+  auto host = [&](size_t bytes, const char* tag) {
+    return HostBuffer(bytes, r.numa_node, pin, tag, stream_skew(stream++));
+  };
   HostBuffer h32 = host(n * 4, "link probe fp32"), h16 = host(n * 2, "link probe bf16");
   DeviceBuffer dev16 = be.alloc(n * 2, "cast probe bf16"), dev32 = be.alloc(n * 4, "cast probe fp32");
   Stream& d2h = be.stream(StreamKind::D2H);
@@ -68,10 +70,10 @@ CastPlan plan_casts(Backend& be, GraceAdam& adam, const CastPlanRequest& r) {
   const double t_h2d4 = time_on_stream(be, h2d, [&] { be.copy_h2d(dev32.data(), h32.data(), n * 4, h2d); });
   plan.d2h_gbs = 4.0 * n / t_d2h4 / 1e9;
   plan.h2d_gbs = 4.0 * n / t_h2d4 / 1e9;
-  const std::string link = str_cat("link measured with ", r.pin_memory ? "pinned" : "pageable", " ",
-                                   4.0 * n / (1 << 20), " MiB copies (", n, " elements, one bucket",
-                                   n < r.bucket_elements ? ", capped" : "", "): d2h ", gbs(4.0 * n, t_d2h4), ", h2d ",
-                                   gbs(4.0 * n, t_h2d4));
+  const std::string link =
+      str_cat("link measured with ", r.pin_memory ? "pinned" : "pageable", " ", 4.0 * n / (1 << 20), " MiB copies (", n,
+              " elements, one bucket", n < r.bucket_elements ? ", capped" : "", "): d2h ", gbs(4.0 * n, t_d2h4),
+              ", h2d ", gbs(4.0 * n, t_h2d4));
   if (r.model_dtype == DType::F32) {
     plan.report = str_cat("casting: ", link, "; fp32 model, nothing to cast");
     return plan;
@@ -79,8 +81,10 @@ CastPlan plan_casts(Backend& be, GraceAdam& adam, const CastPlanRequest& r) {
   const double t_d2h2 = time_on_stream(be, d2h, [&] { be.copy_d2h(h16.data(), dev16.data(), n * 2, d2h); });
   const double t_h2d2 = time_on_stream(be, h2d, [&] { be.copy_h2d(dev16.data(), h16.data(), n * 2, h2d); });
   Ops& ops = be.ops();
-  const double t_up = time_on_stream(be, d2h, [&] { ops.cast(d2h, dev32.data(), DType::F32, dev16.data(), DType::BF16, n); });
-  const double t_down = time_on_stream(be, h2d, [&] { ops.cast(h2d, dev16.data(), DType::BF16, dev32.data(), DType::F32, n); });
+  const double t_up =
+      time_on_stream(be, d2h, [&] { ops.cast(d2h, dev32.data(), DType::F32, dev16.data(), DType::BF16, n); });
+  const double t_down =
+      time_on_stream(be, h2d, [&] { ops.cast(h2d, dev16.data(), DType::BF16, dev32.data(), DType::F32, n); });
   be.synchronize(d2h);
   be.synchronize(h2d);
 
@@ -108,13 +112,13 @@ CastPlan plan_casts(Backend& be, GraceAdam& adam, const CastPlanRequest& r) {
 
   auto ms = [&](double s) { return str_cat(s * 1e3 / (n / 1e6), " ms/Mparam"); };
   auto why = [](CastSite configured) { return configured == CastSite::Auto ? "measured" : "configured"; };
-  plan.report = str_cat("casting: ", link, " (bf16: d2h ", gbs(2.0 * n, t_d2h2), ", h2d ", gbs(2.0 * n, t_h2d2),
-                        "); device cast ", gbs(6.0 * n, t_up), " up, ", gbs(6.0 * n, t_down), " down; GraceAdam ",
-                        ms(a_g32), " (fp32 grads), ", ms(a_g16), " (bf16 grads), ", ms(a_o16),
-                        " (+bf16 out)\n  -> gradients cast on the ", cast_site_name(plan.grads), " (", why(r.grads),
-                        "; device route ", ms(grads_device), ", host route ", ms(grads_host),
-                        "); weights cast on the ", cast_site_name(plan.weights), " (", why(r.weights),
-                        "; device route ", ms(weights_device), ", host route ", ms(weights_host), ")");
+  plan.report =
+      str_cat("casting: ", link, " (bf16: d2h ", gbs(2.0 * n, t_d2h2), ", h2d ", gbs(2.0 * n, t_h2d2),
+              "); device cast ", gbs(6.0 * n, t_up), " up, ", gbs(6.0 * n, t_down), " down; GraceAdam ", ms(a_g32),
+              " (fp32 grads), ", ms(a_g16), " (bf16 grads), ", ms(a_o16), " (+bf16 out)\n  -> gradients cast on the ",
+              cast_site_name(plan.grads), " (", why(r.grads), "; device route ", ms(grads_device), ", host route ",
+              ms(grads_host), "); weights cast on the ", cast_site_name(plan.weights), " (", why(r.weights),
+              "; device route ", ms(weights_device), ", host route ", ms(weights_host), ")");
   return plan;
 }
 

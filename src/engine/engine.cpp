@@ -23,11 +23,16 @@ std::string unit_name(int unit, int num_units) {
 }  // namespace
 
 Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions& opts, Communicator& comm)
-    : backend_(backend), layout_(layout), opts_(opts), comm_(comm), stage_(comm.size() > 1 ? opts.zero_stage : 3),
+    : backend_(backend),
+      layout_(layout),
+      opts_(opts),
+      comm_(comm),
+      stage_(comm.size() > 1 ? opts.zero_stage : 3),
       buckets_(make_buckets(layout, opts.bucket_size)),
       shards_(make_shard_layout(buckets_, stage_ >= 1 ? comm.size() : 1, stage_ >= 1 ? comm.rank() : 0)),
       timeline_(backend, opts.trace_path, opts.rank) {
-  SO_CHECK(opts.zero_stage >= 0 && opts.zero_stage <= 3, "engine: ZeRO stage ", opts.zero_stage, " is not 0, 1, 2 or 3");
+  SO_CHECK(opts.zero_stage >= 0 && opts.zero_stage <= 3, "engine: ZeRO stage ", opts.zero_stage,
+           " is not 0, 1, 2 or 3");
   keep_gathered_ = shards_.sharded() && stage_ <= 2;
   keep_full_grads_ = shards_.sharded() && stage_ == 1;
   all_reduce_grads_ = comm.size() > 1 && stage_ <= 1;
@@ -73,8 +78,8 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
   weights_ = backend.alloc(n * esz, str_cat("weights", suffix).c_str());
   grads_ = backend.alloc(nd * esz, str_cat("gradients of the device-stepped buckets", suffix).c_str());
   SO_CHECK(opts.accumulation >= 1, "engine: ", opts.accumulation, " micro-batches per step");
-  const std::vector<GradRingUse> uses = grad_ring_uses(layout, buckets_, shards_, first_device_bucket_, stage_, esz,
-                                                       backend.allocation_granularity());
+  const std::vector<GradRingUse> uses =
+      grad_ring_uses(layout, buckets_, shards_, first_device_bucket_, stage_, esz, backend.allocation_granularity());
   ring_ = plan_grad_ring(uses, opts.grad_ring_depth);
   ring_use_.assign(nb, SIZE_MAX);
   for (size_t i = 0; i < uses.size(); ++i) ring_use_[uses[i].bucket] = i;
@@ -150,8 +155,8 @@ Engine::Engine(Backend& backend, const ParamLayout& layout, const EngineOptions&
       s.end = s.begin + shards_.buckets[b].shard_size;
       host.push_back(std::move(s));
     }
-    offload_ = std::make_unique<OffloadOptimizer>(backend, std::move(host), device_end_, shards_.total,
-                                                  weights_.data(), oo, *grace_, timeline_);
+    offload_ = std::make_unique<OffloadOptimizer>(backend, std::move(host), device_end_, shards_.total, weights_.data(),
+                                                  oo, *grace_, timeline_);
   }
 }
 
@@ -242,23 +247,24 @@ size_t Engine::host_state_bytes() const { return offload_ ? offload_->host_bytes
 std::string Engine::describe() const {
   if (!offload_) return str_cat("optimizer: ", offload_mode_name(OffloadMode::None), ", ", buckets_.size(), " buckets");
   const int64_t host_params = layout_.total - device_end_;
-  return str_cat("optimizer: ", offload_mode_name(opts_.offload.mode), ", ", first_device_bucket_, " of ",
-                 buckets_.size(), " buckets (", 100.0 * host_params / layout_.total,
-                 "% of the parameters) stepped on the CPU by GraceAdam (", simd_isa_name(grace_->isa()), ", ",
-                 grace_->threads(), " threads on cores ", format_core_list(grace_->pool().cores()),
-                 grace_->pool().pinned() ? ", pinned" : ", not pinned", "), ", buckets_.size() - first_device_bucket_,
-                 " on the device; offloaded gradients through a ", ring_buf_.bytes() / (1024.0 * 1024.0),
-                 " MiB device ring (depth ", ring_.depth, ")", accumulate_on_host_ ? ", micro-batches summed on the host" : "",
-                 "; host state ", offload_->host_bytes() / (1024.0 * 1024.0), " MiB",
-                 opts_.offload.pin_memory ? " pinned" : "", "; rollback ", rollback_mode_name(opts_.offload.rollback),
-                 opts_.offload.mode == OffloadMode::SuperOffload && opts_.offload.rollback == RollbackMode::Inverse
-                     ? " (undoing a step leaves last-bit differences, ~1e-7 relative, in the state of a skipped step; "
-                       "offload_optimizer.rollback=exact undoes bitwise for 12 more host bytes per parameter)"
-                     : "",
-                 opts_.offload.mode == OffloadMode::SuperOffload
-                     ? (opts_.offload.speculation == Speculation::Always ? "; speculation always" : "; speculation adaptive")
-                     : "",
-                 "\n", cast_report_);
+  return str_cat(
+      "optimizer: ", offload_mode_name(opts_.offload.mode), ", ", first_device_bucket_, " of ", buckets_.size(),
+      " buckets (", 100.0 * host_params / layout_.total, "% of the parameters) stepped on the CPU by GraceAdam (",
+      simd_isa_name(grace_->isa()), ", ", grace_->threads(), " threads on cores ",
+      format_core_list(grace_->pool().cores()), grace_->pool().pinned() ? ", pinned" : ", not pinned", "), ",
+      buckets_.size() - first_device_bucket_, " on the device; offloaded gradients through a ",
+      ring_buf_.bytes() / (1024.0 * 1024.0), " MiB device ring (depth ", ring_.depth, ")",
+      accumulate_on_host_ ? ", micro-batches summed on the host" : "", "; host state ",
+      offload_->host_bytes() / (1024.0 * 1024.0), " MiB", opts_.offload.pin_memory ? " pinned" : "", "; rollback ",
+      rollback_mode_name(opts_.offload.rollback),
+      opts_.offload.mode == OffloadMode::SuperOffload && opts_.offload.rollback == RollbackMode::Inverse
+          ? " (undoing a step leaves last-bit differences, ~1e-7 relative, in the state of a skipped step; "
+            "offload_optimizer.rollback=exact undoes bitwise for 12 more host bytes per parameter)"
+          : "",
+      opts_.offload.mode == OffloadMode::SuperOffload
+          ? (opts_.offload.speculation == Speculation::Always ? "; speculation always" : "; speculation adaptive")
+          : "",
+      "\n", cast_report_);
 }
 
 void Engine::drain_optimizer() {
@@ -289,10 +295,12 @@ void Engine::init_weights(uint64_t seed, float std) {
 
 float* Engine::state_ptr(int64_t e, OptimState which) {
   if (on_host(e))
-    return which == OptimState::Master ? offload_->master(e)
+    return which == OptimState::Master   ? offload_->master(e)
            : which == OptimState::ExpAvg ? offload_->exp_avg(e)
                                          : offload_->exp_avg_sq(e);
-  const DeviceBuffer& buf = which == OptimState::Master ? master_ : which == OptimState::ExpAvg ? exp_avg_ : exp_avg_sq_;
+  const DeviceBuffer& buf = which == OptimState::Master   ? master_
+                            : which == OptimState::ExpAvg ? exp_avg_
+                                                          : exp_avg_sq_;
   return buf.as<float>() + e;
 }
 
@@ -304,8 +312,12 @@ size_t Engine::bucket_of(int id) const {
 AdamArrays Engine::device_arrays(size_t b, bool with_snapshot) {
   const int64_t e = shards_.buckets[b].shard_begin;
   const size_t esz = dtype_size(opts_.dtype);
-  AdamArrays a{master_.as<float>() + e, exp_avg_.as<float>() + e, exp_avg_sq_.as<float>() + e,
-               static_cast<char*>(grads_.data()) + e * esz, opts_.dtype, static_cast<char*>(weights_.data()) + e * esz,
+  AdamArrays a{master_.as<float>() + e,
+               exp_avg_.as<float>() + e,
+               exp_avg_sq_.as<float>() + e,
+               static_cast<char*>(grads_.data()) + e * esz,
+               opts_.dtype,
+               static_cast<char*>(weights_.data()) + e * esz,
                opts_.dtype};
   if (with_snapshot && device_snapshot_) {
     float* snap = device_snapshot_.as<float>();
@@ -482,15 +494,15 @@ void Engine::allocate_snapshot_space() {
 }
 
 void Engine::freeze_state(DeviceSnapshot device) {
-  SO_CHECK(frozen_wanted_.load() == 0, "engine: a checkpoint snapshot is still being taken (",
-           frozen_wanted_.load(), " buckets left)");
+  SO_CHECK(frozen_wanted_.load() == 0, "engine: a checkpoint snapshot is still being taken (", frozen_wanted_.load(),
+           " buckets left)");
   // Nothing waits here: the CPU optimizer finishes the saving step's buckets beside the next
   // forward as usual, and the writer waits for each (with_frozen).
   frozen_offload_step_ = offload_ ? offload_->decided_iteration() : -1;
   if (!frozen_ready_) frozen_ready_ = backend_.create_event();
   backend_.record(*frozen_ready_, backend_.stream(StreamKind::Comm));
   if (device == DeviceSnapshot::Staged) reserve_snapshot_space();
-  frozen_iteration_ = iteration_;  // before any bucket is wanted: see change_state
+  frozen_iteration_ = iteration_;    // before any bucket is wanted: see change_state
   for (size_t b : forward_order_) {  // staged in the order the next step changes them
     Frozen& f = *frozen_[b];
     std::lock_guard<std::mutex> lock(f.mu);
@@ -516,7 +528,7 @@ void Engine::change_state(size_t b, int64_t iteration, AdamArrays a, bool uncond
   // change_state calls holding their own buckets' locks.
   reserve_snapshot_space();
   const int64_t n = shards_.buckets[b].shard_size;
-  std::unique_lock<std::mutex> lock(f.mu);  // a writer's copy of a piece finishes first
+  std::unique_lock<std::mutex> lock(f.mu);                   // a writer's copy of a piece finishes first
   if (!f.wanted || iteration <= frozen_iteration_.load()) {  // nothing (more) to keep
     lock.unlock();
     return pass(a);

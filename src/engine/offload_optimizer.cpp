@@ -10,10 +10,14 @@
 
 namespace so {
 
-
 OffloadOptimizer::OffloadOptimizer(Backend& backend, std::vector<Bucket> buckets, int64_t base, int64_t end,
                                    void* device_weights, const Options& opts, GraceAdam& adam, StepTimeline& timeline)
-    : backend_(backend), opts_(opts), adam_(adam), timeline_(timeline), base_(base), end_(end),
+    : backend_(backend),
+      opts_(opts),
+      adam_(adam),
+      timeline_(timeline),
+      base_(base),
+      end_(end),
       device_weights_(device_weights) {
   SO_CHECK(opts.mode != OffloadMode::None, "offload optimizer built for the on-device mode");
   const size_t n = static_cast<size_t>(end - base);
@@ -179,12 +183,13 @@ void OffloadOptimizer::finalize(size_t i, int64_t gen, const AdamWParams& hp, co
       ++rollbacks_;
       const double t0 = now_seconds();
       change_state(i, gen, host_.arrays(offset(i), true), false, [&](const AdamArrays& a) {
-        for_each_decay_run(opts_.decay_runs[i], a, hp, [&](const AdamArrays& run, int64_t n, const AdamWParams& run_hp) {
-          if (d.skip)
-            adam_.rollback(run, n, run_hp);
-          else
-            adam_.redo(run, n, run_hp, d.grad_scale);
-        });
+        for_each_decay_run(opts_.decay_runs[i], a, hp,
+                           [&](const AdamArrays& run, int64_t n, const AdamWParams& run_hp) {
+                             if (d.skip)
+                               adam_.rollback(run, n, run_hp);
+                             else
+                               adam_.redo(run, n, run_hp, d.grad_scale);
+                           });
       });
       timeline_.host_span(Lane::Optimizer, str_cat(d.skip ? "rollback b" : "adam (redo, clipped) b", i), gen, t0,
                           now_seconds());
@@ -204,11 +209,11 @@ void OffloadOptimizer::finalize(size_t i, int64_t gen, const AdamWParams& hp, co
 void OffloadOptimizer::apply(size_t i, const AdamWParams& hp, int64_t gen, bool speculative) {
   settle_upload(i);
   const double t0 = now_seconds();
-  change_state(i, gen, host_.arrays(offset(i), speculative), true,
-               [&](const AdamArrays& a) {
-                 for_each_decay_run(opts_.decay_runs[i], a, hp, [&](const AdamArrays& run, int64_t n,
-                                                                    const AdamWParams& run_hp) { adam_.step(run, n, run_hp); });
-               });
+  change_state(i, gen, host_.arrays(offset(i), speculative), true, [&](const AdamArrays& a) {
+    for_each_decay_run(opts_.decay_runs[i], a, hp, [&](const AdamArrays& run, int64_t n, const AdamWParams& run_hp) {
+      adam_.step(run, n, run_hp);
+    });
+  });
   timeline_.host_span(Lane::Optimizer, str_cat(speculative ? "adam (speculative) b" : "adam b", i), gen, t0,
                       now_seconds());
 }
@@ -295,7 +300,8 @@ void OffloadOptimizer::grads_ready(size_t i, Stream& producer, const void* src, 
   const AdamWParams hp = hp_;
   const bool speculate = speculate_;
   if (!opts_.accumulate) {
-    timeline_.stream_span(d2h, Lane::D2H, str_cat("grads b", i), gen, [&] { copy_grads_to_host(host_grad(i), src, n, d2h); });
+    timeline_.stream_span(d2h, Lane::D2H, str_cat("grads b", i), gen,
+                          [&] { copy_grads_to_host(host_grad(i), src, n, d2h); });
     backend_.record(*s.grads_on_host, d2h);
     enqueue([this, i, gen, hp, speculate] { process(i, gen, hp, speculate); }, tasks_);
     return;
@@ -313,22 +319,24 @@ void OffloadOptimizer::grads_ready(size_t i, Stream& producer, const void* src, 
   backend_.record(*s.grads_on_host, d2h);
   // Added on a thread of their own, so that a micro-batch's gradients never wait behind the
   // optimizer's steps of the last one's.
-  enqueue([this, i, k, slot, n, gen, hp, speculate, first_micro, last_micro] {
-    backend_.synchronize(*incoming_copied_[k]);
-    auto* sums = static_cast<float*>(host_grad(i));
-    const double t0 = now_seconds();
-    if (first_micro)
-      adam_.cast(sums, DType::F32, slot, link_grad_dtype_, n);
-    else
-      adam_.add(sums, slot, link_grad_dtype_, n);
-    timeline_.host_span(Lane::Optimizer, str_cat("accumulate b", i), gen, t0, now_seconds());
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      incoming_busy_[k] = 0;
-    }
-    done_cv_.notify_all();
-    if (last_micro) enqueue([this, i, gen, hp, speculate] { process(i, gen, hp, speculate); }, tasks_);
-  }, adds_);
+  enqueue(
+      [this, i, k, slot, n, gen, hp, speculate, first_micro, last_micro] {
+        backend_.synchronize(*incoming_copied_[k]);
+        auto* sums = static_cast<float*>(host_grad(i));
+        const double t0 = now_seconds();
+        if (first_micro)
+          adam_.cast(sums, DType::F32, slot, link_grad_dtype_, n);
+        else
+          adam_.add(sums, slot, link_grad_dtype_, n);
+        timeline_.host_span(Lane::Optimizer, str_cat("accumulate b", i), gen, t0, now_seconds());
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          incoming_busy_[k] = 0;
+        }
+        done_cv_.notify_all();
+        if (last_micro) enqueue([this, i, gen, hp, speculate] { process(i, gen, hp, speculate); }, tasks_);
+      },
+      adds_);
 }
 
 std::vector<float> OffloadOptimizer::read_grads(size_t i) {

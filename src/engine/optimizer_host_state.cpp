@@ -39,7 +39,8 @@ double OptimizerHostState::huge_page_share() const {
 AdamArrays OptimizerHostState::arrays(int64_t first, bool with_snapshot) const {
   AdamArrays a{p(), m(), v(), grads(), spec_.grad_dtype, out(), spec_.out_dtype};
   if (with_snapshot && spec_.snapshot)
-    a.snapshot_p = snapshot_p_.as<float>(), a.snapshot_m = snapshot_m_.as<float>(), a.snapshot_v = snapshot_v_.as<float>();
+    a.snapshot_p = snapshot_p_.as<float>(), a.snapshot_m = snapshot_m_.as<float>(),
+    a.snapshot_v = snapshot_v_.as<float>();
   return a.from(first);
 }
 

@@ -53,8 +53,8 @@ void StepTimeline::end_backward() {
 void StepTimeline::mark_compute(const std::string& label) {
   if (!tracing()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (open_mark_begin_) spans_.push_back(Span{Lane::Compute, open_mark_, current_step_, std::move(open_mark_begin_),
-                                              record_compute()});
+  if (open_mark_begin_)
+    spans_.push_back(Span{Lane::Compute, open_mark_, current_step_, std::move(open_mark_begin_), record_compute()});
   open_mark_ = label;
   open_mark_begin_ = label.empty() ? nullptr : record_compute();
 }
@@ -136,12 +136,20 @@ void StepTimeline::write_trace() {
     if (first || sp.t0 < origin) origin = sp.t0, first = false;
   nlohmann::json events = nlohmann::json::array();
   for (Lane l : {Lane::Compute, Lane::D2H, Lane::H2D, Lane::Optimizer, Lane::Comm})
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank_}, {"tid", static_cast<int>(l)},
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", rank_},
+                      {"tid", static_cast<int>(l)},
                       {"args", {{"name", lane_name(l)}}}});
-  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank_}, {"args", {{"name", str_cat("rank ", rank_)}}}});
+  events.push_back(
+      {{"ph", "M"}, {"name", "process_name"}, {"pid", rank_}, {"args", {{"name", str_cat("rank ", rank_)}}}});
   for (const Span& sp : spans_)
-    events.push_back({{"ph", "X"}, {"name", sp.label}, {"pid", rank_}, {"tid", static_cast<int>(sp.lane)},
-                      {"ts", (sp.t0 - origin) * 1e6}, {"dur", std::max(0.0, sp.t1 - sp.t0) * 1e6},
+    events.push_back({{"ph", "X"},
+                      {"name", sp.label},
+                      {"pid", rank_},
+                      {"tid", static_cast<int>(sp.lane)},
+                      {"ts", (sp.t0 - origin) * 1e6},
+                      {"dur", std::max(0.0, sp.t1 - sp.t0) * 1e6},
                       {"args", {{"step", sp.step}}}});
   std::ofstream out(trace_path_);
   SO_CHECK(out, "cannot write the trace file '", trace_path_, "'");

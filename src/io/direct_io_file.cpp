@@ -34,8 +34,8 @@ long transfer_all(Op op, char* p, size_t bytes, uint64_t offset) {
 }
 
 long pwrite_all(int fd, const char* p, size_t bytes, uint64_t offset) {
-  return transfer_all([fd](char* q, size_t n, off_t at) { return ::pwrite(fd, q, n, at); }, const_cast<char*>(p),
-                      bytes, offset);
+  return transfer_all([fd](char* q, size_t n, off_t at) { return ::pwrite(fd, q, n, at); }, const_cast<char*>(p), bytes,
+                      offset);
 }
 long pread_all(int fd, char* p, size_t bytes, uint64_t offset) {
   return transfer_all([fd](char* q, size_t n, off_t at) { return ::pread(fd, q, n, at); }, p, bytes, offset);
@@ -110,7 +110,8 @@ void DirectIoFile::run() {
     lock.lock();
     queue_.pop_front();
     if (writing() && r.error != 0 && write_error_.empty())
-      write_error_ = str_cat("writing '", path_, "' failed at byte ", r.at, ": ", std::strerror(static_cast<int>(r.error)));
+      write_error_ =
+          str_cat("writing '", path_, "' failed at byte ", r.at, ": ", std::strerror(static_cast<int>(r.error)));
     r.busy = false;
     cv_.notify_all();
   }
@@ -150,7 +151,8 @@ DirectIoFile::Request& DirectIoFile::free_write_buffer(const std::string& what) 
 
 void DirectIoFile::write_at(const void* data, size_t bytes, uint64_t offset, const std::string& what) {
   const char* p = static_cast<const char*>(data);
-  write_from(bytes, offset, [p](char* dst, size_t from, size_t n) { std::memcpy(dst, p + from, n); }, what);
+  write_from(
+      bytes, offset, [p](char* dst, size_t from, size_t n) { std::memcpy(dst, p + from, n); }, what);
 }
 
 void DirectIoFile::write_from(size_t bytes, uint64_t offset, const Fill& fill, const std::string& what) {
@@ -261,7 +263,8 @@ DirectIoFile::Request& DirectIoFile::fetch(size_t k) {
 
 void DirectIoFile::read_at(void* out, size_t bytes, uint64_t offset, const std::string& what) {
   char* const dst = static_cast<char*>(out);
-  read_to(bytes, offset, [dst](const char* src, size_t from, size_t n) { std::memcpy(dst + from, src, n); }, what);
+  read_to(
+      bytes, offset, [dst](const char* src, size_t from, size_t n) { std::memcpy(dst + from, src, n); }, what);
 }
 
 void DirectIoFile::read_to(size_t bytes, uint64_t offset, const Sink& sink, const std::string& what) {

@@ -219,11 +219,12 @@ void H5File::check_stored(const std::string& dataset) const {
     unsigned flags = 0, config = 0;
     size_t n_values = 0;
     char name[64] = {};
-    const H5Z_filter_t id = H5Pget_filter2(plist.get(), static_cast<unsigned>(i), &flags, &n_values, nullptr,
-                                           sizeof(name), name, &config);
+    const H5Z_filter_t id =
+        H5Pget_filter2(plist.get(), static_cast<unsigned>(i), &flags, &n_values, nullptr, sizeof(name), name, &config);
     SO_CHECK(id >= 0, what, ": filter ", i, " of its pipeline is unreadable");
     SO_CHECK(quietly([&] { return H5Zfilter_avail(id); }) > 0, what, " is compressed with the HDF5 filter '",
-             name[0] ? name : filter_name(id), "' (id ", id, "), which this build's HDF5 library cannot decode: rewrite it "
+             name[0] ? name : filter_name(id), "' (id ", id,
+             "), which this build's HDF5 library cannot decode: rewrite it "
              "uncompressed or with gzip (h5repack -f GZIP=4)");
   }
   if (numel(dims) == 0) return;
@@ -242,8 +243,9 @@ void H5File::check_stored(const std::string& dataset) const {
     hsize_t written = 0;
     SO_CHECK(H5Dget_num_chunks(d.get(), space.get(), &written) >= 0, what, ": its chunk index is unreadable");
     SO_CHECK(written == expected, what, " of shape ", shape_text(dims), " was ",
-             written == 0 ? "declared but never written"
-                          : str_cat("only partly written (", written, " of its ", static_cast<uint64_t>(expected), " chunks)"),
+             written == 0
+                 ? "declared but never written"
+                 : str_cat("only partly written (", written, " of its ", static_cast<uint64_t>(expected), " chunks)"),
              " (HDF5 would hand back its fill value, zeros, for what is missing): write it completely");
     return;
   }
@@ -265,8 +267,9 @@ std::string H5File::read_string(const std::string& dataset, size_t max_bytes) co
   H5Id space(H5Dget_space(d.get()));
   check_extent(space.get(), {}, what);
   std::string out(bytes, '\0');
-  SO_CHECK(quietly([&] { return H5Dread(d.get(), type.get(), space.get(), space.get(), H5P_DEFAULT, out.data()); }) >= 0,
-           what, ": reading it failed (truncated or damaged file)");
+  SO_CHECK(
+      quietly([&] { return H5Dread(d.get(), type.get(), space.get(), space.get(), H5P_DEFAULT, out.data()); }) >= 0,
+      what, ": reading it failed (truncated or damaged file)");
   return out.substr(0, out.find('\0'));
 }
 

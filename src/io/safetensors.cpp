@@ -24,13 +24,12 @@ struct DTypeName {
   const char* name;
   SafetensorsDType dtype;
 };
-constexpr DTypeName kReadable[] = {
-    {"F32", SafetensorsDType::F32}, {"BF16", SafetensorsDType::BF16}, {"F16", SafetensorsDType::F16},
-    {"U8", SafetensorsDType::U8}};
+constexpr DTypeName kReadable[] = {{"F32", SafetensorsDType::F32},
+                                   {"BF16", SafetensorsDType::BF16},
+                                   {"F16", SafetensorsDType::F16},
+                                   {"U8", SafetensorsDType::U8}};
 
-size_t element_size(SafetensorsDType t) {
-  return t == SafetensorsDType::F32 ? 4 : t == SafetensorsDType::U8 ? 1 : 2;
-}
+size_t element_size(SafetensorsDType t) { return t == SafetensorsDType::F32 ? 4 : t == SafetensorsDType::U8 ? 1 : 2; }
 
 uint64_t read_le64(const uint8_t* p) {
   uint64_t v = 0;
@@ -76,8 +75,8 @@ SafetensorsTensor parse_tensor(const std::string& where, const std::string& name
   for (const nlohmann::json& d : shape) {
     const uint64_t dim = unsigned_value(d, where + ": every shape dimension");
     // Bounded by the data section below; here only the product must not wrap.
-    SO_CHECK(dim <= INT64_MAX && !__builtin_mul_overflow(numel, dim, &numel) && numel <= INT64_MAX, where,
-             ": shape ", brief_json(shape), " has more elements than fit 63 bits");
+    SO_CHECK(dim <= INT64_MAX && !__builtin_mul_overflow(numel, dim, &numel) && numel <= INT64_MAX, where, ": shape ",
+             brief_json(shape), " has more elements than fit 63 bits");
     t.shape.push_back(static_cast<int64_t>(dim));
   }
   t.numel = static_cast<int64_t>(numel);
@@ -184,7 +183,7 @@ std::vector<uint8_t> SafetensorsFile::read_u8(const std::string& name) const {
   const SafetensorsTensor& t = tensor(name);
   SO_CHECK(t.dtype == SafetensorsDType::U8, "safetensors file '", path(), "': tensor '", name, "' is ",
            safetensors_dtype_name(t.dtype), "; U8 expected");
-  if (t.numel == 0) return {};  // (an empty file maps to no memory at all)
+  if (t.numel == 0) return {};                                // (an empty file maps to no memory at all)
   const uint8_t* src = file_.data() + data_start_ + t.begin;  // validated at open
   return std::vector<uint8_t>(src, src + t.numel);
 }
@@ -198,8 +197,8 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsEnt
   std::vector<int64_t> numels;
   uint64_t offset = 0;
   for (const SafetensorsEntry& t : tensors) {
-    SO_CHECK(t.name != kMetadataKey && !header.contains(t.name), "writing safetensors file '", path,
-             "': tensor name '", t.name, "' is reserved or given twice");
+    SO_CHECK(t.name != kMetadataKey && !header.contains(t.name), "writing safetensors file '", path, "': tensor name '",
+             t.name, "' is reserved or given twice");
     int64_t numel = 1;
     for (int64_t d : t.shape) {
       SO_CHECK(d >= 0, "writing safetensors file '", path, "': tensor '", t.name, "' has a negative dimension");
@@ -207,7 +206,8 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsEnt
     }
     numels.push_back(numel);
     const uint64_t end = offset + static_cast<uint64_t>(numel) * esize;
-    header[t.name] = {{"dtype", dtype == DType::F32 ? "F32" : "BF16"}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
+    header[t.name] = {
+        {"dtype", dtype == DType::F32 ? "F32" : "BF16"}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
     offset = end;
   }
   // Spaces after the JSON pad the header to a multiple of 8 bytes, so the data section starts

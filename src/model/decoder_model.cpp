@@ -56,28 +56,28 @@ struct DecoderModel::Activations {
   DeviceBuffer doc_start;
   bool documents = false;
   int64_t document_count = 0, longest_document = 0;  // of doc_start, counted on the host (AttentionMask)
-  DeviceBuffer key_end;  // int32 [B]: the batch's padding_start; valid when `padded`
+  DeviceBuffer key_end;                              // int32 [B]: the batch's padding_start; valid when `padded`
   bool padded = false;
-  DeviceBuffer rope_inv_freq;               // fp64 [head_dim / 2], the model's RoPE table
-  DeviceBuffer ones;                        // [T] of 1 in dtype: bias GEMMs (families with biases)
+  DeviceBuffer rope_inv_freq;  // fp64 [head_dim / 2], the model's RoPE table
+  DeviceBuffer ones;           // [T] of 1 in dtype: bias GEMMs (families with biases)
   // Residual stream: x[l] is layer l's input, x[L] the last output. Offloaded checkpoints: two
   // slots (layer l's input in x[l % 2]) and x[2], where a recompute writes its unused output.
   std::vector<DeviceBuffer> x;
-  std::vector<LayerActs> layer;             // per layer, or one set when checkpointing
-  DeviceBuffer hn, rstd_final, dhn;         // final norm output and its gradient
+  std::vector<LayerActs> layer;      // per layer, or one set when checkpointing
+  DeviceBuffer hn, rstd_final, dhn;  // final norm output and its gradient
   // One chunk's fp32 logits [C, V]; the logit gradients of one weight-gradient group [G, V] in
   // dtype (G a multiple of C, or all tokens), turned into dhn and lm_head's gradient by one GEMM each.
   DeviceBuffer logits, dlogits;
-  DeviceBuffer gate_up_t;                   // tiled MLP: one tile's gate | up [tile, 2I], recomputed in backward
-  DeviceBuffer act, dact, dgate_up;         // MLP scratch [tile, I], [tile, I], [tile, 2I]
+  DeviceBuffer gate_up_t;            // tiled MLP: one tile's gate | up [tile, 2I], recomputed in backward
+  DeviceBuffer act, dact, dgate_up;  // MLP scratch [tile, I], [tile, I], [tile, 2I]
   DeviceBuffer dx, dh, dq, dk, dv, dattn, dq_raw, dk_raw;
   // [T, q + 2 kv], each row q | k | v: the one projection GEMM's output in forward (split into the
   // layer's q, k, v), the gathered q, k, v gradients in backward (one GEMM each for dh and the weights).
   DeviceBuffer qkv;
-  DeviceBuffer branch;                      // residual dropout: a branch's output, then its gradient [T, H]
+  DeviceBuffer branch;  // residual dropout: a branch's output, then its gradient [T, H]
   DeviceBuffer dq_f, dk_f, dv_f, dattn_f, kv_rep, a2a_send, a2a_recv;  // Ulysses scratch
-  DeviceBuffer loss;                        // fp32 accumulator
-  TokenBatch staged;                        // host copy being uploaded
+  DeviceBuffer loss;                                                   // fp32 accumulator
+  TokenBatch staged;                                                   // host copy being uploaded
   std::unique_ptr<Event> uploaded;
   int64_t chunk = 0, grad_chunk = 0;
   // Offloaded checkpoints: layer l's input at host[l * T * H]; per device slot, the event of its
@@ -112,10 +112,10 @@ DecoderModel::LossChunks DecoderModel::loss_chunks(const ModelConfig& cfg, const
   const int64_t T = opts.micro_batch * opts.seq_len, V = cfg.vocab_size;
   const int64_t e = static_cast<int64_t>(dtype_size(opts.dtype));
   LossChunks c;
-  c.chunk = std::min(T, opts.loss_chunk_tokens > 0 ? opts.loss_chunk_tokens
-                                                   : std::max<int64_t>(1, kLogitsBudget / (V * 4)));
-  const int64_t grad = opts.loss_grad_chunk_tokens > 0 ? opts.loss_grad_chunk_tokens
-                                                       : kGradBudget / (V * e) / c.chunk * c.chunk;
+  c.chunk =
+      std::min(T, opts.loss_chunk_tokens > 0 ? opts.loss_chunk_tokens : std::max<int64_t>(1, kLogitsBudget / (V * 4)));
+  const int64_t grad =
+      opts.loss_grad_chunk_tokens > 0 ? opts.loss_grad_chunk_tokens : kGradBudget / (V * e) / c.chunk * c.chunk;
   c.grad_chunk = std::min(T, std::max(c.chunk, grad));
   return c;
 }
@@ -133,7 +133,7 @@ size_t DecoderModel::host_checkpoint_bytes(const ModelConfig& cfg, const ModelOp
 
 template <class Visit>
 void DecoderModel::layout_buffers(Activations& a, const ModelConfig& cfg, const ModelOptions& opts, int64_t P,
-                                Visit&& visit) {
+                                  Visit&& visit) {
   const size_t e = dtype_size(opts.dtype), f32 = sizeof(float), i32 = sizeof(int32_t);
   const auto bytes = [](int64_t n, size_t elem) { return static_cast<size_t>(n) * elem; };
   const int64_t T = opts.micro_batch * opts.seq_len, H = cfg.hidden_size, I = cfg.intermediate_size;
@@ -221,7 +221,7 @@ void DecoderModel::layout_buffers(Activations& a, const ModelConfig& cfg, const 
 }
 
 std::vector<ActivationBuffer> DecoderModel::activation_buffers(const ModelConfig& cfg, const ModelOptions& opts,
-                                                            int64_t sp_size) {
+                                                               int64_t sp_size) {
   std::vector<ActivationBuffer> out;
   Activations a;
   layout_buffers(a, cfg, opts, sp_size, [&](DeviceBuffer&, size_t bytes, const char* tag, ActivationTerm term) {
@@ -301,7 +301,8 @@ DecoderModel::DecoderModel(Backend& backend, const ModelConfig& cfg, const Model
       if (cfg.is_moe_layer(l)) moe_of_layer_[l] = opts.activation_checkpointing ? 0 : next++;
   }
   if (cfg.moe.aux_loss) {
-    SO_CHECK(sp_size() == 1, "model: output_router_logits with ", sp_size(), " sequence-parallel ranks (RunConfig refuses it)");
+    SO_CHECK(sp_size() == 1, "model: output_router_logits with ", sp_size(),
+             " sequence-parallel ranks (RunConfig refuses it)");
     const size_t E = static_cast<size_t>(cfg.moe.experts);
     aux_sums_ = backend.alloc(2 * E * sizeof(double), "load-balancing loss sums");  // zeroed
     aux_dprob_ = backend.alloc(E * sizeof(float), "load-balancing loss gradient");
@@ -309,7 +310,8 @@ DecoderModel::DecoderModel(Backend& backend, const ModelConfig& cfg, const Model
   if (!moe_.empty())
     expert_counts_ = backend.alloc(static_cast<size_t>(cfg.num_layers * cfg.moe.experts) * sizeof(int64_t),
                                    "tokens per expert");  // zeroed
-  figures_host_ = HostBuffer(expert_counts_.bytes() + sizeof(float), -1, &backend, "step figures (host copy)", 0, false);
+  figures_host_ =
+      HostBuffer(expert_counts_.bytes() + sizeof(float), -1, &backend, "step figures (host copy)", 0, false);
   figures_copied_ = backend.create_event();
   backend.synchronize(stream_);  // the host copies go away
   a.uploaded = backend.create_event();
@@ -334,7 +336,7 @@ DecoderModel::~DecoderModel() {
 }
 
 DecoderModel::AttentionShape DecoderModel::attention_shape(const ModelConfig& cfg, const ModelOptions& opts,
-                                                       int64_t sp_size) {
+                                                           int64_t sp_size) {
   return {opts.micro_batch,
           opts.seq_len * sp_size,
           cfg.num_heads / sp_size,
@@ -356,14 +358,14 @@ std::vector<AttentionMask> DecoderModel::attention_mask_kinds(const ModelConfig&
       m.key_end = docs;  // prepared rows carry both; other token streams neither
       m.window = w;
       if (cfg.attention_sinks) m.sinks = &kPackedRows;  // a placeholder too
-      m.dropout.p = cfg.attention_dropout;  // training's mask (evaluation's: attention_workspace_bytes)
+      m.dropout.p = cfg.attention_dropout;              // training's mask (evaluation's: attention_workspace_bytes)
       kinds.push_back(m);
     }
   return kinds;
 }
 
 size_t DecoderModel::attention_workspace_bytes(Ops& ops, const ModelConfig& cfg, const ModelOptions& opts,
-                                             int64_t sp_size) {
+                                               int64_t sp_size) {
   const AttentionShape a = attention_shape(cfg, opts, sp_size);
   size_t bytes = 0;
   for (AttentionMask m : attention_mask_kinds(cfg)) {
@@ -494,32 +496,26 @@ Rope DecoderModel::rope_of(int64_t heads) const {
 }
 
 void DecoderModel::linear(const void* in, const void* w, void* out, int64_t rows, int64_t out_dim, int64_t in_dim,
-                        float beta, const void* bias) {
+                          float beta, const void* bias) {
   const DType dt = opts_.dtype;
   if (bias) {
-    ops_.gemm(stream_, {.M = rows, .N = out_dim, .K = 1, .beta = beta, .A = acts_->ones.data(), .B = bias, .ab = dt,
-                        .C = out, .c = dt});
+    ops_.gemm(stream_, Gemm::nn(rows, out_dim, 1, acts_->ones.data(), bias, out, dt, beta));
     beta = 1.0f;
   }
-  ops_.gemm(stream_, {.trans_b = true, .M = rows, .N = out_dim, .K = in_dim, .beta = beta, .A = in, .B = w, .ab = dt,
-                      .C = out, .c = dt});
+  ops_.gemm(stream_, Gemm::nt(rows, out_dim, in_dim, in, w, out, dt, beta));
 }
 
 // y = x W^T + b:  dW += dy^T x,  dx = dy W (+ din_beta * dx),  db += dy^T 1
 void DecoderModel::linear_backward(const void* dout, const void* in, const void* w, void* din, void* dw, int64_t rows,
-                                 int64_t out_dim, int64_t in_dim, float din_beta, void* dbias) {
+                                   int64_t out_dim, int64_t in_dim, float din_beta, void* dbias) {
   const DType dt = opts_.dtype;
-  ops_.gemm(stream_, {.trans_a = true, .M = out_dim, .N = in_dim, .K = rows, .beta = 1.0f, .A = dout, .B = in,
-                      .ab = dt, .C = dw, .c = dt});
-  ops_.gemm(stream_, {.M = rows, .N = in_dim, .K = out_dim, .beta = din_beta, .A = dout, .B = w, .ab = dt, .C = din,
-                      .c = dt});
-  if (dbias)
-    ops_.gemm(stream_, {.trans_a = true, .M = out_dim, .N = 1, .K = rows, .beta = 1.0f, .A = dout,
-                        .B = acts_->ones.data(), .ab = dt, .C = dbias, .c = dt});
+  ops_.gemm(stream_, Gemm::tn(out_dim, in_dim, rows, dout, in, dw, dt, 1.0f));
+  ops_.gemm(stream_, Gemm::nn(rows, in_dim, out_dim, dout, w, din, dt, din_beta));
+  if (dbias) ops_.gemm(stream_, Gemm::tn(out_dim, 1, rows, dout, acts_->ones.data(), dbias, dt, 1.0f));
 }
 
 void DecoderModel::forward_backward(const TokenBatch& batch, ParamStore& p, ModelHooks& hooks, float loss_scale,
-                                  bool backward) {
+                                    bool backward) {
   Activations& a = *acts_;
   const int64_t T = opts_.micro_batch * opts_.seq_len, L = cfg_.num_layers;
   SO_CHECK(static_cast<int64_t>(batch.inputs.size()) == T && batch.targets.size() == batch.inputs.size() &&
@@ -543,8 +539,7 @@ void DecoderModel::forward_backward(const TokenBatch& batch, ParamStore& p, Mode
     const AttentionDocuments docs = count_attention_documents(batch.doc_start.data(), opts_.micro_batch, S);
     a.document_count = docs.documents;
     a.longest_document = docs.longest;
-    backend_.copy_h2d(a.doc_start.data(), a.staged.doc_start.data(), batch.doc_start.size() * sizeof(int32_t),
-                      stream_);
+    backend_.copy_h2d(a.doc_start.data(), a.staged.doc_start.data(), batch.doc_start.size() * sizeof(int32_t), stream_);
   }
   a.padded = !batch.padding_start.empty();
   if (a.padded) {
@@ -902,18 +897,15 @@ void DecoderModel::head_forward_backward(ParamStore& p, float loss_scale, bool b
     const int64_t ng = std::min(a.grad_chunk, T - g0);
     for (int64_t c0 = g0; c0 < g0 + ng; c0 += a.chunk) {
       const int64_t n = std::min(a.chunk, g0 + ng - c0);
-      ops_.gemm(stream_, {.trans_b = true, .M = n, .N = V, .K = H, .A = at(a.hn.data(), c0 * H, dt), .B = w_out,
-                          .ab = dt, .C = a.logits.data(), .c = DType::F32});
+      ops_.gemm(stream_, Gemm::nt(n, V, H, at(a.hn.data(), c0 * H, dt), w_out, a.logits.data(), dt).out_as(DType::F32));
       ops_.cross_entropy(stream_, {.rows = n, .V = V, .scale = loss_scale, .z_loss = opts_.z_loss, .dtype = dt},
                          a.loss.as<float>(), backward ? at(a.dlogits.data(), (c0 - g0) * V, dt) : nullptr,
                          a.logits.as<float>(), a.targets.as<int32_t>() + c0);
     }
     if (!backward) continue;
     const void* hn_g = at(a.hn.data(), g0 * H, dt);
-    ops_.gemm(stream_, {.M = ng, .N = H, .K = V, .A = a.dlogits.data(), .B = w_out, .ab = dt,
-                        .C = at(a.dhn.data(), g0 * H, dt), .c = dt});
-    ops_.gemm(stream_, {.trans_a = true, .M = V, .N = H, .K = ng, .beta = 1.0f, .A = a.dlogits.data(), .B = hn_g,
-                        .ab = dt, .C = dw_out, .c = dt});
+    ops_.gemm(stream_, Gemm::nn(ng, H, V, a.dlogits.data(), w_out, at(a.dhn.data(), g0 * H, dt), dt));
+    ops_.gemm(stream_, Gemm::tn(V, H, ng, a.dlogits.data(), hn_g, dw_out, dt, 1.0f));
   }
 }
 

@@ -88,7 +88,8 @@ TensorFiles open_sharded(const fs::path& dir) {
   for (const auto& [name, shard] : shards)
     for (const SafetensorsTensor& t : shard->tensors())
       SO_CHECK(map.count(t.name) && map[t.name] == name, "shard '", shard->path(), "' holds tensor '", t.name,
-               "', which '", index_path, "' ", map.count(t.name) ? "maps to shard '" + map[t.name] + "'" : "does not list");
+               "', which '", index_path, "' ",
+               map.count(t.name) ? "maps to shard '" + map[t.name] + "'" : "does not list");
   return tf;
 }
 
@@ -115,8 +116,8 @@ struct FusedSlice {
   int64_t offset = 0;
 };
 struct FusedExperts {
-  std::map<std::string, FusedSlice> slices;                // per-expert parameter name -> where it lies
-  std::map<std::string, std::vector<int64_t>> tensors;     // fused tensor name -> its expected shape
+  std::map<std::string, FusedSlice> slices;             // per-expert parameter name -> where it lies
+  std::map<std::string, std::vector<int64_t>> tensors;  // fused tensor name -> its expected shape
 };
 FusedExperts fused_experts(const TensorFiles& tf, const ParamLayout& layout) {
   FusedExperts f;
@@ -249,8 +250,7 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
       std::vector<float> values(rows.size());
       for (int64_t e = 0; e < s.experts; ++e)
         for (int64_t r = 0; r < s.rows; ++r)
-          for (int64_t c = 0; c < cols; ++c)
-            values[(e * cols + c) * s.rows + r] = rows[(e * s.rows + r) * cols + c];
+          for (int64_t c = 0; c < cols; ++c) values[(e * cols + c) * s.rows + r] = rows[(e * s.rows + r) * cols + c];
       load(t.parts[0], std::move(values));
       continue;
     }
@@ -314,15 +314,18 @@ void export_hf_model(const std::string& dir, const ModelConfig& cfg, const Param
   auto write_shard = [&](const fs::path& path, const std::vector<int>& which) {
     std::vector<SafetensorsEntry> entries;
     for (int i : which) entries.push_back({tensors[i].name, tensors[i].shape});
-    write_safetensors(path.string(), entries, opts.dtype, [&](size_t e) {
-      const HfTensor& t = tensors[which[e]];
-      std::vector<float> values = get(t.parts[0]);
-      for (size_t j = 1; j < t.parts.size(); ++j) {  // stacked: the parts' rows one after another
-        const std::vector<float> part = get(t.parts[j]);
-        values.insert(values.end(), part.begin(), part.end());
-      }
-      return values;
-    }, metadata);
+    write_safetensors(
+        path.string(), entries, opts.dtype,
+        [&](size_t e) {
+          const HfTensor& t = tensors[which[e]];
+          std::vector<float> values = get(t.parts[0]);
+          for (size_t j = 1; j < t.parts.size(); ++j) {  // stacked: the parts' rows one after another
+            const std::vector<float> part = get(t.parts[j]);
+            values.insert(values.end(), part.begin(), part.end());
+          }
+          return values;
+        },
+        metadata);
   };
 
   std::set<std::string> written;

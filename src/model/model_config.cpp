@@ -16,9 +16,9 @@ namespace {
 // Keys an HF config carries that do not change the math so_train runs (token ids, inference and
 // bookkeeping settings), whatever their value. Keys whose values can change the math are read
 // and refused unless neutral; anything else unknown is an error.
-const char* kIgnoredHfKeys[] = {"bos_token_id", "eos_token_id", "transformers_version", "use_cache",
+const char* kIgnoredHfKeys[] = {"bos_token_id",  "eos_token_id",      "transformers_version", "use_cache",
                                 "_name_or_path", "output_attentions", "output_hidden_states", "return_dict",
-                                "model_name", "is_decoder"};
+                                "model_name",    "is_decoder"};
 
 using MoeStyle = ModelConfig::Moe::Style;
 
@@ -38,8 +38,10 @@ void refuse_nulls(JsonReader& r, const ModelFamily& family, const char* const* i
     if (std::find(std::begin(kNullableEverywhere), std::end(kNullableEverywhere), key) != std::end(kNullableEverywhere))
       continue;
     if (std::find(ignored, ignored + n_ignored, key) != ignored + n_ignored) continue;
-    r.fail(key, str_cat("is null; ", family.model_type, "'s configuration takes a value there (transformers refuses "
-                        "None for it): give one, or leave the key out for ", family.model_type, "'s default"));
+    r.fail(key, str_cat("is null; ", family.model_type,
+                        "'s configuration takes a value there (transformers refuses "
+                        "None for it): give one, or leave the key out for ",
+                        family.model_type, "'s default"));
   }
 }
 // Sizes far beyond any model so_train can hold, and small enough that no buffer size computed
@@ -48,10 +50,10 @@ struct SizeBound {
   const char* key;
   int64_t max;
 };
-constexpr SizeBound kSizeBounds[] = {{"vocab_size", int64_t{1} << 26},         {"hidden_size", int64_t{1} << 18},
-                                     {"intermediate_size", int64_t{1} << 20},  {"num_hidden_layers", 4096},
-                                     {"num_attention_heads", 4096},            {"num_key_value_heads", 4096},
-                                     {"max_position_embeddings", INT32_MAX},   {"head_dim", 4096}};
+constexpr SizeBound kSizeBounds[] = {{"vocab_size", int64_t{1} << 26},        {"hidden_size", int64_t{1} << 18},
+                                     {"intermediate_size", int64_t{1} << 20}, {"num_hidden_layers", 4096},
+                                     {"num_attention_heads", 4096},           {"num_key_value_heads", 4096},
+                                     {"max_position_embeddings", INT32_MAX},  {"head_dim", 4096}};
 int64_t size_bound(const char* key) {
   for (const SizeBound& b : kSizeBounds)
     if (std::string(key) == b.key) return b.max;
@@ -153,15 +155,16 @@ void read_moe(JsonReader& r, const ModelFamily& family, ModelConfig& c) {
     if (r.has("quantization_config")) {
       const nlohmann::json& q = r.raw().at("quantization_config");
       if (!q.is_object() || !q.contains("quant_method") || q.at("quant_method") != "mxfp4")
-        r.fail("quantization_config", str_cat("is ", brief_json(q), "; so_train reads {\"quant_method\": \"mxfp4\"} "
-                                               "(GPT-OSS's published checkpoints) or unquantised weights"));
+        r.fail("quantization_config", str_cat("is ", brief_json(q),
+                                              "; so_train reads {\"quant_method\": \"mxfp4\"} "
+                                              "(GPT-OSS's published checkpoints) or unquantised weights"));
       for (const auto& [key, value] : q.items())
         if (key != "quant_method" && key != "modules_to_not_convert")
           r.fail("quantization_config", str_cat("has the unknown key '", key, "'"));
       // MXFP4 blocks hold 32 values along each expert matrix's input dimension.
       if (c.hidden_size % 32 != 0 || m.intermediate % 32 != 0)
         r.fail("quantization_config", str_cat("is mxfp4, but hidden_size (", c.hidden_size, ") and intermediate_size (",
-                                               m.intermediate, ") must be multiples of the MXFP4 block of 32"));
+                                              m.intermediate, ") must be multiples of the MXFP4 block of 32"));
       m.mxfp4 = true;
     }
     return;
@@ -237,17 +240,20 @@ void check_model_size(JsonReader& r, const ModelConfig& c) {
   const ModelSize s = model_size(c);
   const char* experts_key = c.moe.style == MoeStyle::GptOss ? "num_local_experts" : "num_experts";
   if (s.tensors > kMaxTensors)
-    r.fail("num_hidden_layers", str_cat("(", c.num_layers, ") with ", experts_key, " (", c.moe.experts, ") makes ",
-                                        wide_text(s.tensors), " tensors (each expert of each MoE layer has its own), more "
-                                        "than the ", kMaxTensors, " so_train lays out"));
+    r.fail("num_hidden_layers",
+           str_cat("(", c.num_layers, ") with ", experts_key, " (", c.moe.experts, ") makes ", wide_text(s.tensors),
+                   " tensors (each expert of each MoE layer has its own), more "
+                   "than the ",
+                   kMaxTensors, " so_train lays out"));
   if (s.parameters > kMaxParameters)
-    r.fail("num_hidden_layers", str_cat("(", c.num_layers, ") with vocab_size ", c.vocab_size, ", hidden_size ",
-                                        c.hidden_size, ", intermediate_size ", c.intermediate_size,
-                                        c.moe.experts > 0 ? str_cat(", ", experts_key, " ", c.moe.experts,
-                                                                    ", moe_intermediate_size ", c.moe.intermediate)
-                                                          : "",
-                                        " makes ", wide_text(s.parameters), " parameters, more than 2^50 (",
-                                        static_cast<double>(kMaxParameters), "), far past any model that can be trained"));
+    r.fail("num_hidden_layers",
+           str_cat("(", c.num_layers, ") with vocab_size ", c.vocab_size, ", hidden_size ", c.hidden_size,
+                   ", intermediate_size ", c.intermediate_size,
+                   c.moe.experts > 0
+                       ? str_cat(", ", experts_key, " ", c.moe.experts, ", moe_intermediate_size ", c.moe.intermediate)
+                       : "",
+                   " makes ", wide_text(s.parameters), " parameters, more than 2^50 (",
+                   static_cast<double>(kMaxParameters), "), far past any model that can be trained"));
 }
 
 }  // namespace
@@ -277,8 +283,10 @@ void read_sliding_window(JsonReader& r, const ModelFamily& family, ModelConfig& 
     for (size_t i = 0; ok && i < types->size(); ++i)
       ok = (*types)[i] == "full_attention" || (*types)[i] == "sliding_attention";
     if (!ok)
-      r.fail("layer_types", str_cat("is ", brief_json(*types), "; it must list \"full_attention\" or "
-                                    "\"sliding_attention\" for each of the ", c.num_layers, " layers"));
+      r.fail("layer_types", str_cat("is ", brief_json(*types),
+                                    "; it must list \"full_attention\" or "
+                                    "\"sliding_attention\" for each of the ",
+                                    c.num_layers, " layers"));
   }
   // The window: as given, the family's default when the key is absent, none when it is null.
   const auto window = [&]() -> int64_t {
@@ -306,8 +314,8 @@ void read_sliding_window(JsonReader& r, const ModelFamily& family, ModelConfig& 
     const int64_t first = r.get_in("max_window_layers", 28, 0, INT32_MAX);  // Qwen2Config's default
     c.sliding_layers.resize(static_cast<size_t>(c.num_layers));
     for (int64_t l = 0; l < c.num_layers; ++l)
-      c.sliding_layers[l] = c.sliding_window > 0 &&
-                            (types != nullptr ? (*types)[l] == "sliding_attention" : l >= first);
+      c.sliding_layers[l] =
+          c.sliding_window > 0 && (types != nullptr ? (*types)[l] == "sliding_attention" : l >= first);
     return;
   }
   if (types != nullptr)
@@ -324,8 +332,7 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   ModelConfig c;
   c.model_type = r.require<std::string>("model_type");
   const ModelFamily* family = find_model_family(c.model_type);
-  if (!family)
-    r.fail("model_type", str_cat("is '", c.model_type, "'; supported: ", supported_model_types()));
+  if (!family) r.fail("model_type", str_cat("is '", c.model_type, "'; supported: ", supported_model_types()));
   refuse_nulls(r, *family, kIgnoredHfKeys, std::size(kIgnoredHfKeys));
   // Absent: the family's default; null (where the family takes it): None.
   const auto is_null = [&](const char* key) { return j.contains(key) && j.at(key).is_null(); };
@@ -339,8 +346,9 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   c.intermediate_size = size("intermediate_size", -1);
   c.num_layers = size("num_hidden_layers", -1);
   c.num_heads = size("num_attention_heads", -1);
-  c.num_kv_heads = size("num_key_value_heads", is_null("num_key_value_heads") || family->default_kv_heads == 0
-                                                    ? c.num_heads : family->default_kv_heads);
+  c.num_kv_heads =
+      size("num_key_value_heads",
+           is_null("num_key_value_heads") || family->default_kv_heads == 0 ? c.num_heads : family->default_kv_heads);
   c.max_position_embeddings = size("max_position_embeddings", family->default_max_positions);
   // nn.Embedding takes a padding_idx in [-vocab, vocab), a negative one counted from the end; null
   // is no padding row (what transformers 5 writes when there is none).
@@ -365,8 +373,8 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   r.accept("attention_bias");  // families without the key ignore it, as transformers does
 
   if (c.num_kv_heads > c.num_heads || c.num_heads % c.num_kv_heads != 0)
-    r.fail("num_attention_heads", str_cat("(", c.num_heads, ") is not divisible by num_key_value_heads (",
-                                          c.num_kv_heads, ")"));
+    r.fail("num_attention_heads",
+           str_cat("(", c.num_heads, ") is not divisible by num_key_value_heads (", c.num_kv_heads, ")"));
   r.accept("head_dim");  // null (where the family takes it): derived, as transformers derives it
   if (r.has("head_dim")) {
     c.head_dim = size("head_dim", -1);
@@ -441,7 +449,8 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   if (r.has("architectures")) {
     const nlohmann::json& a = r.raw().at("architectures");
     if (!a.is_array() || a.size() != 1 || a[0] != arch)
-      r.fail("architectures", str_cat("is ", brief_json(a), "; a ", c.model_type, " model trained here is [\"", arch, "\"]"));
+      r.fail("architectures",
+             str_cat("is ", brief_json(a), "; a ", c.model_type, " model trained here is [\"", arch, "\"]"));
   }
   for (const char* key : {"dtype", "torch_dtype"}) {  // where the weights were saved from: a hint only
     r.accept(key);
@@ -508,7 +517,8 @@ nlohmann::json ModelConfig::to_hf_json() const {
     j["use_sliding_window"] = sliding_window > 0;
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
     nlohmann::json& types = j["layer_types"] = nlohmann::json::array();
-    for (int64_t l = 0; l < num_layers; ++l) types.push_back(layer_window(l) > 0 ? "sliding_attention" : "full_attention");
+    for (int64_t l = 0; l < num_layers; ++l)
+      types.push_back(layer_window(l) > 0 ? "sliding_attention" : "full_attention");
   }
   if (rope.type != "default") {
     nlohmann::json& s = j["rope_scaling"] = {{"rope_type", rope.type}, {"factor", rope.factor}};

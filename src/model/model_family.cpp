@@ -5,6 +5,8 @@
 namespace so {
 
 namespace {
+// A table: one family a row, its fields packed (clang-format would give each field a line).
+// clang-format off
 constexpr ModelFamily kFamilies[] = {
     {.model_type = "llama", .architecture = "LlamaForCausalLM", .qkv_bias_key = "attention_bias",
      .o_bias_key = "attention_bias", .default_max_positions = 2048,
@@ -36,6 +38,7 @@ constexpr ModelFamily kFamilies[] = {
      .moe = ModelConfig::Moe::Style::GptOss, .typed_windows = true, .default_yarn = true,
      .nullable = "layer_types use_sliding_window max_window_layers"},
 };
+// clang-format on
 }  // namespace
 
 const ModelFamily* find_model_family(const std::string& model_type) {

@@ -24,31 +24,36 @@ constexpr int kKept = 12, kScratch = 8;
 // and the shared scratch (`sb`); either may be null (sizes only, visit gets null buffers). One
 // list decides both the allocation and the plan.
 template <class Visit>
-void visit_buffers(DeviceBuffer* const* kept, MoeScratch* sb, const MoeSpec& spec, int64_t T, DType dt,
-                   Visit&& visit) {  const int64_t E = spec.routing.experts, k = spec.routing.top_k, H = spec.hidden, I = spec.intermediate;
+void visit_buffers(DeviceBuffer* const* kept, MoeScratch* sb, const MoeSpec& spec, int64_t T, DType dt, Visit&& visit) {
+  const int64_t E = spec.routing.experts, k = spec.routing.top_k, H = spec.hidden, I = spec.intermediate;
   const size_t e = dtype_size(dt), rows = static_cast<size_t>(T * k);
   // GPT-OSS's experts project to the interleaved gate_up [rows, 2I], kept in the gate buffer.
   const size_t gate_cols = spec.experts == MoeSpec::Experts::GptOssGLU ? 2 * I : I;
   const size_t up_cols = spec.experts == MoeSpec::Experts::GptOssGLU ? 0 : I;
-  const std::pair<const char*, size_t> kept_sizes[kKept] = {
-      {"moe router logits", T * E * 4},       {"moe routing weights", rows * 4},
-      {"moe routed experts", rows * 4},       {"moe slot order", rows * 4},
-      {"moe slot rows", rows * 4},            {"moe expert offsets", (E + 1) * 4},
-      {"moe ones (bias GEMMs)", rows * e},    {"moe dispatched tokens", rows * H * e},
-      {"moe expert gate", rows * gate_cols * e}, {"moe expert up", rows * up_cols * e},
-      {"moe expert activation", rows * I * e}, {"moe expert outputs", rows * H * e}};
+  const std::pair<const char*, size_t> kept_sizes[kKept] = {{"moe router logits", T * E * 4},
+                                                            {"moe routing weights", rows * 4},
+                                                            {"moe routed experts", rows * 4},
+                                                            {"moe slot order", rows * 4},
+                                                            {"moe slot rows", rows * 4},
+                                                            {"moe expert offsets", (E + 1) * 4},
+                                                            {"moe ones (bias GEMMs)", rows * e},
+                                                            {"moe dispatched tokens", rows * H * e},
+                                                            {"moe expert gate", rows * gate_cols * e},
+                                                            {"moe expert up", rows * up_cols * e},
+                                                            {"moe expert activation", rows * I * e},
+                                                            {"moe expert outputs", rows * H * e}};
   for (int i = 0; i < kKept; ++i)
     if (kept_sizes[i].second > 0) visit(kept ? kept[i] : nullptr, kept_sizes[i].second, kept_sizes[i].first, true);
   DeviceBuffer* s[kScratch] = {};
   if (sb) {
-    DeviceBuffer* list[kScratch] = {&sb->dy, &sb->dweights, &sb->dact, &sb->dgate, &sb->dup, &sb->dxs, &sb->dlogits,
-                             &sb->dlogits_dt};
+    DeviceBuffer* list[kScratch] = {&sb->dy,  &sb->dweights, &sb->dact,    &sb->dgate,
+                                    &sb->dup, &sb->dxs,      &sb->dlogits, &sb->dlogits_dt};
     std::copy(list, list + kScratch, s);
   }
   const std::pair<const char*, size_t> scratch_sizes[kScratch] = {
       {"moe expert output grad", rows * H * e}, {"moe routing weight grad", rows * 4},
       {"moe activation grad", rows * I * e},    {"moe gate grad", rows * gate_cols * e},
-      {"moe up grad", rows * up_cols * e},            {"moe dispatched token grad", rows * H * e},
+      {"moe up grad", rows * up_cols * e},      {"moe dispatched token grad", rows * H * e},
       {"moe router logit grad", T * E * 4},     {"moe router logit grad (storage dtype)", T * E * e}};
   for (int i = 0; i < kScratch; ++i)
     if (scratch_sizes[i].second > 0) visit(s[i], scratch_sizes[i].second, scratch_sizes[i].first, false);
@@ -58,8 +63,9 @@ void visit_buffers(DeviceBuffer* const* kept, MoeScratch* sb, const MoeSpec& spe
 
 std::vector<MoeBuffer> MoeBlock::buffers(const MoeSpec& spec, int64_t max_tokens, DType dt) {
   std::vector<MoeBuffer> out;
-  visit_buffers(nullptr, nullptr, spec, max_tokens, dt,
-                [&](DeviceBuffer*, size_t bytes, const char* tag, bool kept) { out.push_back({tag, bytes, kept}); });
+  visit_buffers(nullptr, nullptr, spec, max_tokens, dt, [&](DeviceBuffer*, size_t bytes, const char* tag, bool kept) {
+    out.push_back({tag, bytes, kept});
+  });
   return out;
 }
 
@@ -75,7 +81,7 @@ MoeBlock::MoeBlock(Backend& backend, const MoeSpec& spec, int64_t max_tokens, DT
   check_spec(spec);
   SO_CHECK(max_tokens > 0, "moe: max_tokens (", max_tokens, ") must be positive");
   DeviceBuffer* const kept[kKept] = {&logits_, &weights_, &experts_, &slot_of_, &row_of_, &offsets_,
-                            &ones_,   &xs_,      &gate_,    &up_,      &act_,    &y_};
+                                     &ones_,   &xs_,      &gate_,    &up_,      &act_,    &y_};
   visit_buffers(kept, nullptr, spec, max_tokens, dt, [&](DeviceBuffer* b, size_t bytes, const char* tag, bool) {
     if (b) *b = backend.alloc(bytes, tag);
   });
@@ -142,14 +148,12 @@ void MoeBlock::forward(Stream& s, void* out, const void* x, const MoeParams& w, 
   const int64_t E = r.experts, k = r.top_k, H = spec_.hidden, I = spec_.intermediate;
 
   // Router logits in fp32 (transformers takes the softmax in fp32 too).
-  ops.gemm(s, {.trans_b = true, .M = T, .N = E, .K = H, .A = x, .B = w.router, .ab = dt_, .C = logits_.data(),
-               .c = DType::F32});
+  ops.gemm(s, Gemm::nt(T, E, H, x, w.router, logits_.data(), dt_).out_as(DType::F32));
   if (w.router_bias)
-    ops.gemm(s, {.M = T, .N = E, .K = 1, .beta = 1.0f, .A = ones_.data(), .B = w.router_bias, .ab = dt_,
-                 .C = logits_.data(), .c = DType::F32});
+    ops.gemm(s, Gemm::nn(T, E, 1, ones_.data(), w.router_bias, logits_.data(), dt_, 1.0f).out_as(DType::F32));
   ops.moe_route(s, r, weights_.as<float>(), experts_.as<int32_t>(), logits_.as<float>(), T);
-  ops.moe_sort_slots(s, slot_of_.as<int32_t>(), row_of_.as<int32_t>(), offsets_.as<int32_t>(),
-                     experts_.as<int32_t>(), T, k, E);
+  ops.moe_sort_slots(s, slot_of_.as<int32_t>(), row_of_.as<int32_t>(), offsets_.as<int32_t>(), experts_.as<int32_t>(),
+                     T, k, E);
 
   const MoeSlots slots{.T = T, .k = k, .H = H, .dtype = dt_};
   ops.moe_dispatch(s, slots, xs_.data(), x, slot_of_.as<int32_t>());
@@ -166,8 +170,8 @@ void MoeBlock::forward(Stream& s, void* out, const void* x, const MoeParams& w, 
   ops.moe_combine(s, slots, out, y_.data(), weights_.as<float>(), row_of_.as<int32_t>(), accumulate);
 }
 
-void MoeBlock::backward(Stream& s, MoeScratch& sc, void* dx, const MoeParams& w, const MoeParams& g,
-                        const void* dout, const void* x, bool accumulate, const float* aux_dprob) {
+void MoeBlock::backward(Stream& s, MoeScratch& sc, void* dx, const MoeParams& w, const MoeParams& g, const void* dout,
+                        const void* x, bool accumulate, const float* aux_dprob) {
   check_params(g, "gradients");
   Ops& ops = backend_.ops();
   const MoeRouting& r = spec_.routing;
@@ -186,7 +190,7 @@ void MoeBlock::backward(Stream& s, MoeScratch& sc, void* dx, const MoeParams& w,
     weight_grad(s, g.up, sc.dup.data(), I, xs_.data(), H);
     expert_gemm(s, sc.dxs.data(), sc.dgate.data(), w.gate, false, {}, H, I, 0.0f);
     expert_gemm(s, sc.dxs.data(), sc.dup.data(), w.up, false, {}, H, I, 1.0f);
-  } else {  // sc.dgate holds the interleaved d(gate_up) [rows, 2I]
+  } else {                                                    // sc.dgate holds the interleaved d(gate_up) [rows, 2I]
     weight_grad(s, g.down, act_.data(), I, sc.dy.data(), H);  // down [I, H]
     bias_grad(s, g.down_bias, sc.dy.data(), H);
     expert_gemm(s, sc.dact.data(), sc.dy.data(), w.down, true, {}, I, H, 0.0f);
@@ -203,13 +207,9 @@ void MoeBlock::backward(Stream& s, MoeScratch& sc, void* dx, const MoeParams& w,
   ops.moe_route_backward(s, r, sc.dlogits.as<float>(), sc.dweights.as<float>(), logits_.as<float>(),
                          experts_.as<int32_t>(), aux_dprob, T);
   ops.cast(s, sc.dlogits_dt.data(), dt_, sc.dlogits.data(), DType::F32, T * E);
-  ops.gemm(s, {.M = T, .N = H, .K = E, .beta = 1.0f, .A = sc.dlogits_dt.data(), .B = w.router, .ab = dt_, .C = dx,
-               .c = dt_});
-  ops.gemm(s, {.trans_a = true, .M = E, .N = H, .K = T, .beta = 1.0f, .A = sc.dlogits_dt.data(), .B = x, .ab = dt_,
-               .C = g.router, .c = dt_});
-  if (g.router_bias)
-    ops.gemm(s, {.trans_a = true, .M = 1, .N = E, .K = T, .beta = 1.0f, .A = ones_.data(), .B = sc.dlogits_dt.data(),
-                 .ab = dt_, .C = g.router_bias, .c = dt_});
+  ops.gemm(s, Gemm::nn(T, H, E, sc.dlogits_dt.data(), w.router, dx, dt_, 1.0f));
+  ops.gemm(s, Gemm::tn(E, H, T, sc.dlogits_dt.data(), x, g.router, dt_, 1.0f));
+  if (g.router_bias) ops.gemm(s, Gemm::tn(1, E, T, ones_.data(), sc.dlogits_dt.data(), g.router_bias, dt_, 1.0f));
 }
 
 }  // namespace so

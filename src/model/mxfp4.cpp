@@ -18,8 +18,8 @@ void check_mxfp4_scales(const std::vector<uint8_t>& scales, int64_t rows, int64_
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t s = scales[r * groups + g];
       // The largest E2M1 magnitude is 6 = 1.5 x 2^2: 2^(s - 127) x 6 must stay below FLT_MAX.
-      SO_CHECK(s != 255 && static_cast<int>(s) - 127 <= 125, what, ": MXFP4 scale ", int(s), " at row ", r,
-               ", block ", g, " is out of range (E8M0 255 is NaN; above 252 overflows fp32)");
+      SO_CHECK(s != 255 && static_cast<int>(s) - 127 <= 125, what, ": MXFP4 scale ", int(s), " at row ", r, ", block ",
+               g, " is out of range (E8M0 255 is NaN; above 252 overflows fp32)");
     }
 }
 

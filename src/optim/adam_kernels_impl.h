@@ -93,7 +93,9 @@ struct AdamMath {
     return V::div(V::mul(V::splat(c.neg_step_size), m1), V::add(scaled_sqrt(v1), V::splat(c.eps)));
   }
   SO_KERNEL_INLINE F new_m(F g, F m) const { return V::fma(V::splat(c.one_minus_b1), V::sub(g, m), m); }
-  SO_KERNEL_INLINE F new_v(F g, F v) const { return V::fma(V::mul(V::splat(c.one_minus_b2), g), g, V::mul(v, V::splat(c.beta2))); }
+  SO_KERNEL_INLINE F new_v(F g, F v) const {
+    return V::fma(V::mul(V::splat(c.one_minus_b2), g), g, V::mul(v, V::splat(c.beta2)));
+  }
 
   // optim::adamw_reference on one vector; g is already scaled.
   SO_KERNEL_INLINE void step(F g, F p, F m, F v, F& p1, F& m1, F& v1) const {
@@ -143,8 +145,15 @@ struct Pointers {
   // 7-24%). Prefetches past the end of an array are harmless.
   int64_t ahead;
   explicit Pointers(const AdamArrays& a, int64_t prefetch_ahead = adam_prefetch_ahead())
-      : p(a.p), m(a.m), v(a.v), sp(a.snapshot_p), sm(a.snapshot_m), sv(a.snapshot_v),
-        g(static_cast<const G*>(a.grad)), out(static_cast<O*>(a.out)), ahead(prefetch_ahead) {}
+      : p(a.p),
+        m(a.m),
+        v(a.v),
+        sp(a.snapshot_p),
+        sm(a.snapshot_m),
+        sv(a.snapshot_v),
+        g(static_cast<const G*>(a.grad)),
+        out(static_cast<O*>(a.out)),
+        ahead(prefetch_ahead) {}
 
   // The loop body's streams, `ahead` elements on: the state in place or the snapshot, and the
   // gradient. (Write-only streams are not fetched: their lines are claimed by the stores.)
@@ -266,13 +275,15 @@ void probe_typed(const AdamArrays& a, int64_t n, StreamProbe kind) {
 template <class V, class T>
 double sum_squares_typed(const T* x, int64_t n) {
   typename V::D lo = V::dzero(), hi = V::dzero();
-  for_each_vector<V>(n, [&](int64_t i, typename V::M mk) SO_KERNEL_BODY { V::add_squares(lo, hi, V::load(x + i, mk)); });
+  for_each_vector<V>(n,
+                     [&](int64_t i, typename V::M mk) SO_KERNEL_BODY { V::add_squares(lo, hi, V::load(x + i, mk)); });
   return V::reduce(lo, hi);
 }
 
 template <class V, class Dst, class Src>
 void cast_typed(Dst* dst, const Src* src, int64_t n) {
-  for_each_vector<V>(n, [&](int64_t i, typename V::M mk) SO_KERNEL_BODY { V::store(dst + i, V::load(src + i, mk), mk); });
+  for_each_vector<V>(n,
+                     [&](int64_t i, typename V::M mk) SO_KERNEL_BODY { V::store(dst + i, V::load(src + i, mk), mk); });
 }
 
 // Type-erased entries: the AdamKernels function pointers.
@@ -302,14 +313,16 @@ void redo_entry(const AdamArrays& a, int64_t n, const AdamWParams& hp, float fin
   with_types(a, [&](auto g, auto o) {
     using G = decltype(g);
     using O = decltype(o);
-    a.has_snapshot() ? redo_typed<V, G, O, true>(a, n, c, final_scale) : redo_typed<V, G, O, false>(a, n, c, final_scale);
+    a.has_snapshot() ? redo_typed<V, G, O, true>(a, n, c, final_scale)
+                     : redo_typed<V, G, O, false>(a, n, c, final_scale);
   });
 }
 
 template <class V>
 void scaled_sqrt_entry(float* x, int64_t n, const AdamWParams& hp) {
   const AdamMath<V> math{adam_constants(hp)};
-  for_each_vector<V>(n, [&](int64_t i, typename V::M mk) SO_KERNEL_BODY { V::store(x + i, math.scaled_sqrt(V::load(x + i, mk)), mk); });
+  for_each_vector<V>(n, [&](int64_t i, typename V::M mk)
+                            SO_KERNEL_BODY { V::store(x + i, math.scaled_sqrt(V::load(x + i, mk)), mk); });
 }
 
 template <class V>
@@ -331,16 +344,21 @@ void cast_entry(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t 
     return;
   }
   with_dtype(dst_dt, [&](auto d) {
-    with_dtype(src_dt, [&](auto s) {
-      cast_typed<V>(static_cast<decltype(d)*>(dst), static_cast<const decltype(s)*>(src), n);
-    });
+    with_dtype(src_dt,
+               [&](auto s) { cast_typed<V>(static_cast<decltype(d)*>(dst), static_cast<const decltype(s)*>(src), n); });
   });
 }
 
 template <class V>
 AdamKernels make_adam_kernels(SimdIsa isa) {
-  return AdamKernels{isa, &step_entry<V>, &rollback_entry<V>, &redo_entry<V>, &sum_squares_entry<V>, &cast_entry<V>,
-                     &scaled_sqrt_entry<V>, &probe_entry<V>};
+  return AdamKernels{isa,
+                     &step_entry<V>,
+                     &rollback_entry<V>,
+                     &redo_entry<V>,
+                     &sum_squares_entry<V>,
+                     &cast_entry<V>,
+                     &scaled_sqrt_entry<V>,
+                     &probe_entry<V>};
 }
 
 // so::f32_to_bf16 on every 32-bit lane of an integer vector: round to nearest even with integer

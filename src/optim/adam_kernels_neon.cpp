@@ -38,7 +38,9 @@ struct NeonBase {
   static F sqrt(F a) { return vsqrtq_f32(a); }
   static F fma(F a, F b, F c) { return vfmaq_f32(c, a, b); }
   static F if_inf(F x, F a, F b) { return vbslq_f32(vceqq_f32(x, vdupq_n_f32(__builtin_inff())), a, b); }
-  static F max0(F x) { return vreinterpretq_f32_u32(vandq_u32(vcgtq_f32(x, vdupq_n_f32(0.0f)), vreinterpretq_u32_f32(x))); }
+  static F max0(F x) {
+    return vreinterpretq_f32_u32(vandq_u32(vcgtq_f32(x, vdupq_n_f32(0.0f)), vreinterpretq_u32_f32(x)));
+  }
   static D dzero() { return vdupq_n_f64(0.0); }
   static void add_squares(D& lo, D& hi, F x) {
     const float64x2_t a = vcvt_f64_f32(vget_low_f32(x));

@@ -17,9 +17,13 @@ struct Scalar {
   static M full() { return true; }
   static M first(int64_t) { return true; }
   template <class T>
-  static F load(const T* p, M) { return to_f32(*p); }
+  static F load(const T* p, M) {
+    return to_f32(*p);
+  }
   template <class T>
-  static void store(T* p, F x, M) { *p = from_f32<T>(x); }
+  static void store(T* p, F x, M) {
+    *p = from_f32<T>(x);
+  }
   static F splat(float x) { return x; }
   static F add(F a, F b) { return a + b; }
   static F sub(F a, F b) { return a - b; }

@@ -44,16 +44,15 @@ AdamConstants adam_constants(const AdamWParams& hp) {
 }
 
 template <typename GradT, typename OutT>
-void adamw_reference(float* p, float* m, float* v, const GradT* grad, OutT* out, int64_t n,
-                     const AdamWParams& hp) {
+void adamw_reference(float* p, float* m, float* v, const GradT* grad, OutT* out, int64_t n, const AdamWParams& hp) {
   const AdamConstants c = adam_constants(hp);
   for (int64_t i = 0; i < n; ++i) {
     const float g = to_f32(grad[i]) * c.grad_scale;
-    const float pd = p[i] * c.decay;                                         // param.mul_(1 - lr*wd)
-    const float mi = std::fma(c.one_minus_b1, g - m[i], m[i]);               // exp_avg.lerp_(grad, 1-b1)
-    const float vi = std::fma(c.one_minus_b2 * g, g, v[i] * c.beta2);        // .mul_(b2).addcmul_(g, g, 1-b2)
-    const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;                  // (sqrt(v) / bc2_sqrt).add_(eps)
-    const float pi = pd + (c.neg_step_size * mi) / denom;                    // param.addcdiv_(m, denom, -step_size)
+    const float pd = p[i] * c.decay;                                   // param.mul_(1 - lr*wd)
+    const float mi = std::fma(c.one_minus_b1, g - m[i], m[i]);         // exp_avg.lerp_(grad, 1-b1)
+    const float vi = std::fma(c.one_minus_b2 * g, g, v[i] * c.beta2);  // .mul_(b2).addcmul_(g, g, 1-b2)
+    const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;            // (sqrt(v) / bc2_sqrt).add_(eps)
+    const float pi = pd + (c.neg_step_size * mi) / denom;              // param.addcdiv_(m, denom, -step_size)
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -61,14 +60,10 @@ void adamw_reference(float* p, float* m, float* v, const GradT* grad, OutT* out,
   }
 }
 
-template void adamw_reference<float, float>(float*, float*, float*, const float*, float*, int64_t,
-                                            const AdamWParams&);
-template void adamw_reference<float, bf16>(float*, float*, float*, const float*, bf16*, int64_t,
-                                           const AdamWParams&);
-template void adamw_reference<bf16, float>(float*, float*, float*, const bf16*, float*, int64_t,
-                                           const AdamWParams&);
-template void adamw_reference<bf16, bf16>(float*, float*, float*, const bf16*, bf16*, int64_t,
-                                          const AdamWParams&);
+template void adamw_reference<float, float>(float*, float*, float*, const float*, float*, int64_t, const AdamWParams&);
+template void adamw_reference<float, bf16>(float*, float*, float*, const float*, bf16*, int64_t, const AdamWParams&);
+template void adamw_reference<bf16, float>(float*, float*, float*, const bf16*, float*, int64_t, const AdamWParams&);
+template void adamw_reference<bf16, bf16>(float*, float*, float*, const bf16*, bf16*, int64_t, const AdamWParams&);
 
 }  // namespace optim
 }  // namespace so

@@ -14,8 +14,8 @@
 namespace so {
 
 namespace {
-constexpr SimdIsa kAll[] = {SimdIsa::Scalar, SimdIsa::Avx2, SimdIsa::Avx512, SimdIsa::Avx512Bf16, SimdIsa::Neon,
-                            SimdIsa::Sve};
+constexpr SimdIsa kAll[] = {SimdIsa::Scalar,     SimdIsa::Avx2, SimdIsa::Avx512,
+                            SimdIsa::Avx512Bf16, SimdIsa::Neon, SimdIsa::Sve};
 
 #if defined(__x86_64__)
 // avx512bf16 is CPUID leaf 7 sub-leaf 1, EAX bit 5; GCC 12's __builtin_cpu_supports does not
@@ -29,24 +29,18 @@ bool cpu_has_avx512bf16() {
 
 bool cpu_runs(SimdIsa isa) {
   switch (isa) {
-    case SimdIsa::Scalar:
-      return true;
+    case SimdIsa::Scalar: return true;
 #if defined(__x86_64__)
-    case SimdIsa::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case SimdIsa::Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case SimdIsa::Avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl");
-    case SimdIsa::Avx512Bf16:
-      return cpu_runs(SimdIsa::Avx512) && cpu_has_avx512bf16();
+    case SimdIsa::Avx512Bf16: return cpu_runs(SimdIsa::Avx512) && cpu_has_avx512bf16();
 #elif defined(__aarch64__)
-    case SimdIsa::Neon:
-      return getauxval(AT_HWCAP) & HWCAP_ASIMD;
-    case SimdIsa::Sve:
-      return getauxval(AT_HWCAP) & HWCAP_SVE;
+    case SimdIsa::Neon: return getauxval(AT_HWCAP) & HWCAP_ASIMD;
+    case SimdIsa::Sve: return getauxval(AT_HWCAP) & HWCAP_SVE;
 #endif
-    default:
-      return false;  // not compiled for this architecture
+    default: return false;  // not compiled for this architecture
   }
 }
 }  // namespace

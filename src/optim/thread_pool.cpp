@@ -67,7 +67,9 @@ void ThreadPool::worker_main(int index) {
     // Polls for the next loop a little, then sleeps: the optimizer's cores belong to someone else
     // between steps.
     lk.unlock();
-    poll_for(kSpin, [&] { return stop_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_relaxed) != seen; });
+    poll_for(kSpin, [&] {
+      return stop_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_relaxed) != seen;
+    });
     lk.lock();
     work_cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
     if (stop_) return;

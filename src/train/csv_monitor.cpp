@@ -16,7 +16,8 @@ CsvMonitor::CsvMonitor(const MonitorConfig& cfg, bool writer) : on_(cfg.enabled 
 void CsvMonitor::step_events(int64_t samples_before, double train_loss, int64_t samples_after, double next_lr) {
   if (!on_) return;
   // A failed write (a full disk) is reported once; the monitor then stops and training goes on.
-  if (write("Train/Samples/train_loss", train_loss, samples_before) && write("Train/Samples/lr", next_lr, samples_after))
+  if (write("Train/Samples/train_loss", train_loss, samples_before) &&
+      write("Train/Samples/lr", next_lr, samples_after))
     return;
   log_warn(str_cat("csv_monitor: writing to '", dir_, "' failed; no more CSV rows are written, training goes on"));
   on_ = false;

@@ -33,8 +33,8 @@ constexpr size_t kMaxPatternBytes = 1024;
 
 std::unique_ptr<RE2> compile(const std::string& p) {
   if (p.size() > kMaxPatternBytes)
-    throw Error(str_cat("has a pattern of ", p.size(), " characters ('", p.substr(0, 40), "...'); at most ",
-                        kMaxPatternBytes));
+    throw Error(
+        str_cat("has a pattern of ", p.size(), " characters ('", p.substr(0, 40), "...'); at most ", kMaxPatternBytes));
   RE2::Options options;
   options.set_log_errors(false);
   auto re = std::make_unique<RE2>(p, options);
@@ -71,11 +71,11 @@ DecayGroups decay_groups(const ParamLayout& layout, const DecayGroupsConfig& cfg
   for (const std::string& k : excluded_kinds) kinds += (kinds.empty() ? "" : ", ") + k;
   std::string list;
   for (const std::string& p : cfg.exclude) list += (list.empty() ? "'" : ", '") + p + "'";
-  g.description = str_cat("weight decay ", weight_decay, " on ", tensors[0], " tensors (", elements[0],
-                          " parameters); none on ", tensors[1], " tensors (", elements[1], " parameters: ",
-                          kinds.empty() ? "none" : kinds, ") matching train.weight_decay_exclude [", list, "]",
-                          cfg.exclude_given ? "" : " (HF Trainer's)",
-                          cfg.decay_embeddings ? "" : " or the embedding (train.decay_embeddings false)");
+  g.description =
+      str_cat("weight decay ", weight_decay, " on ", tensors[0], " tensors (", elements[0], " parameters); none on ",
+              tensors[1], " tensors (", elements[1], " parameters: ", kinds.empty() ? "none" : kinds,
+              ") matching train.weight_decay_exclude [", list, "]", cfg.exclude_given ? "" : " (HF Trainer's)",
+              cfg.decay_embeddings ? "" : " or the embedding (train.decay_embeddings false)");
   return g;
 }
 

@@ -24,10 +24,10 @@ Evaluation evaluate(DecoderModel& model, ParamStore& params, ModelHooks& hooks, 
     const int64_t mine = first + s.dp_rank * s.micro_batch;
     TokenBatch b = validation.batch_at(mine);
     for (int64_t i = 0; i < s.micro_batch; ++i)
-      if (mine + i >= rows)
-        std::fill(b.targets.begin() + i * s.seq_len, b.targets.begin() + (i + 1) * s.seq_len, -1);
+      if (mine + i >= rows) std::fill(b.targets.begin() + i * s.seq_len, b.targets.begin() + (i + 1) * s.seq_len, -1);
     const TokenBatch slice = slice_sequences(b, s.seq_len, s.sp_size, s.sp_rank);
-    sums[1] += static_cast<double>(std::count_if(slice.targets.begin(), slice.targets.end(), [](int32_t t) { return t >= 0; }));
+    sums[1] += static_cast<double>(
+        std::count_if(slice.targets.begin(), slice.targets.end(), [](int32_t t) { return t >= 0; }));
     model.forward_backward(slice, params, hooks, 1.0f, false);
   }
   sums[0] = model.read_loss();

@@ -31,8 +31,8 @@ double warmup_family(const LrSchedule& s, int64_t step) {
   if (last < warmup)
     gamma = warmup_gamma(s, last, warmup);
   else if (s.type == "WarmupDecayLR")
-    gamma = std::max(0.0, static_cast<double>(s.total_steps - last) /
-                              std::max(1.0, static_cast<double>(s.total_steps - warmup)));
+    gamma = std::max(
+        0.0, static_cast<double>(s.total_steps - last) / std::max(1.0, static_cast<double>(s.total_steps - warmup)));
   return s.warmup_min_lr + (s.warmup_max_lr - s.warmup_min_lr) * gamma;
 }
 

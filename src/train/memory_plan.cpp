@@ -27,7 +27,7 @@ struct Profile {
   size_t device_bytes, host_bytes;  // host: the node's, shared by its GPUs (0: not known)
   int gpus_per_node;
   const char* what;
-  CastSite cast;          // where "auto" casts are expected to land (both directions)
+  CastSite cast;           // where "auto" casts are expected to land (both directions)
   double d2h_gbs, tflops;  // device-to-host link, dense bf16 peak
 };
 constexpr size_t kGB = 1000 * 1000 * 1000;
@@ -53,7 +53,10 @@ class ZeroReplay {
   // summed on the host), the others after the step's last.
   ZeroReplay(const ParamLayout& layout, const std::vector<Bucket>& buckets, const ShardLayout& shards, int stage,
              size_t esz, size_t align, size_t every_micro)
-      : layout_(layout), buckets_(buckets), stage_(stage), units_(bucket_units(layout, buckets)),
+      : layout_(layout),
+        buckets_(buckets),
+        stage_(stage),
+        units_(bucket_units(layout, buckets)),
         every_micro_(every_micro) {
     for (size_t b = 0; b < buckets.size(); ++b)
       bytes_.push_back(round_up(static_cast<size_t>(shards.padded_size(b)) * esz, align));
@@ -254,12 +257,14 @@ int grad_ring_depth(const RunConfig& cfg, int world, const MachineProfile& m) {
   for (size_t b = 0; b < first_dev; ++b) offloaded += static_cast<double>(buckets[b].size());
   const int stage = world > 1 ? cfg.zero_stage : 3;
   if (stage >= 1) offloaded /= world;  // this rank's shards
-  const bool bf16_link = cfg.dtype == DType::BF16 && (cfg.offload.cast_grads == CastSite::Auto ? m.cast_grads
-                                                                                                : cfg.offload.cast_grads) == CastSite::Host;
+  const bool bf16_link =
+      cfg.dtype == DType::BF16 &&
+      (cfg.offload.cast_grads == CastSite::Auto ? m.cast_grads : cfg.offload.cast_grads) == CastSite::Host;
   const double copy_s = offloaded * (bf16_link ? 2 : 4) / (m.d2h_gbs * 1e9);
   const double tokens = static_cast<double>(batch.micro * cfg.data.seq_len / cfg.sequence_parallel_size);
   // Backward is two thirds of a step's FLOPs.
-  const double backward_s = 2.0 / 3.0 * train_flops_per_token(cfg.model, cfg.data.seq_len) * tokens / (0.5 * m.tflops * 1e12);
+  const double backward_s =
+      2.0 / 3.0 * train_flops_per_token(cfg.model, cfg.data.seq_len) * tokens / (0.5 * m.tflops * 1e12);
   const double ratio = copy_s / std::max(backward_s, 1e-12);
   return static_cast<int>(std::clamp(1.0 + std::ceil(ratio), double{kMin}, double{kMax}));
 }
@@ -286,7 +291,8 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
     g.first += round_up(b.bytes, a);
     ++g.second;
   }
-  for (const auto& [term, g] : groups) plan.device.push_back({activation_term_name(term), g.first, str_cat(g.second, " buffers")});
+  for (const auto& [term, g] : groups)
+    plan.device.push_back({activation_term_name(term), g.first, str_cat(g.second, " buffers")});
 
   // The engine's state (Engine::Engine), as this rank holds it.
   const ParamLayout layout = ParamLayout::for_model(cfg.model);
@@ -309,12 +315,14 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
   plan.grad_ring_depth = grad_ring_depth(cfg, world, m);
   const GradRing ring = plan_grad_ring(uses, plan.grad_ring_depth);
   if (ring.bytes > 0)
-    plan.device.push_back({"gradients of offloaded buckets in flight (ring)", ring.bytes,
-                           str_cat(uses.size(), " buckets through it, depth ", plan.grad_ring_depth, ": each from its ",
-                                   shards.sharded() ? "reduce-scatter" : "first gradient", " to its copy to the host")});
+    plan.device.push_back(
+        {"gradients of offloaded buckets in flight (ring)", ring.bytes,
+         str_cat(uses.size(), " buckets through it, depth ", plan.grad_ring_depth, ": each from its ",
+                 shards.sharded() ? "reduce-scatter" : "first gradient", " to its copy to the host")});
   plan.device.push_back({"optimizer state on the device (fp32 master, exp_avg, exp_avg_sq)", 3 * round_up(nd * 4, a),
                          str_cat(nd, " elements x 12 bytes")});
-  plan.device.push_back({"bucket gradient norms", round_up(buckets.size() * 4, a), str_cat(buckets.size(), " buckets")});
+  plan.device.push_back(
+      {"bucket gradient norms", round_up(buckets.size() * 4, a), str_cat(buckets.size(), " buckets")});
   if (!offload)
     plan.device.push_back({"step validation", round_up(Engine::device_validation_bytes(world), a),
                            "norm, skip flag and clip coefficient, decided on the device"});
@@ -323,7 +331,8 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
   const bool sharded = shards.sharded();
   size_t whole = 0;
   for (size_t b = 0; b < buckets.size(); ++b) whole += round_up(static_cast<size_t>(shards.padded_size(b)) * esz, a);
-  if (sharded && stage <= 2) plan.device.push_back({"gathered weights (ZeRO stage 1-2 keep the whole model)", whole, ""});
+  if (sharded && stage <= 2)
+    plan.device.push_back({"gathered weights (ZeRO stage 1-2 keep the whole model)", whole, ""});
   if (sharded && stage == 1) plan.device.push_back({"full gradients (ZeRO stage 1 keeps them)", whole, ""});
   // Cast staging (OffloadOptimizer): one fp32 chunk per direction cast on the device.
   int64_t largest = 0;
@@ -335,9 +344,10 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
     for (const auto& [site, configured, what] : {std::tuple{plan.cast_grads, off.cast_grads, "gradients"},
                                                  std::tuple{plan.cast_weights, off.cast_weights, "weights"}})
       if (site == CastSite::Device)
-        plan.device.push_back({str_cat("fp32 cast staging (", what, ")"), chunk,
-                               str_cat("cast on the device (", configured == CastSite::Auto ? machine : "configured",
-                                       "), in chunks of ", OffloadOptimizer::cast_stage_elements(largest), " elements")});
+        plan.device.push_back(
+            {str_cat("fp32 cast staging (", what, ")"), chunk,
+             str_cat("cast on the device (", configured == CastSite::Auto ? machine : "configured", "), in chunks of ",
+                     OffloadOptimizer::cast_stage_elements(largest), " elements")});
   }
   // Buffers that come and go beside those: ZeRO's buckets in flight and CUDA's attention workspace
   // during the step; before it, the engine's link/cast probe, when only the model's buffers exist.
@@ -401,11 +411,12 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world, int rank, const MachineP
     plan.host.push_back({"offloaded optimizer state", host_elems * per,
                          str_cat(host_elems, " elements x ", per, " bytes (fp32 p, m, v; ",
                                  dtype_name(OffloadOptimizer::host_grad_dtype(oo)), " gradients",
-                                 oo.accumulate ? " summed over micro-batches" : "", out ? "; bf16 weights for the device" : "",
-                                 exact ? "; rollback snapshot" : "", ")")});
+                                 oo.accumulate ? " summed over micro-batches" : "",
+                                 out ? "; bf16 weights for the device" : "", exact ? "; rollback snapshot" : "", ")")});
     if (oo.accumulate)
-      plan.host.push_back({"micro-batch gradients landing from the device", OffloadOptimizer::kIncomingSlots *
-                               static_cast<size_t>(largest) * dtype_size(OffloadOptimizer::link_grad_dtype(oo)),
+      plan.host.push_back({"micro-batch gradients landing from the device",
+                           OffloadOptimizer::kIncomingSlots * static_cast<size_t>(largest) *
+                               dtype_size(OffloadOptimizer::link_grad_dtype(oo)),
                            str_cat(OffloadOptimizer::kIncomingSlots, " x the largest offloaded bucket")});
   }
   const size_t host_ckpt = DecoderModel::host_checkpoint_bytes(cfg.model, mo);
@@ -436,7 +447,8 @@ namespace {
 
 bool fits(const RunConfig& cfg, int world, const MachineProfile& m) {
   const MemoryPlan p = plan_memory(cfg, world, 0, m);
-  return (m.device_bytes == 0 || p.device_peak <= m.device_bytes) && (m.host_bytes == 0 || p.host_total <= m.host_bytes);
+  return (m.device_bytes == 0 || p.device_peak <= m.device_bytes) &&
+         (m.host_bytes == 0 || p.host_total <= m.host_bytes);
 }
 
 // The largest multiple of `step` in [step, hi] for which set(v) fits (fitting shrinks as v grows);
@@ -470,16 +482,16 @@ std::string row(const std::string& name, size_t bytes, const std::string& note) 
 }  // namespace
 
 std::string format_plan(const RunConfig& cfg, int world, const MemoryPlan& plan, const MachineProfile& m) {
-  std::string out = str_cat("memory plan: ", cfg.model.num_parameters() / 1e6, "M parameters, ", cfg.model.num_layers,
-                            " layers, ", dtype_name(cfg.dtype), "; ", world, " ranks = dp ", plan.dp, " x sp ", plan.sp,
-                            ", ", world > 1 ? str_cat("ZeRO stage ", cfg.zero_stage) : std::string("one rank: nothing sharded"), "; ", plan.seq_len, " tokens per sequence (",
-                            plan.seq_len / plan.sp, " per rank) x micro-batch ", plan.micro_batch,
-                            "; activation checkpointing ", cfg.activation_checkpointing ? "on" : "off",
-                            ", checkpoints ", plan.offload_checkpoints ? "offloaded to the host" : "on the device",
-                            ", MLP tile ", plan.mlp_tile, " tokens",
-                            plan.mlp_tile < plan.micro_batch * plan.seq_len / plan.sp ? "" : " (untiled)",
-                            "; optimizer ", offload_mode_name(cfg.offload.mode),
-                            cfg.offload.mode != OffloadMode::None ? str_cat(" ratio ", cfg.offload.ratio) : "", "\n");
+  std::string out =
+      str_cat("memory plan: ", cfg.model.num_parameters() / 1e6, "M parameters, ", cfg.model.num_layers, " layers, ",
+              dtype_name(cfg.dtype), "; ", world, " ranks = dp ", plan.dp, " x sp ", plan.sp, ", ",
+              world > 1 ? str_cat("ZeRO stage ", cfg.zero_stage) : std::string("one rank: nothing sharded"), "; ",
+              plan.seq_len, " tokens per sequence (", plan.seq_len / plan.sp, " per rank) x micro-batch ",
+              plan.micro_batch, "; activation checkpointing ", cfg.activation_checkpointing ? "on" : "off",
+              ", checkpoints ", plan.offload_checkpoints ? "offloaded to the host" : "on the device", ", MLP tile ",
+              plan.mlp_tile, " tokens", plan.mlp_tile < plan.micro_batch * plan.seq_len / plan.sp ? "" : " (untiled)",
+              "; optimizer ", offload_mode_name(cfg.offload.mode),
+              cfg.offload.mode != OffloadMode::None ? str_cat(" ratio ", cfg.offload.ratio) : "", "\n");
   out += str_cat("machine: ", m.name, "\n");
   out += "device, per rank (ZeRO pads every rank's shards to the same size):\n";
   for (const PlanTerm& t : plan.device) out += row(t.name, t.bytes, t.note);
@@ -490,21 +502,23 @@ std::string format_plan(const RunConfig& cfg, int world, const MemoryPlan& plan,
   out += "host, per rank:\n";
   for (const PlanTerm& t : plan.host) out += row(t.name, t.bytes, t.note);
   out += row("total", plan.host_total,
-             m.host_bytes ? str_cat(plan.host_total <= m.host_bytes ? "fits in " : "does NOT fit in ", mib(m.host_bytes),
-                                    " MiB")
-                          : "host size not known");
+             m.host_bytes
+                 ? str_cat(plan.host_total <= m.host_bytes ? "fits in " : "does NOT fit in ", mib(m.host_bytes), " MiB")
+                 : "host size not known");
   if (plan.host_params > 0)
-    out += str_cat("host bytes per parameter: ", static_cast<double>(plan.host_total) / static_cast<double>(plan.host_params),
-                   " (", plan.host_params, " parameters stepped on this rank's CPU)\n");
+    out += str_cat(
+        "host bytes per parameter: ", static_cast<double>(plan.host_total) / static_cast<double>(plan.host_params),
+        " (", plan.host_params, " parameters stepped on this rank's CPU)\n");
   if (m.device_bytes) {
-    const int64_t s_max = largest_fitting(cfg, world, m, INT32_MAX, plan.sp,
-                                          [](RunConfig& c, int64_t v) { c.data.seq_len = v; });
+    const int64_t s_max =
+        largest_fitting(cfg, world, m, INT32_MAX, plan.sp, [](RunConfig& c, int64_t v) { c.data.seq_len = v; });
     const int64_t l_max = largest_fitting(cfg, world, m, 8 * cfg.model.num_layers, 1,
                                           [](RunConfig& c, int64_t v) { c.model.num_layers = v; });
     out += str_cat("largest that fits with these settings: ", s_max ? str_cat(s_max, " tokens per sequence") : "none",
-                   "; ", l_max ? str_cat(l_max, l_max == 8 * cfg.model.num_layers ? " or more" : "", " layers of this width at ",
-                                         plan.seq_len, " tokens")
-                          : "no layer count",
+                   "; ",
+                   l_max ? str_cat(l_max, l_max == 8 * cfg.model.num_layers ? " or more" : "",
+                                   " layers of this width at ", plan.seq_len, " tokens")
+                         : "no layer count",
                    "\n");
   }
   char peak[64];
@@ -521,9 +535,9 @@ nlohmann::json plan_json(const RunConfig& cfg, int world, const MemoryPlan& plan
   for (size_t b = 0; b < first_dev; ++b) host_params += buckets[b].size();
   const BatchSizes batch = resolve_batch_sizes(cfg, plan.dp);
   nlohmann::json j;
-  j["model"] = {{"layers", m.num_layers}, {"hidden", m.hidden_size}, {"intermediate", m.intermediate_size},
-                {"heads", m.num_heads}, {"kv_heads", m.num_kv_heads}, {"head_dim", m.head_dim},
-                {"vocab", m.vocab_size}, {"qk_norm", m.qk_norm}, {"tied", m.tie_word_embeddings},
+  j["model"] = {{"layers", m.num_layers},    {"hidden", m.hidden_size},    {"intermediate", m.intermediate_size},
+                {"heads", m.num_heads},      {"kv_heads", m.num_kv_heads}, {"head_dim", m.head_dim},
+                {"vocab", m.vocab_size},     {"qk_norm", m.qk_norm},       {"tied", m.tie_word_embeddings},
                 {"parameters", layout.total}};
   j["dtype"] = dtype_name(cfg.dtype);
   j["seq_len"] = cfg.data.seq_len;
@@ -533,8 +547,10 @@ nlohmann::json plan_json(const RunConfig& cfg, int world, const MemoryPlan& plan
   j["zero_stage"] = world > 1 ? cfg.zero_stage : 3;
   j["buckets"] = buckets.size();
   j["bucket_size"] = cfg.bucket_size;
-  j["offload"] = {{"mode", offload_mode_name(cfg.offload.mode)}, {"ratio", cfg.offload.ratio},
-                  {"host_params", host_params}, {"device_params", layout.total - host_params},
+  j["offload"] = {{"mode", offload_mode_name(cfg.offload.mode)},
+                  {"ratio", cfg.offload.ratio},
+                  {"host_params", host_params},
+                  {"device_params", layout.total - host_params},
                   {"cpu_cores_fraction", cfg.offload.cpu_cores_fraction}};
   j["grad_clip"] = cfg.grad_clip;
   j["activation_checkpointing"] = cfg.activation_checkpointing;
@@ -556,7 +572,8 @@ std::string resolve_auto_memory(RunConfig& cfg, int world, const MachineProfile&
   if (cfg.offload_checkpoints_auto) least.offload_checkpoints = false;
   if (cfg.mlp_tile_auto) least.mlp_tile_tokens = 0;
   if (cfg.offload.mode != OffloadMode::None && cfg.dtype == DType::BF16 && cfg.offload.cast_grads == CastSite::Auto &&
-      m.cast_grads == CastSite::Device && m.host_bytes > 0 && plan_memory(least, world, 0, m).host_total > m.host_bytes) {
+      m.cast_grads == CastSite::Device && m.host_bytes > 0 &&
+      plan_memory(least, world, 0, m).host_total > m.host_bytes) {
     cfg.offload.cast_grads = CastSite::Host;
     casts = "gradients cast on the host (bf16 crosses the link: fp32 gradients would not fit the host memory)";
   }
@@ -568,8 +585,8 @@ std::string resolve_auto_memory(RunConfig& cfg, int world, const MachineProfile&
   if (want_offload && cfg.activation_checkpointing && !fits(cfg, world, m)) cfg.offload_checkpoints = true;
   if (want_tile && !fits(cfg, world, m)) {
     // Powers of two from the largest below the rank's tokens down to 16: the first that fits.
-    const int64_t tokens = resolve_batch_sizes(cfg, dp_size_of(cfg, world)).micro * cfg.data.seq_len /
-                           cfg.sequence_parallel_size;
+    const int64_t tokens =
+        resolve_batch_sizes(cfg, dp_size_of(cfg, world)).micro * cfg.data.seq_len / cfg.sequence_parallel_size;
     int64_t tile = 16;
     while (tile * 2 < tokens) tile *= 2;
     for (cfg.mlp_tile_tokens = tile; cfg.mlp_tile_tokens > 16 && !fits(cfg, world, m);) cfg.mlp_tile_tokens /= 2;

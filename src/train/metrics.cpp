@@ -24,10 +24,10 @@ std::string format_duration(double seconds) {
 
 std::string format_step_line(const StepMetrics& m, int64_t total_steps, bool compact) {
   const std::string eval =
-      m.evaluated ? str_cat(" | eval loss ", m.eval_loss, " ppl ", m.eval_perplexity, " (", m.eval_tokens, " tokens)") : "";
-  const std::string progress =
-      eval + str_cat(" | elapsed ", format_duration(m.elapsed_s), ", ETA ", format_duration(m.eta_s), " (",
-              total_steps - m.step, " steps left)");
+      m.evaluated ? str_cat(" | eval loss ", m.eval_loss, " ppl ", m.eval_perplexity, " (", m.eval_tokens, " tokens)")
+                  : "";
+  const std::string progress = eval + str_cat(" | elapsed ", format_duration(m.elapsed_s), ", ETA ",
+                                              format_duration(m.eta_s), " (", total_steps - m.step, " steps left)");
   char buf[400];
   if (compact) {
     std::snprintf(buf, sizeof(buf), "step %5lld/%lld | loss %.4f | lr %.3e | grad-norm %.3f%s | %.0f tok/s",
@@ -36,35 +36,36 @@ std::string format_step_line(const StepMetrics& m, int64_t total_steps, bool com
     return buf + progress;
   }
   std::snprintf(buf, sizeof(buf),
-                "step %5lld/%lld | loss %.4f | lr %.3e | grad-norm %.3f%s | %.0f tok/s (%.0f supervised) | %.3f TFLOP/s | MFU %.1f%% "
+                "step %5lld/%lld | loss %.4f | lr %.3e | grad-norm %.3f%s | %.0f tok/s (%.0f supervised) | %.3f "
+                "TFLOP/s | MFU %.1f%% "
                 "(non-causal %.1f%%, of measured GEMM %.1f%%) | opt exposed %.1f ms (cpu %.1f ms) | mem %.1f MiB "
                 "(peak %.1f)",
                 static_cast<long long>(m.step), static_cast<long long>(total_steps), m.loss, m.lr, m.grad_norm,
-                m.skipped ? " (skipped: non-finite)" : "", m.tokens_per_s, m.supervised_tokens_per_s, m.tflops, 100.0 * m.mfu,
-                100.0 * m.mfu_noncausal, 100.0 * m.mfu_gemm,
-                1e3 * m.exposed_optimizer_s, 1e3 * m.optimizer_busy_s, m.mem_mib, m.peak_mem_mib);
+                m.skipped ? " (skipped: non-finite)" : "", m.tokens_per_s, m.supervised_tokens_per_s, m.tflops,
+                100.0 * m.mfu, 100.0 * m.mfu_noncausal, 100.0 * m.mfu_gemm, 1e3 * m.exposed_optimizer_s,
+                1e3 * m.optimizer_busy_s, m.mem_mib, m.peak_mem_mib);
   return buf + progress;
 }
 
 std::vector<std::pair<std::string, double>> metric_scalars(const StepMetrics& m) {
   std::vector<std::pair<std::string, double>> s = {{"loss", m.loss},
-          {"lr", m.lr},
-          {"grad_norm", m.grad_norm},
-          {"skipped", m.skipped ? 1.0 : 0.0},
-          {"step_seconds", m.seconds},
-          {"exposed_optimizer_s", m.exposed_optimizer_s},
-          {"optimizer_busy_s", m.optimizer_busy_s},
-          {"tokens_per_s", m.tokens_per_s},
-          {"tflops", m.tflops},
-          {"mfu", m.mfu},
-          {"mfu_noncausal", m.mfu_noncausal},
-          {"mfu_gemm", m.mfu_gemm},
-          {"mem_mib", m.mem_mib},
-          {"peak_mem_mib", m.peak_mem_mib},
-          {"elapsed_s", m.elapsed_s},
-          {"eta_s", m.eta_s},
-          {"supervised_tokens", static_cast<double>(m.supervised_tokens)},
-          {"supervised_tokens_per_s", m.supervised_tokens_per_s}};
+                                                   {"lr", m.lr},
+                                                   {"grad_norm", m.grad_norm},
+                                                   {"skipped", m.skipped ? 1.0 : 0.0},
+                                                   {"step_seconds", m.seconds},
+                                                   {"exposed_optimizer_s", m.exposed_optimizer_s},
+                                                   {"optimizer_busy_s", m.optimizer_busy_s},
+                                                   {"tokens_per_s", m.tokens_per_s},
+                                                   {"tflops", m.tflops},
+                                                   {"mfu", m.mfu},
+                                                   {"mfu_noncausal", m.mfu_noncausal},
+                                                   {"mfu_gemm", m.mfu_gemm},
+                                                   {"mem_mib", m.mem_mib},
+                                                   {"peak_mem_mib", m.peak_mem_mib},
+                                                   {"elapsed_s", m.elapsed_s},
+                                                   {"eta_s", m.eta_s},
+                                                   {"supervised_tokens", static_cast<double>(m.supervised_tokens)},
+                                                   {"supervised_tokens_per_s", m.supervised_tokens_per_s}};
   if (m.evaluated)
     s.insert(s.end(), {{"eval_loss", m.eval_loss},
                        {"eval_perplexity", m.eval_perplexity},

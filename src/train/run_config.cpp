@@ -58,8 +58,8 @@ bool float_finite(double x) { return std::isfinite(static_cast<float>(x)); }
 double read_lr(JsonReader& p, const char* key, double fallback, bool positive = false) {
   const double lr = p.get<double>(key, fallback);
   if (!((positive ? lr > 0 : lr >= 0) && float_finite(lr)))
-    p.fail(key, str_cat("is ", lr, "; it must be ", positive ? "> 0" : ">= 0",
-                        " and finite as a 32-bit float (<= 3.4e38)"));
+    p.fail(key,
+           str_cat("is ", lr, "; it must be ", positive ? "> 0" : ">= 0", " and finite as a 32-bit float (<= 3.4e38)"));
   return lr;
 }
 
@@ -93,7 +93,8 @@ void parse_optimizer(JsonReader r, RunConfig& c) {
   c.adam.weight_decay = p.get<double>("weight_decay", 0.0);
   // eps below 1.4e-45 is 0 in float, and a zero second moment would then divide by zero.
   if (!(static_cast<float>(c.adam.eps) > 0.0f && float_finite(c.adam.eps)))
-    p.fail("eps", str_cat("is ", c.adam.eps, "; it must be a positive number that a 32-bit float can hold (1.4e-45 .. 3.4e38)"));
+    p.fail("eps", str_cat("is ", c.adam.eps,
+                          "; it must be a positive number that a 32-bit float can hold (1.4e-45 .. 3.4e38)"));
   if (!p.get<bool>("adam_w_mode", true)) p.fail("adam_w_mode", "false (L2-coupled Adam) is not supported");
   p.accept("torch_adam");
   if (!(c.adam.weight_decay >= 0 && float_finite(c.adam.weight_decay)))
@@ -133,8 +134,9 @@ void parse_one_cycle(JsonReader& p, LrSchedule& s) {
                                     "; Adam's beta1 needs 0 <= cycle_min_mom <= cycle_max_mom < 1"));
   // DeepSpeed multiplies beta1 by (1 + rate x steps) after the cycle: it passes 1, and Adam breaks.
   if (p.get<double>("decay_mom_rate", 0.0) != 0.0 && s.cycle_momentum)
-    p.fail("decay_mom_rate", "is not 0: DeepSpeed's momentum decay grows beta1 by (1 + rate x steps) until it passes 1; "
-                             "give 0 (beta1 stays at cycle_max_mom after the cycle)");
+    p.fail("decay_mom_rate",
+           "is not 0: DeepSpeed's momentum decay grows beta1 by (1 + rate x steps) until it passes 1; "
+           "give 0 (beta1 stays at cycle_max_mom after the cycle)");
 }
 
 // DeepSpeed's LRRangeTest.
@@ -152,15 +154,16 @@ void parse_wsd(JsonReader& p, LrSchedule& s) {
   if (!p.has("num_decay_steps")) p.fail("num_decay_steps", "is required");
   s.decay_steps = p.get_in("num_decay_steps", 0, 0, kMaxSteps);
   if (p.has("num_stable_steps") == p.has("num_training_steps"))
-    p.fail("num_stable_steps", "or num_training_steps: give exactly one (the stable phase, or the whole run it is the rest of)");
+    p.fail("num_stable_steps",
+           "or num_training_steps: give exactly one (the stable phase, or the whole run it is the rest of)");
   if (p.has("num_stable_steps")) {
     s.stable_steps = p.get_in("num_stable_steps", 0, 0, kMaxSteps);
   } else {
     const int64_t total = p.get_in("num_training_steps", 0, 0, kMaxSteps);
     s.stable_steps = total - s.warmup_steps - s.decay_steps;
     if (s.stable_steps < 0)
-      p.fail("num_training_steps", str_cat("is ", total, ", fewer than num_warmup_steps + num_decay_steps (", s.warmup_steps,
-                                           " + ", s.decay_steps, "): the phases do not fit"));
+      p.fail("num_training_steps", str_cat("is ", total, ", fewer than num_warmup_steps + num_decay_steps (",
+                                           s.warmup_steps, " + ", s.decay_steps, "): the phases do not fit"));
   }
   const auto shape = [&](const char* key, const char* fallback) {
     const std::string v = p.get<std::string>(key, fallback);
@@ -175,8 +178,9 @@ void parse_wsd(JsonReader& p, LrSchedule& s) {
   s.num_cycles = p.get<double>("num_cycles", 0.5);
   const double most = std::max(0.5, static_cast<double>(s.decay_steps) / 2.0);
   if (!(s.num_cycles > 0 && s.num_cycles <= most))
-    p.fail("num_cycles", str_cat("is ", s.num_cycles, "; it must be in (0, ", most,
-                                 "]: at most half a cosine period per decay step (num_decay_steps ", s.decay_steps, ")"));
+    p.fail("num_cycles",
+           str_cat("is ", s.num_cycles, "; it must be in (0, ", most,
+                   "]: at most half a cosine period per decay step (num_decay_steps ", s.decay_steps, ")"));
 }
 
 void parse_scheduler(JsonReader r, RunConfig& c) {
@@ -184,7 +188,8 @@ void parse_scheduler(JsonReader r, RunConfig& c) {
   s.type = r.require<std::string>("type");
   if (s.type != "WarmupLR" && s.type != "WarmupCosineLR" && s.type != "WarmupDecayLR" && s.type != "OneCycle" &&
       s.type != "LRRangeTest" && s.type != "WSD")
-    r.fail("type", "is '" + s.type + "'; supported: WarmupLR, WarmupCosineLR, WarmupDecayLR, OneCycle, LRRangeTest, WSD");
+    r.fail("type",
+           "is '" + s.type + "'; supported: WarmupLR, WarmupCosineLR, WarmupDecayLR, OneCycle, LRRangeTest, WSD");
   JsonReader p = r.child("params");
   if (s.type == "OneCycle") {
     parse_one_cycle(p, s);
@@ -280,18 +285,19 @@ void parse_zero(JsonReader r, RunConfig& c) {
   c.bucket_size = r.get_in("sub_group_size", c.bucket_size, 1, kMaxElements);
   if (r.has("offload_optimizer")) parse_offload(r.child("offload_optimizer"), c.offload);
   // Communication-tuning knobs of DeepSpeed that do not change results; accepted as no-ops.
-  for (const char* k : {"overlap_comm", "contiguous_gradients", "reduce_bucket_size", "reduce_scatter",
-                        "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-                        "stage3_max_live_parameters", "stage3_max_reuse_distance",
-                        "stage3_gather_16bit_weights_on_model_save", "round_robin_gradients"})
+  for (const char* k :
+       {"overlap_comm", "contiguous_gradients", "reduce_bucket_size", "reduce_scatter", "allgather_bucket_size",
+        "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters",
+        "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save", "round_robin_gradients"})
     r.accept(k);
   r.finish();
 }
 
 void parse_model(JsonReader r, RunConfig& c) {
   if (r.has("config") + r.has("inline") + r.has("hf_dir") != 1)
-    r.fail("config", "give exactly one of model.config (path to an HF config.json), model.inline or model.hf_dir "
-                     "(a Hugging Face model directory)");
+    r.fail("config",
+           "give exactly one of model.config (path to an HF config.json), model.inline or model.hf_dir "
+           "(a Hugging Face model directory)");
   nlohmann::json hf;
   std::string source;  // what errors name
   if (r.has("config")) {
@@ -300,7 +306,8 @@ void parse_model(JsonReader r, RunConfig& c) {
   } else if (r.has("hf_dir")) {
     // The weights are read by the trainer (load_hf_weights), after the engine exists.
     c.init_hf_dir = r.require<std::string>("hf_dir");
-    if (!std::filesystem::is_directory(c.init_hf_dir)) r.fail("hf_dir", "names '" + c.init_hf_dir + "', which is not a directory");
+    if (!std::filesystem::is_directory(c.init_hf_dir))
+      r.fail("hf_dir", "names '" + c.init_hf_dir + "', which is not a directory");
     c.model_source = c.init_hf_dir;
     source = (std::filesystem::path(c.init_hf_dir) / "config.json").string();
     hf = read_json_file(source, "model config");
@@ -328,7 +335,8 @@ void parse_data(JsonReader r, RunConfig& c) {
   if (d.type == "prepared") {  // rows of the file's length; data.seq_len, when given, must agree
     d.path = r.require<std::string>("path");
     if (!std::filesystem::is_regular_file(d.path)) r.fail("path", "names '" + d.path + "', which is not a file");
-    if (!is_prepared_file(d.path)) r.fail("path", "names '" + d.path + "', which scripts/prepare_data.py did not write");
+    if (!is_prepared_file(d.path))
+      r.fail("path", "names '" + d.path + "', which scripts/prepare_data.py did not write");
     const int64_t row = prepared_row_length(d.path);
     const int64_t given = r.get_in("seq_len", row, 1, INT32_MAX);
     if (given != row)
@@ -348,7 +356,8 @@ void parse_data(JsonReader r, RunConfig& c) {
   } else if (d.type == "megatron") {
     // One prefix (data.path) or Megatron's blend list (data.blend: weight, prefix, weight, ...).
     if (r.has("path") == r.has("blend")) r.fail("path", "or blend: give exactly one for Megatron data");
-    const nlohmann::json list = r.has("path") ? nlohmann::json::array({1.0, r.require<std::string>("path")}) : r.raw()["blend"];
+    const nlohmann::json list =
+        r.has("path") ? nlohmann::json::array({1.0, r.require<std::string>("path")}) : r.raw()["blend"];
     r.accept("blend");
     if (!list.is_array() || list.empty() || list.size() % 2 != 0)
       r.fail("blend", "must be [weight, prefix, weight, prefix, ...] as Megatron's --data-path");
@@ -358,7 +367,8 @@ void parse_data(JsonReader r, RunConfig& c) {
       const std::string prefix = list[i + 1].get<std::string>();
       for (const char* ext : {".bin", ".idx"})
         if (!std::filesystem::is_regular_file(prefix + ext))
-          r.fail(r.has("path") ? "path" : "blend", str_cat("names the prefix '", prefix, "', but '", prefix, ext, "' is not a file"));
+          r.fail(r.has("path") ? "path" : "blend",
+                 str_cat("names the prefix '", prefix, "', but '", prefix, ext, "' is not a file"));
       d.blend.emplace_back(list[i].get<double>(), prefix);
     }
   } else {
@@ -383,8 +393,9 @@ void parse_train(JsonReader r, RunConfig& c) {
   c.eval_every = r.get_in("eval_every", 0, 0, kMaxSteps);
   const std::string norm = r.get<std::string>("loss_normalization", "step");
   if (norm != "step" && norm != "micro_batch")
-    r.fail("loss_normalization", "is '" + norm + "'; supported: step (mean over the step's supervised tokens), "
-           "micro_batch (mean per micro-batch, as DeepSpeed)");
+    r.fail("loss_normalization", "is '" + norm +
+                                     "'; supported: step (mean over the step's supervised tokens), "
+                                     "micro_batch (mean per micro-batch, as DeepSpeed)");
   c.loss_normalization = norm == "step" ? LossNormalization::Step : LossNormalization::MicroBatch;
   c.log_every = r.get_in("log_every", c.log_every, 1, kMaxSteps);
   c.peak_tflops = r.get<double>("peak_tflops", 0.0);
@@ -394,7 +405,8 @@ void parse_train(JsonReader r, RunConfig& c) {
   np.max_consecutive_skips = r.get_in("max_consecutive_skipped_steps", np.max_consecutive_skips, 0, kMaxSteps);
   np.spike_factor = r.get<double>("loss_spike_factor", np.spike_factor);
   if (!(np.spike_factor == 0 || np.spike_factor > 1))
-    r.fail("loss_spike_factor", str_cat("is ", np.spike_factor, "; give a factor > 1 (a loss above it x the recent mean), or 0: off"));
+    r.fail("loss_spike_factor",
+           str_cat("is ", np.spike_factor, "; give a factor > 1 (a loss above it x the recent mean), or 0: off"));
   np.spike_window = r.get_in("loss_spike_window", np.spike_window, 1, 1 << 20);
   c.z_loss = r.get<float>("z_loss", 0.0f);
   if (!(c.z_loss >= 0.0f)) r.fail("z_loss", str_cat("is ", c.z_loss, "; a z-loss coefficient must be >= 0 (0: off)"));
@@ -402,7 +414,8 @@ void parse_train(JsonReader r, RunConfig& c) {
   const auto is_auto = [&](const char* key, const char* choices) {
     if (!r.has(key) || !r.raw()[key].is_string()) return false;
     const std::string v = r.raw()[key].get<std::string>();
-    if (v != "auto") r.fail(key, str_cat("is '", v, "'; choose ", choices, " or \"auto\" (the memory planner decides)"));
+    if (v != "auto")
+      r.fail(key, str_cat("is '", v, "'; choose ", choices, " or \"auto\" (the memory planner decides)"));
     r.accept(key);
     return true;
   };
@@ -420,7 +433,8 @@ void parse_train(JsonReader r, RunConfig& c) {
   c.decay.decay_embeddings = r.get<bool>("decay_embeddings", c.decay.decay_embeddings);
   c.collective_timeout_s = r.get<double>("collective_timeout_s", c.collective_timeout_s);
   if (!(c.collective_timeout_s >= 0 && c.collective_timeout_s <= 1e7))
-    r.fail("collective_timeout_s", str_cat("is ", c.collective_timeout_s, "; must be seconds in [0, 1e7] (0: no limit)"));
+    r.fail("collective_timeout_s",
+           str_cat("is ", c.collective_timeout_s, "; must be seconds in [0, 1e7] (0: no limit)"));
   r.finish();
 }
 
@@ -447,10 +461,11 @@ void parse_wandb(JsonReader r, WandbConfig& w) {
 // default) is accepted, its keys checked; one that turns it on is refused.
 void parse_comet(JsonReader r) {
   if (r.get<bool>("enabled", false))
-    r.fail("enabled", "is true; so_train does not write Comet experiments (it writes tensorboard and csv_monitor "
-                      "files, and scripts/wandb_log.py logs to wandb), so comet must stay disabled");
-  for (const char* k : {"samples_log_interval", "project", "workspace", "api_key", "experiment_name",
-                        "experiment_key", "online", "mode"})
+    r.fail("enabled",
+           "is true; so_train does not write Comet experiments (it writes tensorboard and csv_monitor "
+           "files, and scripts/wandb_log.py logs to wandb), so comet must stay disabled");
+  for (const char* k : {"samples_log_interval", "project", "workspace", "api_key", "experiment_name", "experiment_key",
+                        "online", "mode"})
     r.accept(k);
   r.finish();
 }
@@ -459,7 +474,8 @@ void parse_comet(JsonReader r) {
 // MFU answer what it is used for. Its keys are checked by name.
 bool parse_flops_profiler(JsonReader r) {
   const bool enabled = r.get<bool>("enabled", false);
-  for (const char* k : {"recompute_fwd_factor", "profile_step", "module_depth", "top_modules", "detailed", "output_file"})
+  for (const char* k :
+       {"recompute_fwd_factor", "profile_step", "module_depth", "top_modules", "detailed", "output_file"})
     r.accept(k);
   r.finish();
   return enabled;
@@ -487,13 +503,14 @@ BatchSizes resolve_batch_sizes(const RunConfig& cfg, int64_t dp) {
   const auto describe = [&] {
     return str_cat("train_batch_size ", tb ? std::to_string(tb) : "(absent)", ", train_micro_batch_size_per_gpu ",
                    mb ? std::to_string(mb) : "(absent)", ", gradient_accumulation_steps ",
-                   ga ? std::to_string(ga) : "(absent)", ", data-parallel size ", dp, " (ranks / sequence_parallel_size)");
+                   ga ? std::to_string(ga) : "(absent)", ", data-parallel size ", dp,
+                   " (ranks / sequence_parallel_size)");
   };
   // tb must split into dp x `by` x something whole; returns the something.
   const auto split = [&](int64_t by, const char* derived) {
     int64_t unit = 0;
-    SO_CHECK(!__builtin_mul_overflow(by, dp, &unit) && tb % unit == 0, cfg.source, ": ", describe(), ": ",
-             derived, " cannot be derived: train_batch_size is not a multiple of ", by, " x ", dp);
+    SO_CHECK(!__builtin_mul_overflow(by, dp, &unit) && tb % unit == 0, cfg.source, ": ", describe(), ": ", derived,
+             " cannot be derived: train_batch_size is not a multiple of ", by, " x ", dp);
     return tb / unit;
   };
   BatchSizes b;
@@ -548,16 +565,19 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
   if (r.has("scheduler")) parse_scheduler(r.child("scheduler"), c);
   parse_zero(r.child("zero_optimization"), c);
   if (!r.has("model"))
-    r.fail("model", "is missing (DeepSpeed configs have none): give so_train --model HF_DIR|config.json, or "
-                    "model.config (an HF config.json), model.hf_dir or model.inline in the config");
+    r.fail("model",
+           "is missing (DeepSpeed configs have none): give so_train --model HF_DIR|config.json, or "
+           "model.config (an HF config.json), model.hf_dir or model.inline in the config");
   parse_model(r.child("model"), c);
   if (c.model.moe.aux_loss && c.sequence_parallel_size > 1)
-    r.fail("sequence_parallel_size", str_cat("is ", c.sequence_parallel_size, " and the model's output_router_logits is "
+    r.fail("sequence_parallel_size", str_cat("is ", c.sequence_parallel_size,
+                                             " and the model's output_router_logits is "
                                              "true: the load-balancing loss needs the whole micro-batch's router "
                                              "statistics and each rank holds part of every sequence; use 1"));
   if (!r.has("data"))
-    r.fail("data", "is missing (DeepSpeed configs have none): give so_train --data FILE --seq-len N, or a data "
-                   "section in the config");
+    r.fail("data",
+           "is missing (DeepSpeed configs have none): give so_train --data FILE --seq-len N, or a data "
+           "section in the config");
   parse_data(r.child("data"), c);
   parse_train(r.child("train"), c);
   // LRRangeTest's lr grows without end: it must stay finite as a float through the run's last step
@@ -579,8 +599,8 @@ RunConfig parse_run_config(const nlohmann::json& doc, const std::string& source)
   r.finish();
 
   if (c.data.type == "text" && c.model.vocab_size < kByteVocabSize)
-    r.fail("model", str_cat("vocab_size is ", c.model.vocab_size, " but byte-level text data needs at least ",
-                            kByteVocabSize));
+    r.fail("model",
+           str_cat("vocab_size is ", c.model.vocab_size, " but byte-level text data needs at least ", kByteVocabSize));
   try {  // the patterns against this model's parameter names, before anything is allocated
     decay_groups(ParamLayout::for_model(c.model), c.decay, c.adam.weight_decay);
   } catch (const Error& e) {

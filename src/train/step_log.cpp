@@ -35,8 +35,8 @@ void StepLog::write_held(StepTimeline& timeline) {
   m.mfu_noncausal = peak > 0 ? m.tokens_per_s * basis_.flops_per_token_noncausal / 1e12 / peak : 0.0;
   m.mfu_gemm = gemm_peak > 0 ? m.tflops / gemm_peak : 0.0;
   m.elapsed_s = now_seconds() - run_start_;
-  m.eta_s = m.elapsed_s / static_cast<double>(m.step - opts_.first_step + 1) *
-            static_cast<double>(opts_.last_step - m.step);
+  m.eta_s =
+      m.elapsed_s / static_cast<double>(m.step - opts_.first_step + 1) * static_cast<double>(opts_.last_step - m.step);
   sink_.write(m, opts_.last_step,
               opts_.lead && (m.step % opts_.log_every == 0 || m.step == 1 || m.step == opts_.last_step || m.evaluated));
   std::fflush(stdout);

@@ -1,7 +1,8 @@
 // The training loop, top to bottom: set up the run (ranks, backend, data, memory plan, model,
 // engine, weights), announce it, then per step: take the step, log it (evaluating on the
-// validation split when due), check its health, save; finally report. Each feature lives in its own file: the step log and monitors (step_log.h,
-// csv_monitor.h, tensorboard_monitor.h), the NaN policy (nan_policy.h), checkpoints (so/checkpoint/run_saves.h, checkpoint.h).
+// validation split when due), check its health, save; finally report. Each feature lives in its own file: the step log
+// and monitors (step_log.h, csv_monitor.h, tensorboard_monitor.h), the NaN policy (nan_policy.h), checkpoints
+// (so/checkpoint/run_saves.h, checkpoint.h).
 #include "so/train/trainer.h"
 
 #include <algorithm>
@@ -85,8 +86,10 @@ struct Run {
 void check_ranks_agree_on(const RunConfig& cfg, const TrainOptions& opts, Communicator& job) {
   nlohmann::json agreed = cfg.resolved.is_object() ? cfg.resolved : nlohmann::json::object();
   agreed["model"] = cfg.model.to_hf_json();
-  agreed["command line"] = {{"save_dir", opts.save_dir}, {"save_every", opts.save_every},
-                            {"async_save", opts.async_save}, {"resume", opts.resume}};
+  agreed["command line"] = {{"save_dir", opts.save_dir},
+                            {"save_every", opts.save_every},
+                            {"async_save", opts.async_save},
+                            {"resume", opts.resume}};
   CollectiveWatchdog::set_timeout(cfg.collective_timeout_s);
   check_ranks_agree(agreed, job);
 }
@@ -114,8 +117,9 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
   // The memory plan, before anything is allocated: "auto" settings resolved from it, and a run that
   // cannot fit refused with the table rather than failing at some allocation later.
   run.data = open_training_data(cfg, run.batch.micro);
-  run.steps = cfg.steps > 0 ? cfg.steps
-                            : steps_for_epochs(cfg.num_train_epochs, run.data.train->samples_per_epoch(), run.batch.global);
+  run.steps = cfg.steps > 0
+                  ? cfg.steps
+                  : steps_for_epochs(cfg.num_train_epochs, run.data.train->samples_per_epoch(), run.batch.global);
   run.planned.steps = run.steps;
   MachineProfile machine = machine_profile_of(*run.backend);
   run.cast = measure_offload_link(machine, cfg, comm.size(), comm.rank(), run.cores.optimizer);
@@ -153,21 +157,23 @@ void set_up(Run& run, Communicator& job, const TrainOptions& opts) {
   eo.grad_ring_depth = run.plan.grad_ring_depth;
   eo.cast = run.cast;
   // One trace per rank: rank r of a multi-rank job writes FILE.rank<r>.
-  eo.trace_path = opts.trace_path.empty() || comm.size() == 1 ? opts.trace_path : str_cat(opts.trace_path, ".rank", comm.rank());
+  eo.trace_path =
+      opts.trace_path.empty() || comm.size() == 1 ? opts.trace_path : str_cat(opts.trace_path, ".rank", comm.rank());
   eo.rank = comm.rank();
   run.engine = std::make_unique<Engine>(*run.backend, layout, eo, comm);
   Engine& engine = *run.engine;
   if (comm.size() > 1)
-    log_info(str_cat("rank ", comm.rank(), " of ", comm.size(), ": data-parallel ", run.groups.dp_rank, "/",
-                     run.groups.dp_size, ", sequence-parallel ", run.groups.sp_rank, "/", run.groups.sp_size,
-                     "; ZeRO stage ", engine.zero_stage(), " (", zero_stage_summary(engine.zero_stage()),
-                     "): optimizer shard of ", engine.shards().total, " elements (",
-                     layout_total_note(layout.total, engine.shards().total), "); weights + gradients + optimizer state ",
-                     mib(engine.state_bytes()), " MiB on the device, ", mib(engine.host_state_bytes()), " MiB on the host"));
+    log_info(str_cat(
+        "rank ", comm.rank(), " of ", comm.size(), ": data-parallel ", run.groups.dp_rank, "/", run.groups.dp_size,
+        ", sequence-parallel ", run.groups.sp_rank, "/", run.groups.sp_size, "; ZeRO stage ", engine.zero_stage(), " (",
+        zero_stage_summary(engine.zero_stage()), "): optimizer shard of ", engine.shards().total, " elements (",
+        layout_total_note(layout.total, engine.shards().total), "); weights + gradients + optimizer state ",
+        mib(engine.state_bytes()), " MiB on the device, ", mib(engine.host_state_bytes()), " MiB on the host"));
 
   engine.init_weights(cfg.seed, cfg.model.initializer_range);
   if (!cfg.init_hf_dir.empty()) {
-    load_hf_weights(cfg.init_hf_dir, layout, [&](int id, std::vector<float> values) { engine.load_weight(id, values); });
+    load_hf_weights(cfg.init_hf_dir, layout,
+                    [&](int id, std::vector<float> values) { engine.load_weight(id, values); });
     if (comm.rank() == 0)
       log_info(str_cat("weights loaded from the Hugging Face model in ", cfg.init_hf_dir,
                        cfg.model.moe.mxfp4 ? " (MXFP4 experts dequantised to fp32; checkpoints and exports hold them "
@@ -218,33 +224,36 @@ void announce(Run& run, const TrainOptions& opts) {
   log_info(run.decay.description);
   if (!run.auto_choice.empty()) log_info(run.auto_choice);
   log_info(str_cat("attention: ", attention));
-  log_info(str_cat("backend ", backend.name(), ": ", mib(backend.memory_stats().in_use), " MiB allocated (",
-                   mib(engine.state_bytes()), " MiB parameter/optimizer state; planned device peak ",
-                   mib(run.plan.device_peak), " MiB on rank 0), peak ", run.throughput.peak_tflops,
-                   " TFLOP/s for MFU (attention counted causally; the non-causal figure beside it), ",
-                   run.throughput.gemm_tflops, " TFLOP/s measured GEMM; data ", run.data.train->describe(), " (",
-                   run.data.tokens_count, " tokens",
-                   run.data.train->samples_per_epoch() > 0
-                       ? str_cat(", ", run.steps * batch.global / static_cast<double>(run.data.train->samples_per_epoch()),
-                                 " epochs in ", run.steps, " steps")
-                       : "",
-                   "); ", run.tokens_per_step(), " tokens/step, ", run.throughput.flops_per_token / 1e6, " MFLOP/token"));
+  log_info(str_cat(
+      "backend ", backend.name(), ": ", mib(backend.memory_stats().in_use), " MiB allocated (",
+      mib(engine.state_bytes()), " MiB parameter/optimizer state; planned device peak ", mib(run.plan.device_peak),
+      " MiB on rank 0), peak ", run.throughput.peak_tflops,
+      " TFLOP/s for MFU (attention counted causally; the non-causal figure beside it), ", run.throughput.gemm_tflops,
+      " TFLOP/s measured GEMM; data ", run.data.train->describe(), " (", run.data.tokens_count, " tokens",
+      run.data.train->samples_per_epoch() > 0
+          ? str_cat(", ", run.steps * batch.global / static_cast<double>(run.data.train->samples_per_epoch()),
+                    " epochs in ", run.steps, " steps")
+          : "",
+      "); ", run.tokens_per_step(), " tokens/step, ", run.throughput.flops_per_token / 1e6, " MFLOP/token"));
   if (cfg.offload.mode != OffloadMode::None)
     log_info(str_cat("cores: compute stream on ", format_core_list(run.cores.compute), ", optimizer pool on ",
                      format_core_list(run.cores.optimizer)));
   log_info(engine.describe());
   if (cfg.wandb.enabled)
-    log_info(str_cat("wandb: so_train writes no wandb run itself; scripts/wandb_log.py logs this run's --metrics file "
-                     "through the official client, after the run: WANDB_MODE=offline $SO_PYTHON scripts/wandb_log.py "
-                     "--metrics ", shell_word(opts.metrics_path), " --config ", shell_word(cfg.source), " --project ",
-                     shell_word(cfg.wandb.project),
-                     cfg.wandb.group.empty() ? "" : str_cat(" --group ", shell_word(cfg.wandb.group)),
-                     cfg.wandb.team.empty() ? "" : str_cat(" --team ", shell_word(cfg.wandb.team)),
-                     ", then `wandb sync wandb/offline-run-*` where there is a network"));
+    log_info(str_cat(
+        "wandb: so_train writes no wandb run itself; scripts/wandb_log.py logs this run's --metrics file "
+        "through the official client, after the run: WANDB_MODE=offline $SO_PYTHON scripts/wandb_log.py "
+        "--metrics ",
+        shell_word(opts.metrics_path), " --config ", shell_word(cfg.source), " --project ",
+        shell_word(cfg.wandb.project), cfg.wandb.group.empty() ? "" : str_cat(" --group ", shell_word(cfg.wandb.group)),
+        cfg.wandb.team.empty() ? "" : str_cat(" --team ", shell_word(cfg.wandb.team)),
+        ", then `wandb sync wandb/offline-run-*` where there is a network"));
   if (cfg.flops_profiler)
-    log_info(str_cat("flops_profiler: DeepSpeed's per-module profile is not written; every step line and --metrics record "
-                     "carry the model's TFLOP/s and MFU (", run.throughput.flops_per_token / 1e6,
-                     " MFLOP/token, forward and backward, attention counted causally; the non-causal MFU beside it)"));
+    log_info(
+        str_cat("flops_profiler: DeepSpeed's per-module profile is not written; every step line and --metrics record "
+                "carry the model's TFLOP/s and MFU (",
+                run.throughput.flops_per_token / 1e6,
+                " MFLOP/token, forward and backward, attention counted causally; the non-causal MFU beside it)"));
 }
 
 // What one step did. What the device computed (the loss, the expert counts, the optimizer's
@@ -286,17 +295,20 @@ StepOutcome take_step(Run& run, int64_t step, const TrainOptions& opts, StepLog&
   // The step's learning rate follows the optimizer steps applied before it, which the engine knows
   // by the time it launches this step's optimizer (the previous step may still be validating now).
   const LrSchedule& schedule = run.cfg.schedule;
-  engine.begin_step([&schedule](int64_t taken) { return StepHyperparameters{schedule.lr_at(taken), schedule.betas_at(taken)}; },
-                    static_cast<int>(run.batch.accumulation));
+  engine.begin_step(
+      [&schedule](int64_t taken) {
+        return StepHyperparameters{schedule.lr_at(taken), schedule.betas_at(taken)};
+      },
+      static_cast<int>(run.batch.accumulation));
   run.model->zero_loss();
   run.model->zero_expert_tokens();
   // Every rank's loss is scaled by the step's supervised tokens (train.loss_normalization) and
   // gradients are summed over ranks, so the step sees the mean over the global batch.
   int64_t& sample = run.state.data_position;  // index of the next global sample
   const SampleStream& data = *run.data.train;
-  const std::vector<float> loss_scales = micro_batch_loss_scales(data, sample, run.batch.micro, run.batch.accumulation,
-                                                                 run.groups.dp_size, run.groups.dp_rank,
-                                                                 run.cfg.loss_normalization);
+  const std::vector<float> loss_scales =
+      micro_batch_loss_scales(data, sample, run.batch.micro, run.batch.accumulation, run.groups.dp_size,
+                              run.groups.dp_rank, run.cfg.loss_normalization);
   out.supervised_tokens = data.supervised_tokens(sample, run.batch.global);
   // Data-parallel ranks read disjoint samples: each global micro-batch is dp_size x micro_batch
   // consecutive samples, this rank taking its share; sequence-parallel ranks take their slice
@@ -347,8 +359,8 @@ void evaluate_if_due(Run& run, int64_t step, StepMetrics& m) {
   const int64_t every = run.cfg.eval_every;
   if (!run.data.validation || !((every > 0 && step % every == 0) || step == run.steps)) return;
   run.engine->settle_weights();  // the device optimizer may still be writing this step's weights
-  const EvaluationShare share{run.batch.micro, run.cfg.data.seq_len, run.groups.dp_size, run.groups.dp_rank,
-                              run.groups.sp_size, run.groups.sp_rank};
+  const EvaluationShare share{run.batch.micro,    run.cfg.data.seq_len, run.groups.dp_size,
+                              run.groups.dp_rank, run.groups.sp_size,   run.groups.sp_rank};
   const Evaluation e = evaluate(*run.model, *run.engine, *run.engine, *run.data.validation, share, run.comm());
   m.evaluated = true, m.eval_loss = e.loss, m.eval_perplexity = e.perplexity, m.eval_tokens = e.supervised_tokens;
 }
@@ -400,8 +412,10 @@ void report_peak_memory(Run& run) {
   peaks[2 * comm.rank() + 1] = mib(run.plan.device_peak);
   comm.all_reduce_sum(peaks.data(), static_cast<int>(peaks.size()));
   double measured = 0, planned = 0;
-  for (int r = 0; r < comm.size(); ++r) measured = std::max(measured, peaks[2 * r]), planned = std::max(planned, peaks[2 * r + 1]);
-  if (run.lead()) log_info(str_cat("device peak ", measured, " MiB measured, ", planned, " MiB planned (largest over the ranks)"));
+  for (int r = 0; r < comm.size(); ++r)
+    measured = std::max(measured, peaks[2 * r]), planned = std::max(planned, peaks[2 * r + 1]);
+  if (run.lead())
+    log_info(str_cat("device peak ", measured, " MiB measured, ", planned, " MiB planned (largest over the ranks)"));
 }
 
 }  // namespace

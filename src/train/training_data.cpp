@@ -26,8 +26,9 @@ TrainingData open_streams(const RunConfig& cfg, int64_t micro_batch) {
     // and must have the train split's rows: nothing is found only at an evaluation.
     if (H5File::open_read(d.path).exists("validation")) {
       out.validation_rows = std::make_unique<PreparedSplit>(d.path, "validation");
-      SO_CHECK(out.validation_rows->row_length() == out.train_rows->row_length(), d.path, ": split 'validation' holds rows of ",
-               out.validation_rows->row_length(), " tokens and split 'train' rows of ", out.train_rows->row_length(),
+      SO_CHECK(out.validation_rows->row_length() == out.train_rows->row_length(), d.path,
+               ": split 'validation' holds rows of ", out.validation_rows->row_length(),
+               " tokens and split 'train' rows of ", out.train_rows->row_length(),
                ": every split is read as data.seq_len-token sequences; prepare both with the same --max-length");
       out.validation = std::make_unique<EpochSampler>(*out.validation_rows, micro_batch, vocab, d.seed);
     }
@@ -42,14 +43,20 @@ TrainingData open_streams(const RunConfig& cfg, int64_t micro_batch) {
       weights.push_back(weight);
       out.tokens_count += out.tokens.back()->size();
     }
-    if (parts.size() == 1) out.train = std::move(parts.front());
-    else out.train = std::make_unique<BlendedSampler>(std::move(parts), weights, micro_batch, d.seq_len, d.seed);
+    if (parts.size() == 1)
+      out.train = std::move(parts.front());
+    else
+      out.train = std::make_unique<BlendedSampler>(std::move(parts), weights, micro_batch, d.seq_len, d.seed);
     return out;
   }
-  if (d.type == "text") out.tokens.push_back(open_text_bytes(d.path));
-  else if (d.type == "tokens") out.tokens.push_back(open_token_file(d.path));
-  else if (d.type == "hdf5") out.tokens.push_back(open_hdf5_tokens(d.path, d.dataset));
-  else out.tokens.push_back(make_synthetic_tokens(vocab, d.synthetic_tokens, d.seed));
+  if (d.type == "text")
+    out.tokens.push_back(open_text_bytes(d.path));
+  else if (d.type == "tokens")
+    out.tokens.push_back(open_token_file(d.path));
+  else if (d.type == "hdf5")
+    out.tokens.push_back(open_hdf5_tokens(d.path, d.dataset));
+  else
+    out.tokens.push_back(make_synthetic_tokens(vocab, d.synthetic_tokens, d.seed));
   out.train = std::make_unique<BatchSampler>(*out.tokens.front(), d.seq_len, micro_batch, vocab, d.seed);
   out.tokens_count = out.tokens.front()->size();
   return out;
@@ -59,13 +66,15 @@ TrainingData open_streams(const RunConfig& cfg, int64_t micro_batch) {
 
 TrainingData open_training_data(const RunConfig& cfg, int64_t micro_batch) {
   TrainingData out = open_streams(cfg, micro_batch);
-  SO_CHECK(cfg.eval_every == 0 || out.validation, "train.eval_every is ", cfg.eval_every, " but ", out.train->describe(),
-           " has no validation split to evaluate on (scripts/prepare_data.py --validation-fraction or --validation-file)");
+  SO_CHECK(
+      cfg.eval_every == 0 || out.validation, "train.eval_every is ", cfg.eval_every, " but ", out.train->describe(),
+      " has no validation split to evaluate on (scripts/prepare_data.py --validation-fraction or --validation-file)");
   return out;
 }
 
 int64_t steps_for_epochs(double epochs, int64_t samples_per_epoch, int64_t global_batch) {
-  SO_CHECK(samples_per_epoch > 0, "train.num_train_epochs needs data with epochs (data.type \"prepared\"); windows "
+  SO_CHECK(samples_per_epoch > 0,
+           "train.num_train_epochs needs data with epochs (data.type \"prepared\"); windows "
            "of a token stream are drawn at random: give train.steps");
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(epochs * static_cast<double>(samples_per_epoch) /
                                                              static_cast<double>(global_batch))));

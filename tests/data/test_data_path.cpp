@@ -124,7 +124,8 @@ void expect_refused(const std::string& prefix, const std::string& needle) {
 }
 
 TEST(MegatronDataset, DamagedFilesAreRefusedByName) {
-  expect_refused(damaged("truncated", true, [](std::string& b) { b.resize(b.size() - 2); }), "does not belong together");
+  expect_refused(damaged("truncated", true, [](std::string& b) { b.resize(b.size() - 2); }),
+                 "does not belong together");
   expect_refused(damaged("magic", false, [](std::string& b) { b[0] = 'X'; }), "MMIDIDX");
   expect_refused(damaged("version", false, [](std::string& b) { b[9] = 2; }), "version 2");
   expect_refused(damaged("float", false, [](std::string& b) { b[17] = 7; }), "float");
@@ -177,15 +178,23 @@ TEST(Hdf5Tokens, CompressedDatasetsReadAndMissingFiltersAreNamed) {
   }
   // lzf (h5py's): recorded in the pipeline as optional, so HDF5 writes the chunks, but this HDF5 has no lzf.
   ASSERT_LE(H5Zfilter_avail(32000), 0) << "this HDF5 decodes lzf: the test needs a filter it lacks";
-  const std::string lzf = token_file("lzf", values, [](hid_t p) {
-    H5Pset_filter(p, 32000, H5Z_FLAG_OPTIONAL, 0, nullptr);
-  });
+  const std::string lzf =
+      token_file("lzf", values, [](hid_t p) { H5Pset_filter(p, 32000, H5Z_FLAG_OPTIONAL, 0, nullptr); });
   std::string msg = test::error_message([&] { open_hdf5_tokens(lzf, "tokens"); });
   EXPECT_NE(msg.find("compressed with the HDF5 filter 'lzf' (id 32000), which this build's HDF5 library cannot decode"),
-            std::string::npos) << msg;
-  msg = test::error_message([&] { open_hdf5_tokens(token_file("gzip_partial", values, [](hid_t p) { H5Pset_deflate(p, 6); }, 1), "tokens"); });
+            std::string::npos)
+      << msg;
+  msg = test::error_message([&] {
+    open_hdf5_tokens(token_file(
+                         "gzip_partial", values, [](hid_t p) { H5Pset_deflate(p, 6); }, 1),
+                     "tokens");
+  });
   EXPECT_NE(msg.find("only partly written (1 of its 4 chunks)"), std::string::npos) << msg;
-  msg = test::error_message([&] { open_hdf5_tokens(token_file("gzip_none", values, [](hid_t p) { H5Pset_deflate(p, 6); }, 0), "tokens"); });
+  msg = test::error_message([&] {
+    open_hdf5_tokens(token_file(
+                         "gzip_none", values, [](hid_t p) { H5Pset_deflate(p, 6); }, 0),
+                     "tokens");
+  });
   EXPECT_NE(msg.find("declared but never written"), std::string::npos) << msg;
 }
 

@@ -125,8 +125,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<int> order;
     if (parsed)
       for (size_t i = 0; i < layout.params.size(); ++i) {
-        segments.push_back(std::max<int64_t>(1, (layout.params[i].numel + so::ckpt::kChunkElements - 1) /
-                                                    so::ckpt::kChunkElements));
+        segments.push_back(
+            std::max<int64_t>(1, (layout.params[i].numel + so::ckpt::kChunkElements - 1) / so::ckpt::kChunkElements));
         order.push_back(static_cast<int>(i));
       }
     so::ckpt::create_file(path, nlohmann::json::object(), parsed ? layout : so::ParamLayout{}, segments, order);

@@ -45,8 +45,7 @@ inline const char* op_class_name(OpClass c) {
 inline double op_tolerance(OpClass c, DType dt, int64_t k = 1) {
   const bool f32 = dt == DType::F32;
   switch (c) {
-    case OpClass::Exact:
-      return 0.0;
+    case OpClass::Exact: return 0.0;
     case OpClass::Elementwise:
       // fp32: a few ulps of expf (2^-23 ~ 1.2e-7 each). bf16: rare one-step flips.
       return f32 ? 1e-6 : 2e-3;
@@ -55,8 +54,7 @@ inline double op_tolerance(OpClass c, DType dt, int64_t k = 1) {
       // fp32 loses position * 2^-24 rad: 8e-3 rad at position 131071, which this bound rejects on
       // purpose (long-context training reads those positions).
       return f32 ? 1e-5 : 4e-3;
-    case OpClass::Reduction:
-      return f32 ? 1e-5 : 4e-3;
+    case OpClass::Reduction: return f32 ? 1e-5 : 4e-3;
     case OpClass::Scatter:
       // fp32: sums over up to 70k rows (the CPU's dw is summed in double). bf16: rows accumulated
       // in a different order round differently at every addition.

@@ -154,7 +154,7 @@ class OpRun {
 };
 
 struct OpCase {
-  std::string name;                  // gtest name: [A-Za-z0-9_]
+  std::string name;                 // gtest name: [A-Za-z0-9_]
   std::function<void(OpRun&)> run;  // uploads inputs, enqueues the op, declares its outputs
   // Why the case does not apply in this process ("" = it does): an attention shape the kernel
   // forced by SO_ATTENTION_KERNEL refuses by design.
@@ -177,7 +177,6 @@ std::string forced_cudnn_refuses(int64_t S, int64_t D, DType dt) {
   return str_cat("backend.attention=cudnn takes bf16 with D a multiple of 8 up to 256 and S >= 2; this case is ",
                  dtype_name(dt), " with D ", D, ", S ", S);
 }
-
 
 void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
 
@@ -209,8 +208,8 @@ OpCase gemm_case(GemmShape g, DType ab, DType c) {
             void* A = r.in(normal(g.M * g.K, 1), ab);
             void* B = r.in(normal(g.K * g.N, 2), ab);
             void* C = g.beta != 0.0f ? r.in(normal(g.M * g.N, 3), c) : r.out(g.M * g.N, c);
-            r.ops().gemm(r.s(), {.trans_a = g.ta, .trans_b = g.tb, .M = g.M, .N = g.N, .K = g.K, .alpha = g.alpha,
-                                 .beta = g.beta, .A = A, .B = B, .ab = ab, .C = C, .c = c});
+            const Gemm gemm = Gemm::nn(g.M, g.N, g.K, A, B, C, ab, g.beta).transposed(g.ta, g.tb);
+            r.ops().gemm(r.s(), gemm.out_as(c).scaled(g.alpha));
             r.expect("C", C, g.M * g.N, c, OpClass::Gemm, g.K);
           }};
 }
@@ -295,8 +294,12 @@ OpCase rope_case(int64_t T, int64_t heads, int64_t D, float theta, int32_t max_p
             if (T > 2) pos[2] = max_pos;
             void* x = r.in(normal(T * heads * D, 15), dt);
             r.ops().rope(r.s(),
-                         {.T = T, .heads = heads, .head_dim = D, .positions = r.ints(pos),
-                          .inv_freq = r.doubles(f.inv_freq), .attention_scale = static_cast<float>(f.attention_factor),
+                         {.T = T,
+                          .heads = heads,
+                          .head_dim = D,
+                          .positions = r.ints(pos),
+                          .inv_freq = r.doubles(f.inv_freq),
+                          .attention_scale = static_cast<float>(f.attention_factor),
                           .dtype = dt},
                          x, inverse);
             r.expect("x", x, T * heads * D, dt, OpClass::Rope);
@@ -408,13 +411,15 @@ AttentionMask attention_mask_inputs(OpRun& r, AttnShape a, DType dt) {
 // q is drawn wider than k so that softmax rows are far from uniform.
 AttentionInputs attention_inputs(OpRun& r, const AttentionShape& sh, DType dt) {
   return sh.inputs(dt, r.in(normal(sh.B * sh.S * sh.Hq * sh.D, 16, 2.0f), dt),
-                   r.in(normal(sh.B * sh.S * sh.Hkv * sh.D, 17), dt), r.in(normal(sh.B * sh.S * sh.Hkv * sh.D, 18), dt));
+                   r.in(normal(sh.B * sh.S * sh.Hkv * sh.D, 17), dt),
+                   r.in(normal(sh.B * sh.S * sh.Hkv * sh.D, 18), dt));
 }
 
 AttentionShape op_shape(AttnShape a) { return {a.B, a.S, a.Hq, a.Hkv, a.D, 1.0f / std::sqrt(static_cast<float>(a.D))}; }
 
 OpCase attention_forward_case(AttnShape a, DType dt) {
-  return {attn_name("attention_forward", a, dt), [=](OpRun& r) {
+  return {attn_name("attention_forward", a, dt),
+          [=](OpRun& r) {
             const AttentionShape sh = op_shape(a);
             const AttentionInputs in = attention_inputs(r, sh, dt);
             const AttentionMask mask = attention_mask_inputs(r, a, dt);
@@ -430,7 +435,8 @@ OpCase attention_forward_case(AttnShape a, DType dt) {
 // out and lse come from the same backend's forward, as in training (dq/dk/dv start as NaN: a row an
 // implementation leaves unwritten shows).
 OpCase attention_backward_case(AttnShape a, DType dt) {
-  return {attn_name("attention_backward", a, dt), [=](OpRun& r) {
+  return {attn_name("attention_backward", a, dt),
+          [=](OpRun& r) {
             const AttentionShape sh = op_shape(a);
             const AttentionInputs in = attention_inputs(r, sh, dt);
             const AttentionMask mask = attention_mask_inputs(r, a, dt);
@@ -499,8 +505,8 @@ OpCase grouped_gemm_case(GroupedShape g, DType ab, DType c) {
             std::vector<void*> per_group;
             if (g.per_group) {  // in reverse order: group g's matrix is not at base + g
               for (int64_t i = 0; i < G; ++i)
-                per_group.push_back(static_cast<char*>(matrices) + (G - 1 - i) * per_matrix *
-                                                                      dtype_size(g.vary_k ? c : ab));
+                per_group.push_back(static_cast<char*>(matrices) +
+                                    (G - 1 - i) * per_matrix * dtype_size(g.vary_k ? c : ab));
               gg.per_group = per_group.data();
             }
             r.ops().grouped_gemm(r.s(), gg);
@@ -520,7 +526,8 @@ OpCase moe_aux_case(int64_t T, std::vector<int32_t> rows) {
             std::vector<int32_t> offsets(1, 0);
             for (int32_t n : rows) offsets.push_back(offsets.back() + n);
             const int32_t* off = r.ints(offsets);
-            auto* counts = static_cast<int64_t*>(r.in(std::vector<float>(static_cast<size_t>(2 * E), 0.0f), DType::F32));
+            auto* counts =
+                static_cast<int64_t*>(r.in(std::vector<float>(static_cast<size_t>(2 * E), 0.0f), DType::F32));
             auto* sums = static_cast<double*>(r.in(std::vector<float>(static_cast<size_t>(4 * E), 0.0f), DType::F32));
             auto* loss = static_cast<float*>(r.in(std::vector<float>{1.5f}, DType::F32));
             auto* dprob = static_cast<float*>(r.out(E, DType::F32));
@@ -542,8 +549,7 @@ OpCase moe_aux_case(int64_t T, std::vector<int32_t> rows) {
 // bit; a Ulysses-like placement (second half of sequences of 2 x rows / B tokens, sample 7, a block
 // from row 3) exercises the token numbering.
 OpCase dropout_case(int64_t rows, int64_t cols, bool backward, DType dt) {
-  return {case_name(backward ? "dropout_backward" : "dropout_add", dn(dt), "rows", rows, "cols", cols),
-          [=](OpRun& r) {
+  return {case_name(backward ? "dropout_backward" : "dropout_add", dn(dt), "rows", rows, "cols", cols), [=](OpRun& r) {
             DropoutMask m;
             m.p = 0.3f;
             m.key = dropout_key(99, 5, 1);
@@ -624,7 +630,10 @@ OpCase cross_entropy_case(int64_t rows, int64_t V, bool with_grad, DType dt, flo
 // they agree (ops.h: fixed chunks accumulated in double, as adam_kernels.h's sum_squares_chunked).
 // `poison`: one element NaN or Inf, which must make the sum non-finite.
 OpCase sum_squares_case(int64_t n, float poison, DType dt) {
-  return {case_name("sum_squares", dn(dt), "n", n, std::isnan(poison) ? "nan" : std::isinf(poison) ? "inf" : ""),
+  return {case_name("sum_squares", dn(dt), "n", n,
+                    std::isnan(poison)   ? "nan"
+                    : std::isinf(poison) ? "inf"
+                                         : ""),
           [=](OpRun& r) {
             std::vector<float> x = normal(n, 25);
             if (poison != 0.0f) x[x.size() / 2] = poison;
@@ -638,7 +647,10 @@ OpCase sum_squares_case(int64_t n, float poison, DType dt) {
 // this rank's bucket sums added in order, then the ranks' sums (the others given) in rank order;
 // clipped, unclipped and unclipping (max_norm 0), and a NaN or infinite bucket sum (skipped).
 OpCase clip_decision_case(int ranks, float max_norm, float poison) {
-  return {case_name("clip_decision", "ranks", ranks, "max", max_norm, std::isnan(poison) ? "nan" : std::isinf(poison) ? "inf" : ""),
+  return {case_name("clip_decision", "ranks", ranks, "max", max_norm,
+                    std::isnan(poison)   ? "nan"
+                    : std::isinf(poison) ? "inf"
+                                         : ""),
           [=](OpRun& r) {
             constexpr int64_t kBuckets = 37;
             std::vector<float> sums = normal(kBuckets, 40);
@@ -659,8 +671,16 @@ OpCase clip_decision_case(int ranks, float max_norm, float poison) {
 // subnormals, exact ties between two bf16 values.
 std::vector<float> cast_values(int64_t n) {
   std::vector<float> v = normal(n, 26, 100.0f);
-  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), INFINITY, -INFINITY, -0.0f, 1e-40f, -3e-39f,
-                            1.00390625f, 1.01171875f, 3.4e38f, -1.5f};
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                            INFINITY,
+                            -INFINITY,
+                            -0.0f,
+                            1e-40f,
+                            -3e-39f,
+                            1.00390625f,
+                            1.01171875f,
+                            3.4e38f,
+                            -1.5f};
   for (size_t i = 0; i < std::size(specials) && i < v.size(); ++i) v[i * 7 % v.size()] = specials[i];
   return v;
 }
@@ -727,7 +747,9 @@ OpCase adam_case(AdamCall call, bool snapshot, bool finite_guard, int64_t n, DTy
   const char* names[] = {"step", "rollback", "redo"};
   return {case_name(str_cat("adam_", names[static_cast<int>(call)], snapshot ? "_snapshot" : "",
                             finite_guard ? "" : "_nonfinite_guard",
-                            !decision ? "" : decision->skipped ? "_decided_skip" : "_decided"),
+                            !decision           ? ""
+                            : decision->skipped ? "_decided_skip"
+                                                : "_decided"),
                     "grad", dn(grad_dt), "out", dn(out_dt), "n", n),
           [=](OpRun& r) {
             std::vector<float> v = normal(n, 31, 0.01f);
@@ -743,7 +765,8 @@ OpCase adam_case(AdamCall call, bool snapshot, bool finite_guard, int64_t n, DTy
               a.snapshot_m = static_cast<float*>(r.in(normal(n, 34, 0.01f), DType::F32));
               a.snapshot_v = static_cast<float*>(r.in(v, DType::F32));
             }
-            const auto* guard = static_cast<const float*>(r.in(std::vector<float>{finite_guard ? 3.5f : NAN}, DType::F32));
+            const auto* guard =
+                static_cast<const float*>(r.in(std::vector<float>{finite_guard ? 3.5f : NAN}, DType::F32));
             AdamWParams hp;
             hp.lr = 3e-3;
             hp.beta1 = 0.9;
@@ -795,24 +818,24 @@ std::vector<OpCase> small_cases() {
     // them (packed rows as ragged sequences, padding as sequence lengths), so each kind is here with
     // and without a window; edge cases (documents of one token, key_end 1, documents and windows
     // wholly in the padding) and documents whose counts the mask does not give.
-    for (AttnShape a : {AttnShape{1, 1, 4, 1, 64}, AttnShape{2, 70, 4, 4, 80}, AttnShape{1, 130, 8, 2, 128},
-                        AttnShape{2, 200, 4, 2, 64, 4}, AttnShape{2, 200, 4, 2, 80, 0, 7},
-                        AttnShape{1, 260, 4, 2, 128, 0, 100}, AttnShape{2, 150, 4, 1, 64, 0, 0, true},
-                        AttnShape{2, 300, 8, 2, 128, 5, 40, true}, AttnShape{1, 97, 4, 4, 80, 3, 33, true},
-                        AttnShape{2, 200, 4, 2, 64, 0, 0, false, 0.2f}, AttnShape{1, 130, 8, 2, 80, 0, 0, false, 0.3f},
-                        AttnShape{2, 300, 8, 2, 128, 5, 40, true, 0.1f}, AttnShape{3, 200, 4, 2, 64, 0, 0, false, 0, true},
-                        AttnShape{2, 130, 8, 2, 80, 0, 7, false, 0, true},
-                        AttnShape{3, 300, 8, 2, 128, 5, 40, true, 0.1f, true},
-                        // packed + padded, with and without a window and sinks
-                        AttnShape{3, 256, 8, 2, 128, 6, 0, false, 0, true}, AttnShape{3, 256, 8, 2, 64, 6, 48, false, 0, true},
-                        AttnShape{3, 300, 8, 2, 128, 5, 40, true, 0, true}, AttnShape{2, 130, 8, 2, 80, 0, 7, true, 0, true},
-                        AttnShape{2, 192, 4, 4, 64, 3, 0, false, 0, false, false, true},
-                        AttnShape{2, 192, 4, 2, 128, 4, 0, false, 0, true, false, true},
-                        // edges: one-token documents, key_end 1, documents wholly in the padding
-                        AttnShape{2, 160, 4, 2, 64, 5, 0, false, 0, true, true},
-                        AttnShape{2, 160, 4, 2, 64, 5, 16, true, 0, true, true},
-                        AttnShape{2, 160, 4, 2, 128, 5, 0, false, 0, false, true},
-                        AttnShape{3, 96, 4, 1, 64, 0, 24, false, 0, true, true}}) {
+    for (AttnShape a :
+         {AttnShape{1, 1, 4, 1, 64}, AttnShape{2, 70, 4, 4, 80}, AttnShape{1, 130, 8, 2, 128},
+          AttnShape{2, 200, 4, 2, 64, 4}, AttnShape{2, 200, 4, 2, 80, 0, 7}, AttnShape{1, 260, 4, 2, 128, 0, 100},
+          AttnShape{2, 150, 4, 1, 64, 0, 0, true}, AttnShape{2, 300, 8, 2, 128, 5, 40, true},
+          AttnShape{1, 97, 4, 4, 80, 3, 33, true}, AttnShape{2, 200, 4, 2, 64, 0, 0, false, 0.2f},
+          AttnShape{1, 130, 8, 2, 80, 0, 0, false, 0.3f}, AttnShape{2, 300, 8, 2, 128, 5, 40, true, 0.1f},
+          AttnShape{3, 200, 4, 2, 64, 0, 0, false, 0, true}, AttnShape{2, 130, 8, 2, 80, 0, 7, false, 0, true},
+          AttnShape{3, 300, 8, 2, 128, 5, 40, true, 0.1f, true},
+          // packed + padded, with and without a window and sinks
+          AttnShape{3, 256, 8, 2, 128, 6, 0, false, 0, true}, AttnShape{3, 256, 8, 2, 64, 6, 48, false, 0, true},
+          AttnShape{3, 300, 8, 2, 128, 5, 40, true, 0, true}, AttnShape{2, 130, 8, 2, 80, 0, 7, true, 0, true},
+          AttnShape{2, 192, 4, 4, 64, 3, 0, false, 0, false, false, true},
+          AttnShape{2, 192, 4, 2, 128, 4, 0, false, 0, true, false, true},
+          // edges: one-token documents, key_end 1, documents wholly in the padding
+          AttnShape{2, 160, 4, 2, 64, 5, 0, false, 0, true, true},
+          AttnShape{2, 160, 4, 2, 64, 5, 16, true, 0, true, true},
+          AttnShape{2, 160, 4, 2, 128, 5, 0, false, 0, false, true},
+          AttnShape{3, 96, 4, 1, 64, 0, 24, false, 0, true, true}}) {
       c.push_back(attention_forward_case(a, dt));
       c.push_back(attention_backward_case(a, dt));
     }
@@ -858,7 +881,8 @@ std::vector<OpCase> small_cases() {
   }
   for (int ranks : {1, 3})
     for (float max_norm : {1.0f, 1e4f, 0.0f}) c.push_back(clip_decision_case(ranks, max_norm, 0.0f));
-  for (float poison : {std::numeric_limits<float>::quiet_NaN(), INFINITY}) c.push_back(clip_decision_case(3, 1.0f, poison));
+  for (float poison : {std::numeric_limits<float>::quiet_NaN(), INFINITY})
+    c.push_back(clip_decision_case(3, 1.0f, poison));
   c.push_back(gemm_case({33, 65, 100, false, true}, DType::BF16, DType::F32));  // bf16 inputs, fp32 C
   c.push_back(grouped_gemm_case({{5, 0, 64, 66}, false, true, true, 0, 40, 72, 0.0f}, DType::BF16, DType::F32));
   c.push_back(moe_aux_case(37, {3, 0, 40, 1, 30}));
@@ -884,10 +908,10 @@ std::vector<OpCase> large_cases() {
     c.push_back(rope_case(4099, 32, 64, 500000.0f, 131071, false, dt));
     c.push_back(rope_case(70001, 1, 128, 10000.0f, 131071, true, dt));
     c.push_back(rope_case(1025, 4, 128, 500000.0f, (1 << 22) + 12345, false, dt));  // million-token positions
-    for (AttnShape a : {AttnShape{2, 300, 8, 2, 64}, AttnShape{1, 1024, 8, 8, 128}, AttnShape{2, 333, 4, 1, 80},
-                        AttnShape{1, 1024, 8, 2, 128, 0, 0, false, 0.1f},
-                        AttnShape{4, 1024, 8, 2, 128, 12, 0, false, 0, true},
-                        AttnShape{2, 2048, 8, 1, 64, 9, 256, true, 0, true}}) {
+    for (AttnShape a :
+         {AttnShape{2, 300, 8, 2, 64}, AttnShape{1, 1024, 8, 8, 128}, AttnShape{2, 333, 4, 1, 80},
+          AttnShape{1, 1024, 8, 2, 128, 0, 0, false, 0.1f}, AttnShape{4, 1024, 8, 2, 128, 12, 0, false, 0, true},
+          AttnShape{2, 2048, 8, 1, 64, 9, 256, true, 0, true}}) {
       c.push_back(attention_forward_case(a, dt));
       c.push_back(attention_backward_case(a, dt));
     }
@@ -1089,7 +1113,8 @@ TEST(AttentionWorkspace, OneKeptHoweverFarTheHostRunsAhead) {
                            a.query_view(t[4].data(), bf), a.grads(bf, t[5].data(), t[6].data(), t[7].data(), nullptr));
   be->synchronize(s);
   const MemoryStats m = be->memory_stats();
-  const size_t kept = (ws + be->allocation_granularity() - 1) / be->allocation_granularity() * be->allocation_granularity();
+  const size_t kept =
+      (ws + be->allocation_granularity() - 1) / be->allocation_granularity() * be->allocation_granularity();
   std::printf("  tensors %zu MiB, workspace %zu MiB, peak %zu MiB after %d backward calls\n", tensors >> 20, ws >> 20,
               m.peak >> 20, kCalls);
   EXPECT_EQ(m.in_use, tensors + kept) << "one workspace stays allocated for the stream";
@@ -1187,7 +1212,8 @@ TEST(AttentionLongContext, CudnnMatchesFlashAtAMillionTokens) {
       }
     }
     const double err = std::sqrt(diff / ref);
-    std::printf("  %-4s %zu elements: rel error %.3e (bound %.0e), %zu not finite\n", o.name, n, err, o.bound, nonfinite);
+    std::printf("  %-4s %zu elements: rel error %.3e (bound %.0e), %zu not finite\n", o.name, n, err, o.bound,
+                nonfinite);
     EXPECT_EQ(nonfinite, 0u) << o.name;
     EXPECT_LE(err, o.bound) << o.name << ": ||cudnn - flash|| / ||flash|| at S = 2^20";
   }
@@ -1235,8 +1261,7 @@ std::vector<BadIdCase> bad_id_cases() {
              ops.embedding_backward(s, {.T = 300, .V = 1000, .H = 8, .dtype = DType::BF16},
                                     zeros(be, s, k, 1000 * 8 * 2), zeros(be, s, k, 300 * 8 * 2), ids, -1);
            }},
-          {"cross_entropy", "cross",
-           [=](Ops& ops, Stream& s, Backend& be, std::vector<DeviceBuffer>& k) {
+          {"cross_entropy", "cross", [=](Ops& ops, Stream& s, Backend& be, std::vector<DeviceBuffer>& k) {
              const int32_t* ids = upload_ids(be, s, k);
              ops.cross_entropy(s, {.rows = 300, .V = 1000, .scale = 1.0f, .z_loss = 0.0f, .dtype = DType::BF16},
                                static_cast<float*>(zeros(be, s, k, 4)), zeros(be, s, k, 300 * 1000 * 2),

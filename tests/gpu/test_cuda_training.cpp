@@ -142,8 +142,8 @@ TEST_F(CudaTraining, Bf16LossesTrackTheCpuBackend) {
     const double rel = std::abs(double(gpu.losses[s]) - cpu.losses[s]) / cpu.losses[s];
     std::printf("  %4d  %.6f  %.6f   %.2e\n", s + 1, cpu.losses[s], gpu.losses[s], rel);
     EXPECT_TRUE(std::isfinite(gpu.losses[s])) << "step " << s + 1;
-    EXPECT_LE(rel, s == 0 ? kFirstStepBound : kStepBound) << "bf16 loss of step " << s + 1 << ": cuda "
-                                                          << gpu.losses[s] << " vs cpu " << cpu.losses[s];
+    EXPECT_LE(rel, s == 0 ? kFirstStepBound : kStepBound)
+        << "bf16 loss of step " << s + 1 << ": cuda " << gpu.losses[s] << " vs cpu " << cpu.losses[s];
   }
   EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << "training on the GPU did not lower the loss";
 }

@@ -313,19 +313,21 @@ TEST_F(CommunicatorTest, ProcessGroupMesh) {
 
 TEST_F(CommunicatorTest, SequenceParallelSizeMustDivideTheRanks) {
   const int n = world_->size();
-  EXPECT_NE(test::error_message([&] { make_process_groups(make_mpi_world_communicator(), n + 1); })
-                .find(str_cat("sequence_parallel_size ", n + 1, " does not divide the ", n, " ranks of the job")),
+  EXPECT_NE(test::error_message([&] {
+              make_process_groups(make_mpi_world_communicator(), n + 1);
+            }).find(str_cat("sequence_parallel_size ", n + 1, " does not divide the ", n, " ranks of the job")),
             std::string::npos);
-  EXPECT_NE(test::error_message([&] { make_process_groups(make_mpi_world_communicator(), 0); })
-                .find("sequence_parallel_size must be at least 1, got 0"),
+  EXPECT_NE(test::error_message([&] {
+              make_process_groups(make_mpi_world_communicator(), 0);
+            }).find("sequence_parallel_size must be at least 1, got 0"),
             std::string::npos);
 }
 
 TEST_F(CommunicatorTest, BufferCollectivesNeedAnAttachedBackend) {
   auto unattached = make_world();
   DeviceBuffer buf = alloc(4, DType::F32);
-  const std::string msg = test::error_message(
-      [&] { unattached->all_reduce(comm_stream(), buf.data(), 4, DType::F32, ReduceOp::Sum); });
+  const std::string msg =
+      test::error_message([&] { unattached->all_reduce(comm_stream(), buf.data(), 4, DType::F32, ReduceOp::Sum); });
   EXPECT_NE(msg.find("all_reduce of 4 fp32 on group 'world'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("not attached to a backend"), std::string::npos) << msg;
 }

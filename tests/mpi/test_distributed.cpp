@@ -52,9 +52,10 @@ Result run(Communicator& comm, int sp, const Mode& mode, int stage = 3, int step
   const int dp = comm.size() / sp;
   for (const std::string& s :
        {"train.steps=" + std::to_string(steps), std::string("data.seq_len=32"), std::string("steps_per_print=100"),
-        "train_micro_batch_size_per_gpu=" + std::to_string(kGlobalBatch / dp), "sequence_parallel_size=" + std::to_string(sp),
-        "zero_optimization.stage=" + std::to_string(stage), std::string("zero_optimization.sub_group_size=60000"),
-        std::string("gradient_clipping=0.5"), std::string("zero_optimization.offload_optimizer=") + mode.offload,
+        "train_micro_batch_size_per_gpu=" + std::to_string(kGlobalBatch / dp),
+        "sequence_parallel_size=" + std::to_string(sp), "zero_optimization.stage=" + std::to_string(stage),
+        std::string("zero_optimization.sub_group_size=60000"), std::string("gradient_clipping=0.5"),
+        std::string("zero_optimization.offload_optimizer=") + mode.offload,
         std::string("train.activation_checkpointing=") + (mode.checkpointing ? "true" : "false")})
     apply_override(doc, s);
   const RunConfig cfg = parse_run_config(doc, "test_distributed");
@@ -98,7 +99,8 @@ TEST_P(Distributed, Zero3AndUlyssesMatchOneRank) {
     // ZeRO-3 shards over every rank of the mesh: 1/world of the state, plus at most 16 elements
     // of padding per bucket and rank.
     const double share = static_cast<double>(got.state_bytes) / static_cast<double>(ref.state_bytes);
-    if (world_->rank() == 0) std::printf("  state per rank: %zu of %zu bytes (%.4f)\n", got.state_bytes, ref.state_bytes, share);
+    if (world_->rank() == 0)
+      std::printf("  state per rank: %zu of %zu bytes (%.4f)\n", got.state_bytes, ref.state_bytes, share);
     EXPECT_LE(share, 1.0 / world_->size() + 0.01);
   }
 }
@@ -118,9 +120,10 @@ TEST(DistributedStages, EveryStageMatchesOneRankAndKeepsLessAsTheStageRises) {
       ASSERT_EQ(got.losses.size(), ref.losses.size());
       const auto [worst_loss, worst_w] = distance(got, ref);
       if (world->rank() == 0)
-        std::printf("[%s, stage %d, %d ranks] worst loss rel diff %.3e, worst weight rel diff %.3e, state per rank %zu "
-                    "bytes (one rank alone: %zu)\n",
-                    mode.name, stage, world->size(), worst_loss, worst_w, got.state_bytes, ref.state_bytes);
+        std::printf(
+            "[%s, stage %d, %d ranks] worst loss rel diff %.3e, worst weight rel diff %.3e, state per rank %zu "
+            "bytes (one rank alone: %zu)\n",
+            mode.name, stage, world->size(), worst_loss, worst_w, got.state_bytes, ref.state_bytes);
       EXPECT_LE(worst_loss, 1e-6) << mode.name << " stage " << stage;
       EXPECT_LE(worst_w, 1e-5) << mode.name << " stage " << stage;
       if (world->size() > 1) {
@@ -153,9 +156,10 @@ TEST(DistributedStages, FiguresReadLateEqualFiguresReadAtOnce) {
 TEST(DistributedCheckpoint, ReshardedLoadIsExact) {
   std::unique_ptr<Communicator> world = make_mpi_world_communicator();
   nlohmann::json doc = load_json_file("configs/runs/tiny-demo.json");
-  for (const char* s : {"train.steps=3", "data.seq_len=32", "steps_per_print=100", "train_micro_batch_size_per_gpu=1",
-                        "zero_optimization.sub_group_size=60000",
-                        R"(zero_optimization.offload_optimizer={"device": "cpu", "super_offload": true, "ratio": 0.5})"})
+  for (const char* s :
+       {"train.steps=3", "data.seq_len=32", "steps_per_print=100", "train_micro_batch_size_per_gpu=1",
+        "zero_optimization.sub_group_size=60000",
+        R"(zero_optimization.offload_optimizer={"device": "cpu", "super_offload": true, "ratio": 0.5})"})
     apply_override(doc, s);
   const RunConfig cfg = parse_run_config(doc, "test_distributed");
   // Per world size: the 2- and 4-rank tests may run at the same time.

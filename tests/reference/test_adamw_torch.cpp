@@ -101,7 +101,9 @@ TEST_P(AdamWVsTorch, FiveStepsWithClippingMatchTorchToTheLastUlp) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, AdamWVsTorch, ::testing::ValuesIn(supported_simd_isas()),
-                         [](const ::testing::TestParamInfo<SimdIsa>& i) { return std::string(simd_isa_name(i.param)); });
+                         [](const ::testing::TestParamInfo<SimdIsa>& i) {
+                           return std::string(simd_isa_name(i.param));
+                         });
 
 }  // namespace
 }  // namespace so

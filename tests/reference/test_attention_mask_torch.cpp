@@ -67,14 +67,15 @@ TEST(AttentionMaskVsTorch, OutputAndGradientsOfEveryCase) {
         {"dq", test::rel_error(test::download(*be, dq.data(), nq, DType::F32), read("dq"))},
         {"dk", test::rel_error(test::download(*be, dk.data(), nkv, DType::F32), read("dk"))},
         {"dv", test::rel_error(test::download(*be, dv.data(), nkv, DType::F32), read("dv"))}};
-    if (sinks) errors.push_back({"dsinks", test::rel_error(test::download(*be, dsk.data(), Hq, DType::F32), read("dsinks"))});
+    if (sinks)
+      errors.push_back({"dsinks", test::rel_error(test::download(*be, dsk.data(), Hq, DType::F32), read("dsinks"))});
     std::string line;
     for (const auto& [what, err] : errors) {
       EXPECT_LE(err, 1e-5) << name << ": " << what;
       line += str_cat(" ", what, " ", err);
     }
-    std::printf("[ %s ] window %lld, sinks %d; relative errors:%s\n", name.c_str(),
-                static_cast<long long>(mask.window), sinks ? 1 : 0, line.c_str());
+    std::printf("[ %s ] window %lld, sinks %d; relative errors:%s\n", name.c_str(), static_cast<long long>(mask.window),
+                sinks ? 1 : 0, line.c_str());
   }
 }
 
@@ -85,9 +86,10 @@ TEST(AttentionMask, DocStartThatIsNotContiguousDocumentsIsRefused) {
   const std::vector<int32_t> starts_late = {1, 1, 2, 2};
   const std::vector<int32_t> jumps_back = {0, 0, 2, 2, 0, 0};
   const std::vector<int32_t> points_ahead = {0, 0, 3, 3};
-  for (const auto& [v, want] : {std::pair{starts_late, "row 0 at token 0 is 1; a row starts a document at 0"},
-                                std::pair{jumps_back, "row 0 at token 4 is 0; documents are contiguous, so it must be 2"},
-                                std::pair{points_ahead, "row 0 at token 2 is 3; documents are contiguous"}}) {
+  for (const auto& [v, want] :
+       {std::pair{starts_late, "row 0 at token 0 is 1; a row starts a document at 0"},
+        std::pair{jumps_back, "row 0 at token 4 is 0; documents are contiguous, so it must be 2"},
+        std::pair{points_ahead, "row 0 at token 2 is 3; documents are contiguous"}}) {
     try {
       check_attention_doc_start(v.data(), 1, static_cast<int64_t>(v.size()));
       ADD_FAILURE() << "accepted: " << want;
@@ -115,7 +117,7 @@ TEST(AttentionMask, KeyEndOutsideTheRowIsRefused) {
 // The host-side counts cuDNN's ragged layout is sized by: documents across rows (a row's padding
 // tail belongs to its last), the longest in tokens, one-token documents included.
 TEST(AttentionMask, DocumentsAreCountedAcrossRows) {
-  const std::vector<int32_t> doc_start = {0, 1, 2, 2, 2, 5,  // row 0: [0,1) [1,2) [2,5) [5,6)
+  const std::vector<int32_t> doc_start = {0, 1, 2, 2, 2, 5,   // row 0: [0,1) [1,2) [2,5) [5,6)
                                           0, 0, 0, 0, 0, 0};  // row 1: one document of 6
   const AttentionDocuments d = count_attention_documents(doc_start.data(), 2, 6);
   EXPECT_EQ(d.documents, 5);

@@ -83,8 +83,7 @@ TEST(DecayGroupsVsTorch, TenStepsWithHfTrainerGroupsInEveryOptimizerMode) {
       std::getline(names, n, ',');
       decayed.insert(n);
     }
-    for (const auto& [name, mode] :
-         std::vector<std::pair<std::string, OffloadConfig>>{
+    for (const auto& [name, mode] : std::vector<std::pair<std::string, OffloadConfig>>{
              {"device", offload(OffloadMode::None, 0, RollbackMode::Exact)},
              {"zero_offload_half", offload(OffloadMode::ZeroOffload, 0.5, RollbackMode::Exact)},
              {"super_offload_exact", offload(OffloadMode::SuperOffload, 1.0, RollbackMode::Exact)},
@@ -133,13 +132,14 @@ TEST(DecayGroupsVsTorch, TenStepsWithHfTrainerGroupsInEveryOptimizerMode) {
       for (size_t id = 0; id < layout.params.size(); ++id)
         for (int k = 0; k < 3; ++k) {
           const std::vector<float> got = engine.read_state(static_cast<int>(id), parts[k]);
-          const std::vector<float> want = f.read_f32(group + "/" + "pmv"[k] + "/" + layout.params[id].name,
-                                                    {layout.params[id].numel});
+          const std::vector<float> want =
+              f.read_f32(group + "/" + "pmv"[k] + "/" + layout.params[id].name, {layout.params[id].numel});
           ASSERT_EQ(got.size(), want.size());
           for (size_t i = 0; i < got.size(); ++i) worst[k] = std::max(worst[k], std::fabs(double(got[i]) - want[i]));
         }
       std::printf("[ %s %s ] %d of %lld steps clipped; worst |so_train - torch| p %.3g, m %.3g, v %.3g\n",
-                  group.c_str() + 1, name.c_str(), clipped, static_cast<long long>(steps), worst[0], worst[1], worst[2]);
+                  group.c_str() + 1, name.c_str(), clipped, static_cast<long long>(steps), worst[0], worst[1],
+                  worst[2]);
       for (double w : worst) EXPECT_LE(w, 1e-6);
     }
   }

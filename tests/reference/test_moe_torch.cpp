@@ -101,7 +101,8 @@ CaseResult run_case(Backend& be, const H5File& f, const std::string& name, DType
   r.want_experts = f.read_i32(g + "/experts", {T, k});
   // The routed experts, as the forward left them (the backend's routing buffer is not exposed:
   // route the fixture's logits again through the op, which is what the block did).
-  auto logits = be.alloc(T * E * 4, "logits"), wts = be.alloc(T * k * 4, "weights"), ex = be.alloc(T * k * 4, "experts");
+  auto logits = be.alloc(T * E * 4, "logits"), wts = be.alloc(T * k * 4, "weights"),
+       ex = be.alloc(T * k * 4, "experts");
   be.copy_d2d(logits.data(), block.router_logits(), T * E * 4, s);
   be.ops().moe_route(s, spec.routing, wts.as<float>(), ex.as<int32_t>(), logits.as<float>(), T);
   r.experts.resize(T * k);
@@ -144,8 +145,8 @@ TEST_P(MoeVsTransformers, EveryCase) {
     // either side of it, switching its gradient on or off, so where the clamp engages often (over
     // 5% of the GLU's inputs: gpt_oss_clamped) the gradients hold a few such flips (H200: 4.7e-2
     // on dgate_up_bias).
-    const bool clamp_bites = f.has_attr("/" + name, "clamped_fraction") &&
-                             f.read_double_attr("/" + name, "clamped_fraction") > 0.05;
+    const bool clamp_bites =
+        f.has_attr("/" + name, "clamped_fraction") && f.read_double_attr("/" + name, "clamped_fraction") > 0.05;
     const double case_tol = bc.dt == DType::BF16 && clamp_bites ? 6e-2 : tol;
     for (const auto& [tensor, err] : r.errors) {
       char buf[64];
@@ -189,7 +190,8 @@ TEST(MoeRouting, SlotSortIsStableAndInvertible) {
   const std::vector<int32_t> experts = {2, 0, 0, 2, 1, 0, 2, 1};  // T = 4, k = 2
   auto ex = be->alloc(32, "e"), slot_of = be->alloc(32, "s"), row_of = be->alloc(32, "r"), off = be->alloc(16, "o");
   be->copy_h2d(ex.data(), experts.data(), 32, s);
-  be->ops().moe_sort_slots(s, slot_of.as<int32_t>(), row_of.as<int32_t>(), off.as<int32_t>(), ex.as<int32_t>(), 4, 2, 3);
+  be->ops().moe_sort_slots(s, slot_of.as<int32_t>(), row_of.as<int32_t>(), off.as<int32_t>(), ex.as<int32_t>(), 4, 2,
+                           3);
   std::vector<int32_t> so(8), ro(8), o(4);
   be->copy_d2h(so.data(), slot_of.data(), 32, s);
   be->copy_d2h(ro.data(), row_of.data(), 32, s);
@@ -205,8 +207,9 @@ TEST(MoeRouting, TopKAboveTheExpertCountIsRefused) {
   spec.routing.experts = 4, spec.routing.top_k = 5;
   spec.hidden = 8, spec.intermediate = 8;
   auto be = create_backend(test::cpu_backend_options());
-  EXPECT_NE(test::error_message([&] { MoeBlock block(*be, spec, 4, DType::F32); })
-                .find("num_experts_per_tok (5) must be in [1, num_experts = 4]"),
+  EXPECT_NE(test::error_message([&] {
+              MoeBlock block(*be, spec, 4, DType::F32);
+            }).find("num_experts_per_tok (5) must be in [1, num_experts = 4]"),
             std::string::npos);
 }
 
@@ -217,9 +220,9 @@ TEST(Mxfp4, DequantisesAsTransformers) {
   const std::vector<int64_t> bs = f.shape("/blocks");
   const int64_t rows = bs.at(0) * bs.at(1), groups = bs.at(2);
   auto bytes = [](const std::vector<int32_t>& v) { return std::vector<uint8_t>(v.begin(), v.end()); };
-  const std::vector<float> got = dequantize_mxfp4(bytes(f.read_i32("/blocks", bs)),
-                                                  bytes(f.read_i32("/scales", {bs[0], bs[1], bs[2]})), rows, groups,
-                                                  "experts.gate_up_proj");
+  const std::vector<float> got =
+      dequantize_mxfp4(bytes(f.read_i32("/blocks", bs)), bytes(f.read_i32("/scales", {bs[0], bs[1], bs[2]})), rows,
+                       groups, "experts.gate_up_proj");
   const std::vector<float> want = f.read_f32("/values", {bs[0], bs[1], groups * 32});
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "value " << i;
@@ -227,17 +230,21 @@ TEST(Mxfp4, DequantisesAsTransformers) {
 
 TEST(Mxfp4, BadBlocksAndScalesAreRefusedByName) {
   const std::vector<uint8_t> blocks(2 * 16), scales = {127, 255};
-  EXPECT_NE(test::error_message([&] { dequantize_mxfp4(std::vector<uint8_t>(30), {127, 127}, 1, 2, "down_proj"); })
-                .find("down_proj: MXFP4 blocks hold 30 bytes, expected rows x groups x 16"),
+  EXPECT_NE(test::error_message([&] {
+              dequantize_mxfp4(std::vector<uint8_t>(30), {127, 127}, 1, 2, "down_proj");
+            }).find("down_proj: MXFP4 blocks hold 30 bytes, expected rows x groups x 16"),
             std::string::npos);
-  EXPECT_NE(test::error_message([&] { dequantize_mxfp4(blocks, {127}, 1, 2, "down_proj"); })
-                .find("down_proj: MXFP4 scales hold 1 bytes, expected one per block"),
+  EXPECT_NE(test::error_message([&] {
+              dequantize_mxfp4(blocks, {127}, 1, 2, "down_proj");
+            }).find("down_proj: MXFP4 scales hold 1 bytes, expected one per block"),
             std::string::npos);
-  EXPECT_NE(test::error_message([&] { dequantize_mxfp4(blocks, scales, 1, 2, "gate_up_proj"); })
-                .find("gate_up_proj: MXFP4 scale 255 at row 0, block 1 is out of range"),
+  EXPECT_NE(test::error_message([&] {
+              dequantize_mxfp4(blocks, scales, 1, 2, "gate_up_proj");
+            }).find("gate_up_proj: MXFP4 scale 255 at row 0, block 1 is out of range"),
             std::string::npos);
-  EXPECT_NE(test::error_message([&] { dequantize_mxfp4(blocks, {253, 127}, 1, 2, "gate_up_proj"); })
-                .find("MXFP4 scale 253 at row 0, block 0 is out of range"),
+  EXPECT_NE(test::error_message([&] {
+              dequantize_mxfp4(blocks, {253, 127}, 1, 2, "gate_up_proj");
+            }).find("MXFP4 scale 253 at row 0, block 0 is out of range"),
             std::string::npos);
 }
 

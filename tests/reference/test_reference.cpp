@@ -159,8 +159,8 @@ TEST_P(ReferenceTest, LossLogitsAndEveryGradient) {
   for (const std::string& name : fx_->file.members("/grads")) {
     const int id = model_->layout().find(name);
     ASSERT_GE(id, 0) << name;
-    const double err = test::rel_error(engine->read_grad(id),
-                                       fx_->file.read_f32("/grads/" + name, model_->layout().params[id].shape));
+    const double err =
+        test::rel_error(engine->read_grad(id), fx_->file.read_f32("/grads/" + name, model_->layout().params[id].shape));
     EXPECT_LE(err, tol().grad) << "gradient of " << name;
     if (err > worst) worst = err, worst_name = name;
   }
@@ -176,8 +176,9 @@ TEST_P(ReferenceTest, LossLogitsAndEveryGradient) {
     EXPECT_LE(logits_err, torch_bf16.logits) << "logits further from fp32 than PyTorch's bf16";
     EXPECT_LE(worst, torch_bf16.worst_grad) << "worst gradient (" << worst_name << ") further from fp32 than PyTorch's "
                                             << "bf16 (" << torch_bf16.worst_grad_name << ")";
-    std::printf("[%s] PyTorch bf16 vs fp32: logits %.2e, worst gradient %.2e (%s)\n", case_name({GetParam(), 0}).c_str(),
-                torch_bf16.logits, torch_bf16.worst_grad, torch_bf16.worst_grad_name.c_str());
+    std::printf("[%s] PyTorch bf16 vs fp32: logits %.2e, worst gradient %.2e (%s)\n",
+                case_name({GetParam(), 0}).c_str(), torch_bf16.logits, torch_bf16.worst_grad,
+                torch_bf16.worst_grad_name.c_str());
   }
 }
 
@@ -215,7 +216,8 @@ TEST_P(ReferenceTest, TenAdamWStepsMatchTorch) {
   if (GetParam().dtype == DType::F32) {
     for (const std::string& name : f.members("/train/final_weights")) {
       const int id = model_->layout().find(name);
-      const std::vector<float> got = engine->read_weight(id), want = f.read_f32("/train/final_weights/" + name, model_->layout().params[id].shape);
+      const std::vector<float> got = engine->read_weight(id),
+                               want = f.read_f32("/train/final_weights/" + name, model_->layout().params[id].shape);
       if (!name.ends_with("k_proj.bias")) {
         // AdamW divides each element's step by its own gradient history, so an element whose
         // gradients are near zero (round-off on both sides) takes steps of round-off-dependent
@@ -247,12 +249,13 @@ TEST_P(ReferenceTest, TenAdamWStepsMatchTorch) {
     }
   }
   std::printf("[%s] 10-step losses: first %.6f (torch %.6f), last %.6f (torch %.6f)\n",
-              case_name({GetParam(), 0}).c_str(), losses.front(), ref_losses.front(), losses.back(),
-              ref_losses.back());
+              case_name({GetParam(), 0}).c_str(), losses.front(), ref_losses.front(), losses.back(), ref_losses.back());
 }
 
 // The same cases on each backend.
 std::vector<Case> cases_on(const std::string& backend) {
+  // A table, two cases a row.
+  // clang-format off
   std::vector<Case> cases = {{"llama_gqa_untied", DType::F32, false, 0}, {"llama_tied_mqa", DType::F32, false, 0},
                              {"qwen3_tied", DType::F32, false, 0},       {"llama_gqa_untied", DType::F32, true, 5},
                              {"qwen3_tied", DType::F32, true, 7, 21},    {"llama_gqa_untied", DType::BF16, false, 0},
@@ -281,6 +284,7 @@ std::vector<Case> cases_on(const std::string& backend) {
                              // Qwen3-MoE in bf16: a router whose top-2 choices are clear of bf16 rounding.
                              {"qwen3_moe_routed", DType::F32, false, 0},  {"qwen3_moe_routed", DType::BF16, false, 0},
                              {"qwen3_moe_routed", DType::BF16, true, 0}};
+  // clang-format on
   for (Case& c : cases) c.backend = backend;
   return cases;
 }

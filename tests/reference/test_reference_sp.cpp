@@ -1,8 +1,8 @@
 // Ulysses over two ranks against transformers (run under mpirun -np 2): sliding windows shorter
 // than the sequence, packed rows (documents with restarting positions) and sinks (each rank's
 // block of heads) give the loss and every gradient of the fixtures (make_fixtures.py) within
-// 1e-5, with and without activation checkpointing. Each rank holds half of every row (slice_sequences; doc_start stays whole rows)
-// and its own engine; the ranks' loss and gradient contributions are summed here.
+// 1e-5, with and without activation checkpointing. Each rank holds half of every row (slice_sequences; doc_start stays
+// whole rows) and its own engine; the ranks' loss and gradient contributions are summed here.
 #include <gtest/gtest.h>
 
 #include <cstdio>

@@ -37,7 +37,8 @@ class AttentionDropout : public testing::Test {
   Attention forward(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v, int64_t B,
                     int64_t S, int64_t Hq, int64_t Hkv, int64_t D, const AttentionMask& m) {
     Stream& s = be->stream(StreamKind::Compute);
-    auto Q = test::upload(*be, q, DType::F32), K = test::upload(*be, k, DType::F32), V = test::upload(*be, v, DType::F32);
+    auto Q = test::upload(*be, q, DType::F32), K = test::upload(*be, k, DType::F32),
+         V = test::upload(*be, v, DType::F32);
     auto O = be->alloc(q.size() * 4, "o"), L = be->alloc(static_cast<size_t>(B * Hq * S) * 4, "lse");
     const AttentionShape a{B, S, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
     be->ops().attention_forward(s, a, m, a.inputs(DType::F32, Q.data(), K.data(), V.data()),
@@ -130,8 +131,9 @@ TEST_F(AttentionDropout, ABlockOfHeadsDrawsWhatAllHeadsDraw) {
 TEST_F(AttentionDropout, ProbabilityOneIsRefused) {
   const int64_t B = 1, S = 4, H = 1, D = 8;
   const auto x = randn(B * S * H * D, 9);
-  EXPECT_NE(test::error_message([&] { forward(x, x, x, B, S, H, H, D, dropping(1.0f)); })
-                .find("attention: dropout probability 1 is not in [0, 1)"),
+  EXPECT_NE(test::error_message([&] {
+              forward(x, x, x, B, S, H, H, D, dropping(1.0f));
+            }).find("attention: dropout probability 1 is not in [0, 1)"),
             std::string::npos);
 }
 

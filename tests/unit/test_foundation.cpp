@@ -146,7 +146,9 @@ TEST(DirectIoFile, DirectAndBufferedAgree) {
   std::vector<char> data(size);
   for (auto& c : data) c = static_cast<char>(rng());
   const std::vector<std::pair<size_t, size_t>> pieces = {
-      {0, 100}, {100, 4096 * 3 - 100}, {4096 * 3, so::DirectIoFile::kPieceBytes + 77},
+      {0, 100},
+      {100, 4096 * 3 - 100},
+      {4096 * 3, so::DirectIoFile::kPieceBytes + 77},
       {4096 * 3 + so::DirectIoFile::kPieceBytes + 77, size - (4096 * 3 + so::DirectIoFile::kPieceBytes + 77)}};
   std::vector<std::vector<char>> files;
   for (bool direct : {true, false}) {
@@ -154,7 +156,8 @@ TEST(DirectIoFile, DirectAndBufferedAgree) {
     { std::ofstream(path, std::ios::binary).write(std::string(size, '\0').data(), static_cast<std::streamsize>(size)); }
     so::DirectIoFile out(path, so::DirectIoFile::Mode::Write, direct);
     if (direct && !out.direct()) std::printf("note: %s has no O_DIRECT; both runs are buffered\n", dir.c_str());
-    for (auto it = pieces.rbegin(); it != pieces.rend(); ++it) out.write_at(data.data() + it->first, it->second, it->first, "test");
+    for (auto it = pieces.rbegin(); it != pieces.rend(); ++it)
+      out.write_at(data.data() + it->first, it->second, it->first, "test");
     out.sync("test");
     std::ifstream in(path, std::ios::binary);
     files.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -193,12 +196,15 @@ TEST(DirectIoFile, FillsAndSinksCoverEachByteOnceInOrder) {
     size_t next = 0, calls = 0;
     {
       so::DirectIoFile out(path, so::DirectIoFile::Mode::Write, direct);
-      out.write_from(bytes, at, [&](char* dst, size_t from, size_t n) {
-        EXPECT_EQ(from, next) << "fill out of order";
-        EXPECT_GT(n, 0u);
-        std::memcpy(dst, data.data() + from, n);
-        next = from + n, ++calls;
-      }, "test");
+      out.write_from(
+          bytes, at,
+          [&](char* dst, size_t from, size_t n) {
+            EXPECT_EQ(from, next) << "fill out of order";
+            EXPECT_GT(n, 0u);
+            std::memcpy(dst, data.data() + from, n);
+            next = from + n, ++calls;
+          },
+          "test");
       out.sync("test");
     }
     EXPECT_EQ(next, bytes);
@@ -206,11 +212,14 @@ TEST(DirectIoFile, FillsAndSinksCoverEachByteOnceInOrder) {
     so::DirectIoFile in(path, so::DirectIoFile::Mode::Read, direct);
     std::vector<char> got(bytes);
     next = 0;
-    in.read_to(bytes, at, [&](const char* src, size_t from, size_t n) {
-      EXPECT_EQ(from, next) << "sink out of order";
-      std::memcpy(got.data() + from, src, n);
-      next = from + n;
-    }, "test");
+    in.read_to(
+        bytes, at,
+        [&](const char* src, size_t from, size_t n) {
+          EXPECT_EQ(from, next) << "sink out of order";
+          std::memcpy(got.data() + from, src, n);
+          next = from + n;
+        },
+        "test");
     EXPECT_EQ(next, bytes);
     EXPECT_EQ(0, std::memcmp(got.data(), data.data(), bytes)) << "direct " << direct;
   }
@@ -291,9 +300,15 @@ TEST(RunConfig, RejectsWithTheKeyPath) {
   doc["data"]["path"] = "no/such/file.txt";
   EXPECT_NE(config_error(doc).find("'data.path' names 'no/such/file.txt', which does not exist"), std::string::npos);
   doc = demo_config();
-  doc["model"] = {{"inline", {{"model_type", "llama"}, {"vocab_size", 256}, {"hidden_size", 64},
-                              {"intermediate_size", 128}, {"num_hidden_layers", 1}, {"num_attention_heads", 6},
-                              {"num_key_value_heads", 4}, {"head_dim", 16}}}};
+  doc["model"] = {{"inline",
+                   {{"model_type", "llama"},
+                    {"vocab_size", 256},
+                    {"hidden_size", 64},
+                    {"intermediate_size", 128},
+                    {"num_hidden_layers", 1},
+                    {"num_attention_heads", 6},
+                    {"num_key_value_heads", 4},
+                    {"head_dim", 16}}}};
   EXPECT_NE(config_error(doc).find("'num_attention_heads' (6) is not divisible by num_key_value_heads (4)"),
             std::string::npos)
       << config_error(doc);
@@ -309,7 +324,8 @@ TEST(RunConfig, RejectsWithTheKeyPath) {
       << config_error(doc);
   doc = demo_config();
   doc["backend"]["deterministic_attention"] = "yes";
-  EXPECT_NE(config_error(doc).find("'backend.deterministic_attention' must be"), std::string::npos) << config_error(doc);
+  EXPECT_NE(config_error(doc).find("'backend.deterministic_attention' must be"), std::string::npos)
+      << config_error(doc);
 }
 
 // DeepSpeed's rules (deepspeed/runtime/config.py), the cases its own code was run on.
@@ -319,16 +335,15 @@ TEST(RunConfig, BatchSizesAreDerivedAsDeepSpeedDerivesThem) {
     int64_t want_mb, want_ga, want_tb;  // 0: an error is expected
   };
   const Case cases[] = {
-      {4, 0, 1, 1, 4, 1, 4},     // the SuperOffload example: micro derived
-      {4, 0, 0, 2, 2, 1, 4},     // global only: micro = global / dp
-      {0, 2, 0, 4, 2, 1, 8},     // micro only: global = micro x dp
-      {0, 2, 3, 2, 2, 3, 12},    // micro and accumulation
-      {16, 2, 0, 2, 2, 4, 16},   // global and micro: accumulation derived
-      {0, 0, 0, 3, 1, 1, 3},     // none: so_train's micro-batch 1
-      {10, 3, 0, 1, 0, 0, 0},    // 10 / 3 does not divide
-      {10, 0, 3, 1, 0, 0, 0},
-      {6, 0, 0, 4, 0, 0, 0},     // 6 / 4
-      {8, 2, 3, 1, 0, 0, 0},     // 2 x 3 x 1 != 8
+      {4, 0, 1, 1, 4, 1, 4},                           // the SuperOffload example: micro derived
+      {4, 0, 0, 2, 2, 1, 4},                           // global only: micro = global / dp
+      {0, 2, 0, 4, 2, 1, 8},                           // micro only: global = micro x dp
+      {0, 2, 3, 2, 2, 3, 12},                          // micro and accumulation
+      {16, 2, 0, 2, 2, 4, 16},                         // global and micro: accumulation derived
+      {0, 0, 0, 3, 1, 1, 3},                           // none: so_train's micro-batch 1
+      {10, 3, 0, 1, 0, 0, 0},                          // 10 / 3 does not divide
+      {10, 0, 3, 1, 0, 0, 0},  {6, 0, 0, 4, 0, 0, 0},  // 6 / 4
+      {8, 2, 3, 1, 0, 0, 0},                           // 2 x 3 x 1 != 8
   };
   for (const Case& c : cases) {
     RunConfig cfg;
@@ -415,9 +430,8 @@ TEST(Data, CraftedAndOddFilesAreRefused) {
   // A FIFO is refused at once by every reader (opening one for reading would wait for a writer).
   const std::string fifo = (dir / "fifo").string();
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  for (const auto& open : std::vector<std::function<void()>>{[&] { open_token_file(fifo); },
-                                                            [&] { open_text_bytes(fifo); },
-                                                            [&] { open_hdf5_tokens(fifo, "tokens"); }}) {
+  for (const auto& open : std::vector<std::function<void()>>{
+           [&] { open_token_file(fifo); }, [&] { open_text_bytes(fifo); }, [&] { open_hdf5_tokens(fifo, "tokens"); }}) {
     msg = test::error_message(open);
     EXPECT_NE(msg.find("is not a regular file"), std::string::npos) << msg;
   }
@@ -552,7 +566,8 @@ TEST(Model, JoinedProjectionsAreOneMatrixInOneBucket) {
       EXPECT_EQ(buckets.front().end, L.total);
       EXPECT_EQ(buckets.back().begin, 0);
       for (const std::vector<int>& run : runs)
-        for (int id : run) EXPECT_EQ(bucket_of[id], bucket_of[run[0]]) << L.params[id].name << ", bucket size " << bucket_size;
+        for (int id : run)
+          EXPECT_EQ(bucket_of[id], bucket_of[run[0]]) << L.params[id].name << ", bucket size " << bucket_size;
     }
   }
 }
@@ -565,11 +580,10 @@ namespace {
 
 // The shipped model shapes parse and have the parameter counts their names promise.
 TEST(ModelConfigs, ShippedShapesParseWithExpectedSizes) {
-  const std::pair<const char*, double> expected[] = {{"llama-3-8b", 8.03e9}, {"llama-3-70b", 70.55e9},
-                                                     {"qwen3-14b", 14.77e9}, {"llama-13b", 13.0e9},
-                                                     {"llama-25b", 25.0e9}, {"llama-50b", 50.5e9},
-                                                     {"llama-3.1-8b", 8.03e9}, {"llama-3.3-70b", 70.55e9},
-                                                     {"phi-4", 14.66e9},      {"qwen2.5-7b", 7.62e9}};
+  const std::pair<const char*, double> expected[] = {
+      {"llama-3-8b", 8.03e9}, {"llama-3-70b", 70.55e9}, {"qwen3-14b", 14.77e9},   {"llama-13b", 13.0e9},
+      {"llama-25b", 25.0e9},  {"llama-50b", 50.5e9},    {"llama-3.1-8b", 8.03e9}, {"llama-3.3-70b", 70.55e9},
+      {"phi-4", 14.66e9},     {"qwen2.5-7b", 7.62e9}};
   for (const auto& [name, params] : expected) {
     const ModelConfig c = ModelConfig::from_hf_file(std::string("configs/models/") + name + ".json");
     EXPECT_NEAR(c.num_parameters() / params, 1.0, 0.02) << name << ": " << c.num_parameters();
@@ -582,8 +596,9 @@ TEST(ModelConfigs, ShippedShapesParseWithExpectedSizes) {
   EXPECT_EQ(published.residual_dropout, 0.1f);
   nlohmann::json j = read_json_file(seed, "model config");
   j["attention_dropout"] = 1.0;
-  EXPECT_NE(test::error_message([&] { ModelConfig::from_hf_json(j, seed); })
-                .find("'attention_dropout' is 1; a drop probability is in [0, 1)"),
+  EXPECT_NE(test::error_message([&] {
+              ModelConfig::from_hf_json(j, seed);
+            }).find("'attention_dropout' is 1; a drop probability is in [0, 1)"),
             std::string::npos);
   j["attention_dropout"] = j["residual_dropout"] = 0.0;
   EXPECT_NEAR(ModelConfig::from_hf_json(j, seed).num_parameters() / 36.15e9, 1.0, 0.02);
@@ -600,22 +615,24 @@ namespace {
 // once, not after building 805M tensor entries; a dense model at every size bound (2.2e20
 // parameters, past int64 for the plan's byte counts) likewise. Below the bounds the count is exact.
 TEST(ModelConfigs, TensorAndParameterCountsAreBoundedBeforeAnyTable) {
-  nlohmann::json moe = {{"model_type", "qwen3_moe"}, {"vocab_size", 64}, {"hidden_size", 32},
-                        {"intermediate_size", 64}, {"num_hidden_layers", 4096}, {"num_attention_heads", 4},
-                        {"num_key_value_heads", 2}, {"num_experts", 65536}, {"num_experts_per_tok", 2},
+  nlohmann::json moe = {{"model_type", "qwen3_moe"},  {"vocab_size", 64},          {"hidden_size", 32},
+                        {"intermediate_size", 64},    {"num_hidden_layers", 4096}, {"num_attention_heads", 4},
+                        {"num_key_value_heads", 2},   {"num_experts", 65536},      {"num_experts_per_tok", 2},
                         {"moe_intermediate_size", 16}};
   std::string msg = test::error_message([&] { ModelConfig::from_hf_json(moe, "moe"); });
   // 4096 layers x (1 router + 3 x 65536 experts + 8 attention and norm tensors) + embedding, norm, head.
   const int64_t tensors = 4096 * (1 + 3 * 65536 + 8) + 3;
   EXPECT_NE(msg.find(str_cat("'num_hidden_layers' (4096) with num_experts (65536) makes ", tensors, " tensors")),
-            std::string::npos) << msg;
+            std::string::npos)
+      << msg;
   moe["num_hidden_layers"] = 16;  // 3.1M tensors: the 1.5 GB of the first report
   msg = test::error_message([&] { ModelConfig::from_hf_json(moe, "moe"); });
   EXPECT_NE(msg.find("'num_hidden_layers' (16) with num_experts (65536) makes"), std::string::npos) << msg;
 
-  const nlohmann::json huge = {{"model_type", "llama"}, {"vocab_size", 1 << 26}, {"hidden_size", 1 << 18},
-                               {"intermediate_size", 1 << 20}, {"num_hidden_layers", 4096},
-                               {"num_attention_heads", 4096}, {"num_key_value_heads", 4096}};
+  const nlohmann::json huge = {{"model_type", "llama"},      {"vocab_size", 1 << 26},
+                               {"hidden_size", 1 << 18},     {"intermediate_size", 1 << 20},
+                               {"num_hidden_layers", 4096},  {"num_attention_heads", 4096},
+                               {"num_key_value_heads", 4096}};
   msg = test::error_message([&] { ModelConfig::from_hf_json(huge, "huge"); });
   // 2 V H + H + L (4 H^2 + 2 H + 3 H I): q, k, v, o of H x H (head_dim 64 x 4096 heads), two norms, the MLP.
   const __int128 V = 1 << 26, H = 1 << 18, I = 1 << 20, L = 4096;
@@ -648,7 +665,7 @@ TEST(ModelConfigs, TensorAndParameterCountsAreBoundedBeforeAnyTable) {
 // use_sliding_window, on the layers layer_types marks (by default from max_window_layers on);
 // export writes what was trained; families without windows refuse sliding layers by name.
 TEST(ModelConfigs, SlidingWindowLayersAsTransformersAppliesThem) {
-  const nlohmann::json base = {{"vocab_size", 64}, {"hidden_size", 32}, {"intermediate_size", 64},
+  const nlohmann::json base = {{"vocab_size", 64},       {"hidden_size", 32},        {"intermediate_size", 64},
                                {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}};
   const auto windows = [](const ModelConfig& c) {
     std::vector<int64_t> w;
@@ -675,15 +692,17 @@ TEST(ModelConfigs, SlidingWindowLayersAsTransformersAppliesThem) {
   qwen2["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention", "full_attention"};
   EXPECT_EQ(windows(ModelConfig::from_hf_json(qwen2, "qwen2")), (std::vector<int64_t>{8, 0, 8, 0}));
   qwen2["layer_types"] = {"sliding_attention", "full_attention"};
-  EXPECT_NE(test::error_message([&] { ModelConfig::from_hf_json(qwen2, "qwen2"); })
-                .find("it must list \"full_attention\" or \"sliding_attention\" for each of the 4 layers"),
+  EXPECT_NE(test::error_message([&] {
+              ModelConfig::from_hf_json(qwen2, "qwen2");
+            }).find("it must list \"full_attention\" or \"sliding_attention\" for each of the 4 layers"),
             std::string::npos);
 
   nlohmann::json llama = base;
   llama["model_type"] = "llama";
   llama["use_sliding_window"] = true;
-  EXPECT_NE(test::error_message([&] { ModelConfig::from_hf_json(llama, "llama"); })
-                .find("'use_sliding_window' is true; llama models have no sliding-window attention"),
+  EXPECT_NE(test::error_message([&] {
+              ModelConfig::from_hf_json(llama, "llama");
+            }).find("'use_sliding_window' is true; llama models have no sliding-window attention"),
             std::string::npos);
 }
 

@@ -76,7 +76,8 @@ struct State {
 };
 
 State random_state(int64_t n, uint64_t seed) {
-  State s{random_values(n, seed, 1.0f, 8), random_values(n, seed + 1, 1e-3f, 12), random_values(n, seed + 2, 1e-3f, 12)};
+  State s{random_values(n, seed, 1.0f, 8), random_values(n, seed + 1, 1e-3f, 12),
+          random_values(n, seed + 2, 1e-3f, 12)};
   for (float& x : s.v) x = x * x;  // second moments are squares
   return s;
 }
@@ -88,8 +89,10 @@ std::vector<uint8_t> random_grad(int64_t n, DType dt, uint64_t seed, std::vector
   if (values) values->resize(n);
   for (int64_t i = 0; i < n; ++i) {
     const float x = dt == DType::F32 ? g[i] : bf16_to_f32(f32_to_bf16(g[i]));
-    if (dt == DType::F32) std::memcpy(bytes.data() + 4 * i, &x, 4);
-    else reinterpret_cast<bf16*>(bytes.data())[i] = f32_to_bf16(x);
+    if (dt == DType::F32)
+      std::memcpy(bytes.data() + 4 * i, &x, 4);
+    else
+      reinterpret_cast<bf16*>(bytes.data())[i] = f32_to_bf16(x);
     if (values) (*values)[i] = x;
   }
   return bytes;
@@ -135,15 +138,15 @@ int64_t first_bit_difference(const std::vector<float>& a, const std::vector<floa
   return a.size() == b.size() ? -1 : static_cast<int64_t>(std::min(a.size(), b.size()));
 }
 
-#define EXPECT_SAME_BITS(what, a, b)                                                                   \
-  do {                                                                                                 \
-    const int64_t at_ = first_bit_difference(a, b);                                                    \
+#define EXPECT_SAME_BITS(what, a, b)                                                                      \
+  do {                                                                                                    \
+    const int64_t at_ = first_bit_difference(a, b);                                                       \
     EXPECT_EQ(at_, -1) << what << " differs at " << at_ << ": " << (at_ >= 0 ? (a)[at_] : 0.0f) << " vs " \
-                       << (at_ >= 0 ? (b)[at_] : 0.0f);                                                \
+                       << (at_ >= 0 ? (b)[at_] : 0.0f);                                                   \
   } while (0)
 // The weights and both moments of two states equal bit for bit ("WHAT p", "WHAT m", "WHAT v").
-#define EXPECT_SAME_STATE(what, a, b)                      \
-  do {                                                     \
+#define EXPECT_SAME_STATE(what, a, b)                         \
+  do {                                                        \
     EXPECT_SAME_BITS(std::string(what) + " p", (a).p, (b).p); \
     EXPECT_SAME_BITS(std::string(what) + " m", (a).m, (b).m); \
     EXPECT_SAME_BITS(std::string(what) + " v", (a).v, (b).v); \
@@ -183,9 +186,9 @@ TEST_P(KernelTest, StepEqualsTheScalarReferenceBitForBit) {
               // Past one block only every 7th combination (each grad/out pair once, with wd, scale
               // and step varying): the same code paths, at a cost qemu's wide SVE can afford.
               if (combo++ % 7 != 0 && n > GraceAdam::kBlock) continue;
-              SCOPED_TRACE(::testing::Message() << "n=" << n << " grad=" << dtype_name(grad_dt) << " out="
-                                                << static_cast<int>(out) << " wd=" << wd << " scale=" << scale
-                                                << " step=" << step);
+              SCOPED_TRACE(::testing::Message()
+                           << "n=" << n << " grad=" << dtype_name(grad_dt) << " out=" << static_cast<int>(out)
+                           << " wd=" << wd << " scale=" << scale << " step=" << step);
               const AdamWParams hp{.lr = 1e-3, .weight_decay = wd, .step = step, .grad_scale = scale};
               const std::vector<uint8_t> grad = random_grad(n, grad_dt, seed + 5);
               const DType out_dt = out == Out::BF16 ? DType::BF16 : DType::F32;
@@ -222,26 +225,26 @@ struct RoundCase {
 };
 const RoundCase kRoundCases[] = {
     {0x00000000u, 0x0000}, {0x80000000u, 0x8000},  // signed zeros
-    {0x3f800000u, 0x3f80},                          // 1
-    {0x3f808000u, 0x3f80},                          // 1 + 2^-8: a tie, down to even
-    {0x3f818000u, 0x3f82},                          // 1 + 3*2^-8: a tie, up to even
-    {0x3f808001u, 0x3f81},                          // just above a tie
-    {0x3f807fffu, 0x3f80},                          // just below a tie
-    {0xbf818000u, 0xbf82},                          // negative tie, up to even
+    {0x3f800000u, 0x3f80},                         // 1
+    {0x3f808000u, 0x3f80},                         // 1 + 2^-8: a tie, down to even
+    {0x3f818000u, 0x3f82},                         // 1 + 3*2^-8: a tie, up to even
+    {0x3f808001u, 0x3f81},                         // just above a tie
+    {0x3f807fffu, 0x3f80},                         // just below a tie
+    {0xbf818000u, 0xbf82},                         // negative tie, up to even
     {0x7f7fffffu, 0x7f80}, {0xff7fffffu, 0xff80},  // max finite overflows to +-Inf
-    {0x7f7f7fffu, 0x7f7f},                          // largest value that stays finite
+    {0x7f7f7fffu, 0x7f7f},                         // largest value that stays finite
     {0x7f800000u, 0x7f80}, {0xff800000u, 0xff80},  // +-Inf
-    {0x7fc00000u, 0x7fc0},                          // quiet NaN
-    {0x7f800001u, 0x7fc0},                          // signalling NaN, payload in low bits: stays NaN
-    {0x7fa12345u, 0x7fe1},                          // payload kept, quiet bit set
-    {0xffb00001u, 0xfff0},                          // negative signalling NaN
-    {0x7f810000u, 0x7fc1},                          // payload in the kept bits
-    {0x00400000u, 0x0040},                          // subnormal, exact in bf16
-    {0x007fffffu, 0x0080},                          // largest subnormal rounds up to the smallest normal
-    {0x80000001u, 0x8000},                          // tiny negative subnormal rounds to -0
-    {0x00008000u, 0x0000},                          // subnormal tie, down to even (0)
-    {0x00018000u, 0x0002},                          // subnormal tie, up to even
-    {0x00800000u, 0x0080},                          // smallest normal
+    {0x7fc00000u, 0x7fc0},                         // quiet NaN
+    {0x7f800001u, 0x7fc0},                         // signalling NaN, payload in low bits: stays NaN
+    {0x7fa12345u, 0x7fe1},                         // payload kept, quiet bit set
+    {0xffb00001u, 0xfff0},                         // negative signalling NaN
+    {0x7f810000u, 0x7fc1},                         // payload in the kept bits
+    {0x00400000u, 0x0040},                         // subnormal, exact in bf16
+    {0x007fffffu, 0x0080},                         // largest subnormal rounds up to the smallest normal
+    {0x80000001u, 0x8000},                         // tiny negative subnormal rounds to -0
+    {0x00008000u, 0x0000},                         // subnormal tie, down to even (0)
+    {0x00018000u, 0x0002},                         // subnormal tie, up to even
+    {0x00800000u, 0x0080},                         // smallest normal
 };
 
 TEST(Bf16Reference, MatchesTheRoundingTable) {
@@ -465,8 +468,8 @@ TEST_P(KernelTest, ScaledSqrtIsIeeeDivisionForEveryFloat) {
   std::vector<float> x(chunk), want(chunk);
   int64_t checked = 0;
   // beta2 up to the largest float below 1 (bc2 = 2^-12 at step 1), down to 0.5; steps 1 .. 10^5.
-  const std::pair<double, int64_t> cases[] = {{0.999, 1}, {0.999, 1000}, {0.95, 3}, {1.0 - 0x1p-24, 1},
-                                              {0.9999, 100000}, {0.5, 1}};
+  const std::pair<double, int64_t> cases[] = {{0.999, 1},         {0.999, 1000},    {0.95, 3},
+                                              {1.0 - 0x1p-24, 1}, {0.9999, 100000}, {0.5, 1}};
   for (auto [beta2, step] : cases) {
     const AdamWParams hp{.beta2 = beta2, .step = step};
     const float c = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, static_cast<double>(step))));
@@ -555,10 +558,11 @@ TEST_P(KernelTest, StreamProbesAddTheGradientToEveryStreamWhateverTheKind) {
     for (int64_t first : {0, 3})
       for (bool with_out : {false, true}) {
         for (int64_t i = 0; i < n; ++i)
-          p[i] = static_cast<float>(i % 97), m[i] = -static_cast<float>(i % 89), v[i] = 0.5f * static_cast<float>(i % 7),
-          g[i] = 0.25f * static_cast<float>(i % 5), out[i] = bf16{};
+          p[i] = static_cast<float>(i % 97), m[i] = -static_cast<float>(i % 89),
+          v[i] = 0.5f * static_cast<float>(i % 7), g[i] = 0.25f * static_cast<float>(i % 5), out[i] = bf16{};
         const AdamArrays a =
-            AdamArrays{p.get(), m.get(), v.get(), g.get(), DType::F32, with_out ? out.data() : nullptr, DType::BF16}.from(first);
+            AdamArrays{p.get(), m.get(), v.get(), g.get(), DType::F32, with_out ? out.data() : nullptr, DType::BF16}
+                .from(first);
         ga.stream_probe(a, n - first, kind);
         int64_t bad = -1;
         for (int64_t i = first; i < n && bad < 0; ++i) {
@@ -594,8 +598,8 @@ TEST(GraceAdam, RollbackRefusesAStepThatZeroedTheWeights) {
 }
 
 TEST(SimdIsa, NamesParseAndUnknownNamesAreListed) {
-  for (SimdIsa isa : {SimdIsa::Scalar, SimdIsa::Avx2, SimdIsa::Avx512, SimdIsa::Avx512Bf16, SimdIsa::Neon,
-                      SimdIsa::Sve})
+  for (SimdIsa isa :
+       {SimdIsa::Scalar, SimdIsa::Avx2, SimdIsa::Avx512, SimdIsa::Avx512Bf16, SimdIsa::Neon, SimdIsa::Sve})
     EXPECT_EQ(parse_simd_isa(simd_isa_name(isa)), isa);
   try {
     parse_simd_isa("avx1024");

@@ -56,16 +56,22 @@ void check_ring(const std::vector<GradRingUse>& uses, int depth, const std::stri
   // What a touch at event `t` of use i makes sure is copied: for each use j, the latest of j's
   // copies (readies) known done, as an event index.
   std::function<void(size_t, int64_t, std::map<size_t, int64_t>&)> known = [&](size_t i, int64_t t,
-                                                                             std::map<size_t, int64_t>& done) {
+                                                                               std::map<size_t, int64_t>& done) {
     for (size_t k : ring.waits_for[i]) {
       int64_t r = -1;  // k's latest ready before t
       for (int64_t e = t - 1; e >= 0; --e)
-        if (!ev[e].touch && ev[e].use == k) { r = e; break; }
+        if (!ev[e].touch && ev[e].use == k) {
+          r = e;
+          break;
+        }
       if (r < 0 || done[k] >= r) continue;
       done[k] = r;
       int64_t kt = -1;  // k's touch before that ready: it waited for its own predecessors then
       for (int64_t e = r - 1; e >= 0; --e)
-        if (ev[e].touch && ev[e].use == k) { kt = e; break; }
+        if (ev[e].touch && ev[e].use == k) {
+          kt = e;
+          break;
+        }
       if (kt >= 0) known(k, kt, done);
     }
   };

@@ -23,8 +23,8 @@ std::string config_path(const std::string& version, const std::string& name) {
 }
 
 TEST(HfConfigVersions, Transformers4And5ConfigsMeanTheSame) {
-  for (const std::string name : {"llama_tied", "llama_untied", "qwen3_tied", "qwen3_untied", "qwen2", "mistral",
-                                 "phi3", "seed_oss", "llama_rope_llama3", "qwen3_rope_yarn"}) {
+  for (const std::string name : {"llama_tied", "llama_untied", "qwen3_tied", "qwen3_untied", "qwen2", "mistral", "phi3",
+                                 "seed_oss", "llama_rope_llama3", "qwen3_rope_yarn"}) {
     SCOPED_TRACE(name);
     const ModelConfig v4 = ModelConfig::from_hf_file(config_path("v4", name));
     const ModelConfig v5 = ModelConfig::from_hf_file(config_path("v5", name));
@@ -59,8 +59,7 @@ TEST(HfConfigVersions, PartialRotaryAndLongropeAreRefusedByName) {
 // tests/reference/fixtures/hf_config_absent_null.json (make_hf_config_defaults_fixture.py) holds,
 // per family and key, both configs and the model transformers built from each (or its error).
 TEST(HfConfigVersions, AbsentAndNullKeysMeanWhatTheyMeanToTransformers) {
-  const nlohmann::json fixture =
-      read_json_file("tests/reference/fixtures/hf_config_absent_null.json", "fixture");
+  const nlohmann::json fixture = read_json_file("tests/reference/fixtures/hf_config_absent_null.json", "fixture");
   int checked = 0, refused = 0;
   for (const nlohmann::json& c : fixture.at("cases")) {
     const std::string name = str_cat(c.at("family").get<std::string>(), " ", c.at("key").get<std::string>(), " ",
@@ -107,7 +106,7 @@ TEST(HfConfigVersions, AbsentAndNullKeysMeanWhatTheyMeanToTransformers) {
 
   // Phi-3 with a vocabulary smaller than its default pad_token_id (32000): null (transformers 5's
   // "none") trains with no padding row; absent takes the default, which is refused by name.
-  nlohmann::json phi3 = {{"model_type", "phi3"}, {"vocab_size", 384}, {"hidden_size", 32},
+  nlohmann::json phi3 = {{"model_type", "phi3"},    {"vocab_size", 384},      {"hidden_size", 32},
                          {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
                          {"pad_token_id", nullptr}};
   EXPECT_EQ(ModelConfig::from_hf_json(phi3, "phi3").pad_token_id, -1);

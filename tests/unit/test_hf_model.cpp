@@ -89,9 +89,8 @@ class HfDirTest : public testing::Test {
     std::vector<SafetensorsEntry> entries;
     for (const ParamInfo& p : m.layout.params) entries.push_back({p.name, p.shape});
     for (const Extra& e : extra) entries.push_back({e.name, e.shape});
-    write_safetensors((dir / "model.safetensors").string(), entries, DType::F32, [&](size_t i) {
-      return i < m.values.size() ? m.values[i] : extra[i - m.values.size()].values;
-    });
+    write_safetensors((dir / "model.safetensors").string(), entries, DType::F32,
+                      [&](size_t i) { return i < m.values.size() ? m.values[i] : extra[i - m.values.size()].values; });
   }
 
   test::ScratchDir scratch_{testing::UnitTest::GetInstance()->current_test_info()->name()};
@@ -99,9 +98,8 @@ class HfDirTest : public testing::Test {
 };
 
 TEST_F(HfDirTest, ExportRoundTripIsBitwiseInF32AndRoundsInBf16) {
-  for (const std::string name :
-       {"llama_untied_fp32", "qwen3_tied_bf16", "qwen2_untied_bf16", "mistral_untied_fp32", "phi3_untied_bf16",
-        "seed_oss_tied_fp32"}) {
+  for (const std::string name : {"llama_untied_fp32", "qwen3_tied_bf16", "qwen2_untied_bf16", "mistral_untied_fp32",
+                                 "phi3_untied_bf16", "seed_oss_tied_fp32"}) {
     const HfModel m = load_hf_model((kModels / name).string());
     const auto get = [&](int id) { return m.values[id]; };
     export_hf_model((tmp_ / "f32").string(), m.config, m.layout, get, {DType::F32, 0});
@@ -115,7 +113,8 @@ TEST_F(HfDirTest, ExportRoundTripIsBitwiseInF32AndRoundsInBf16) {
     const HfModel bf = load_hf_model((tmp_ / "bf16").string());
     for (size_t id = 0; id < m.values.size(); ++id)
       for (size_t i = 0; i < m.values[id].size(); ++i)
-        ASSERT_EQ(bf.values[id][i], bf16_to_f32(f32_to_bf16(m.values[id][i]))) << name << " " << m.layout.params[id].name;
+        ASSERT_EQ(bf.values[id][i], bf16_to_f32(f32_to_bf16(m.values[id][i])))
+            << name << " " << m.layout.params[id].name;
     // Like save_pretrained: a tied model's file has no lm_head.weight.
     EXPECT_EQ(SafetensorsFile((tmp_ / "bf16/model.safetensors").string()).find("lm_head.weight") == nullptr,
               m.config.tie_word_embeddings);
@@ -219,8 +218,9 @@ TEST_F(HfDirTest, RefusesInconsistentShardIndexes) {
   };
   EXPECT_EQ(with_entry("model.norm.weight", index["weight_map"]["model.norm.weight"].get<std::string>()), "");
   std::string msg = with_entry("model.norm.weight", "model-00009-of-00009.safetensors");
-  EXPECT_NE(msg.find("maps tensor 'model.norm.weight' to shard 'model-00009-of-00009.safetensors', which does not exist"),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find("maps tensor 'model.norm.weight' to shard 'model-00009-of-00009.safetensors', which does not exist"),
+      std::string::npos)
       << msg;
   msg = with_entry("model.embed_tokens.weight", shard2);
   EXPECT_NE(msg.find("maps tensor 'model.embed_tokens.weight' to shard '" + (dir / shard2).string() +
@@ -234,8 +234,8 @@ TEST_F(HfDirTest, RefusesInconsistentShardIndexes) {
   j["weight_map"].erase("model.embed_tokens.weight");
   write_json(dir / "model.safetensors.index.json", j);
   msg = load_error(dir);
-  EXPECT_NE(msg.find("holds tensor 'model.embed_tokens.weight', which '" + (dir / "model.safetensors.index.json").string() +
-                     "' does not list"),
+  EXPECT_NE(msg.find("holds tensor 'model.embed_tokens.weight', which '" +
+                     (dir / "model.safetensors.index.json").string() + "' does not list"),
             std::string::npos)
       << msg;
 

@@ -66,7 +66,8 @@ TEST(ActivationBuffers, AreExactlyWhatTheModelAllocates) {
                 backend->allocation_granularity();
     DecoderModel model(*backend, cfg, mo);
     EXPECT_EQ(backend->memory_stats().in_use, listed) << v.name;
-    EXPECT_EQ(DecoderModel::host_checkpoint_bytes(cfg, mo), v.offload ? size_t{4} * cfg.num_layers * 3 * 96 * cfg.hidden_size : 0)
+    EXPECT_EQ(DecoderModel::host_checkpoint_bytes(cfg, mo),
+              v.offload ? size_t{4} * cfg.num_layers * 3 * 96 * cfg.hidden_size : 0)
         << v.name;
   }
 }
@@ -186,11 +187,12 @@ TEST(MemoryPlan, OffloadedGradientsLeaveTheDeviceSoTheRunTrainsWhereWholeGradien
     int micro;
     OffloadMode mode;
   };
-  for (const Case& c : {Case{"fp32 superoffload", DType::F32, CastSite::Host, 1, OffloadMode::SuperOffload},
-                        Case{"fp32 superoffload, 2 micro-batches", DType::F32, CastSite::Host, 2, OffloadMode::SuperOffload},
-                        Case{"bf16 superoffload, device casts", DType::BF16, CastSite::Device, 1, OffloadMode::SuperOffload},
-                        Case{"bf16 zero-offload, host casts, 2 micro-batches", DType::BF16, CastSite::Host, 2,
-                             OffloadMode::ZeroOffload}}) {
+  for (const Case& c :
+       {Case{"fp32 superoffload", DType::F32, CastSite::Host, 1, OffloadMode::SuperOffload},
+        Case{"fp32 superoffload, 2 micro-batches", DType::F32, CastSite::Host, 2, OffloadMode::SuperOffload},
+        Case{"bf16 superoffload, device casts", DType::BF16, CastSite::Device, 1, OffloadMode::SuperOffload},
+        Case{"bf16 zero-offload, host casts, 2 micro-batches", DType::BF16, CastSite::Host, 2,
+             OffloadMode::ZeroOffload}}) {
     RunConfig cfg = run_config("");
     cfg.dtype = c.dt;
     cfg.micro_batch = 2, cfg.grad_accum = c.micro, cfg.train_batch_size = 0;
@@ -217,7 +219,8 @@ INSTANTIATE_TEST_SUITE_P(Cpu, OnBackend, testing::Values("cpu"));
 INSTANTIATE_TEST_SUITE_P(Cuda, OnBackend, testing::Values("cuda"));
 
 TEST(MemoryPlan, AutoOffloadsThenTilesOnlyAsFarAsNeeded) {
-  RunConfig cfg = run_config(R"(, "activation_checkpointing": true, "activation_offload": "auto", "mlp_tile_tokens": "auto")");
+  RunConfig cfg =
+      run_config(R"(, "activation_checkpointing": true, "activation_offload": "auto", "mlp_tile_tokens": "auto")");
   MachineProfile m;
   m.name = "test";
   auto peak_with = [&](bool offload, int64_t tile) {

@@ -41,11 +41,11 @@ TEST(StepGuard, LossSpikesAgainstAFullWindowOfAppliedSteps) {
   StepGuard g(c);
   EXPECT_TRUE(g.observe(1, 10.0, false).warning.empty());  // no full window yet: nothing to compare with
   for (int s = 2; s <= 4; ++s) EXPECT_TRUE(g.observe(s, 1.0, false).warning.empty());
-  EXPECT_TRUE(g.observe(5, NAN, true).warning.empty());     // skipped: not compared, not in the window
-  EXPECT_TRUE(g.observe(6, 6.0, false).warning.empty());     // mean (10+1+1+1)/4 = 3.25: 6 < 6.5
-  const std::string w = g.observe(7, 7.0, false).warning;    // window 1,1,1,6: mean 2.25, 7 > 4.5
+  EXPECT_TRUE(g.observe(5, NAN, true).warning.empty());    // skipped: not compared, not in the window
+  EXPECT_TRUE(g.observe(6, 6.0, false).warning.empty());   // mean (10+1+1+1)/4 = 3.25: 6 < 6.5
+  const std::string w = g.observe(7, 7.0, false).warning;  // window 1,1,1,6: mean 2.25, 7 > 4.5
   EXPECT_NE(w.find("loss spike at step 7"), std::string::npos) << w;
-  EXPECT_TRUE(g.observe(8, 3.0, false).warning.empty());     // window 1,1,6,7: mean 3.75
+  EXPECT_TRUE(g.observe(8, 3.0, false).warning.empty());  // window 1,1,6,7: mean 3.75
 }
 
 TEST(ProgressLine, ElapsedEtaAndStepsLeftInBothForms) {

@@ -182,8 +182,8 @@ void expect_bitwise(const RunResult& got, const RunResult& ref, const std::strin
   for (size_t s = 0; s < ref.losses.size(); ++s) {
     EXPECT_EQ(got.losses[s], ref.losses[s]) << name << " loss of step " << s + 1;
     const double a = got.steps[s].grad_norm, b = ref.steps[s].grad_norm;
-    EXPECT_TRUE(a == b || (std::isnan(a) && std::isnan(b))) << name << " norm of step " << s + 1 << ": " << a
-                                                             << " vs " << b;
+    EXPECT_TRUE(a == b || (std::isnan(a) && std::isnan(b)))
+        << name << " norm of step " << s + 1 << ": " << a << " vs " << b;
     EXPECT_EQ(got.steps[s].skipped, ref.steps[s].skipped) << name << " step " << s + 1;
   }
   test::expect_same_optimizer_state(got.state, ref.state, name);
@@ -200,14 +200,14 @@ TEST_F(OffloadEquivalence, AllModesBitwiseEqualWithClippingAndSkippedStep) {
   EXPECT_EQ(ref.steps_taken, kSteps - 1);
   EXPECT_TRUE(test::same_bits(ref.before_skip, ref.after_skip)) << "the skipped step changed the state";
 
-  for (const Mode& md : {mode("zero-offload r1", OffloadMode::ZeroOffload, 1.0),
-                         mode("zero-offload r0.5", OffloadMode::ZeroOffload, 0.5),
-                         mode("zero-offload r0", OffloadMode::ZeroOffload, 0.0),
-                         mode("superoffload r1", OffloadMode::SuperOffload, 1.0),
-                         mode("superoffload r0.5", OffloadMode::SuperOffload, 0.5),
-                         mode("superoffload r0", OffloadMode::SuperOffload, 0.0),
-                         mode("superoffload r1 adaptive", OffloadMode::SuperOffload, 1.0, RollbackMode::Exact,
-                              DType::F32, CastSite::Host, Speculation::Adaptive)}) {
+  for (const Mode& md :
+       {mode("zero-offload r1", OffloadMode::ZeroOffload, 1.0),
+        mode("zero-offload r0.5", OffloadMode::ZeroOffload, 0.5),
+        mode("zero-offload r0", OffloadMode::ZeroOffload, 0.0), mode("superoffload r1", OffloadMode::SuperOffload, 1.0),
+        mode("superoffload r0.5", OffloadMode::SuperOffload, 0.5),
+        mode("superoffload r0", OffloadMode::SuperOffload, 0.0),
+        mode("superoffload r1 adaptive", OffloadMode::SuperOffload, 1.0, RollbackMode::Exact, DType::F32,
+             CastSite::Host, Speculation::Adaptive)}) {
     SCOPED_TRACE(md.name);
     const RunResult got = run(md, clip_, true);
     expect_bitwise(got, ref, md.name);
@@ -276,9 +276,10 @@ TEST_F(OffloadEquivalence, InverseRollbackWithinDocumentedBound) {
     double w_abs = 0;
     for (size_t p = 0; p < ref.state.master.size(); ++p)
       w_abs = std::max(w_abs, max_abs_diff(inv.state.master[p], ref.state.master[p]));
-    std::printf("%s vs on-device after %d steps: worst tensor relative error master %.3e, exp_avg %.3e, "
-                "exp_avg_sq %.3e; largest weight difference %.3e = %.2e x lr\n",
-                name.c_str(), kSteps, w, m, v, w_abs, w_abs / kLr);
+    std::printf(
+        "%s vs on-device after %d steps: worst tensor relative error master %.3e, exp_avg %.3e, "
+        "exp_avg_sq %.3e; largest weight difference %.3e = %.2e x lr\n",
+        name.c_str(), kSteps, w, m, v, w_abs, w_abs / kLr);
     EXPECT_LE(w, 5e-6);
     EXPECT_LE(m, 5e-5);
     EXPECT_LE(v, 5e-5);
@@ -286,8 +287,9 @@ TEST_F(OffloadEquivalence, InverseRollbackWithinDocumentedBound) {
     EXPECT_EQ(inv.steps_taken, ref.steps_taken);
     // The skipped step: the NaN bucket was never stepped; the others were rolled back in place.
     const double skip_abs = max_abs_diff(inv.after_skip, inv.before_skip);
-    std::printf("skipped step under inverse rollback: largest state change %.3e (%lld buckets rolled back in the run)\n",
-                skip_abs, static_cast<long long>(inv.rollbacks));
+    std::printf(
+        "skipped step under inverse rollback: largest state change %.3e (%lld buckets rolled back in the run)\n",
+        skip_abs, static_cast<long long>(inv.rollbacks));
     EXPECT_GT(inv.rollbacks, 10);
     EXPECT_LE(skip_abs, 1e-3 * kLr);  // measured 6e-5 x lr
   }
@@ -385,67 +387,69 @@ TEST_F(OffloadEquivalence, AsyncSnapshotIsTheSavingStepWhileTheOptimizerFinishes
   const float always_clip = clip_ * 1e-3f;
   for (const Mode& md : {mode("superoffload r0.5", OffloadMode::SuperOffload, 0.5),
                          mode("superoffload r1 inverse", OffloadMode::SuperOffload, 1.0, RollbackMode::Inverse),
-                         mode("zero-offload r1", OffloadMode::ZeroOffload, 1.0),
-                         mode("device", OffloadMode::None, 0)})
-  for (const Engine::DeviceSnapshot device : {Engine::DeviceSnapshot::InPlace, Engine::DeviceSnapshot::Staged}) {
-    SCOPED_TRACE(md.name + (device == Engine::DeviceSnapshot::Staged ? ", device state staged" : ", device state in place"));
-    // overlap false: the reference, read after the optimizer drained; true: read at once, across
-    // the next step.
-    auto snapshot = [&](bool overlap) {
-      auto backend = create_backend(test::cpu_backend_options());
-      EngineOptions eo;
-      eo.grad_clip = always_clip;
-      eo.offload = md.off;
-      test::TinyTraining t(*backend, *cfg_, {.micro_batch = 2, .seq_len = 32}, eo, *comm_, *tokens_);
-      // References, not a structured binding: the lambdas below capture them, which clang before
-      // 16 refuses for bindings.
-      ModelOptions& mo = t.mo;
-      DecoderModel& model = t.model;
-      Engine& engine = t.engine;
-      BatchSampler& sampler = t.sampler;
-      auto step = [&] {
-        engine.begin_step(kLr, 1);
-        model.zero_loss();
-        model.forward_backward(sampler.next(), engine, engine, 1.0f / (mo.micro_batch * mo.seq_len), true);
-        engine.end_step();
-        EXPECT_LT(engine.step_result().clip_coef, 1.0f);
+                         mode("zero-offload r1", OffloadMode::ZeroOffload, 1.0), mode("device", OffloadMode::None, 0)})
+    for (const Engine::DeviceSnapshot device : {Engine::DeviceSnapshot::InPlace, Engine::DeviceSnapshot::Staged}) {
+      SCOPED_TRACE(md.name +
+                   (device == Engine::DeviceSnapshot::Staged ? ", device state staged" : ", device state in place"));
+      // overlap false: the reference, read after the optimizer drained; true: read at once, across
+      // the next step.
+      auto snapshot = [&](bool overlap) {
+        auto backend = create_backend(test::cpu_backend_options());
+        EngineOptions eo;
+        eo.grad_clip = always_clip;
+        eo.offload = md.off;
+        test::TinyTraining t(*backend, *cfg_, {.micro_batch = 2, .seq_len = 32}, eo, *comm_, *tokens_);
+        // References, not a structured binding: the lambdas below capture them, which clang before
+        // 16 refuses for bindings.
+        ModelOptions& mo = t.mo;
+        DecoderModel& model = t.model;
+        Engine& engine = t.engine;
+        BatchSampler& sampler = t.sampler;
+        auto step = [&] {
+          engine.begin_step(kLr, 1);
+          model.zero_loss();
+          model.forward_backward(sampler.next(), engine, engine, 1.0f / (mo.micro_batch * mo.seq_len), true);
+          engine.end_step();
+          EXPECT_LT(engine.step_result().clip_coef, 1.0f);
+        };
+        for (int it = 1; it <= kSaveAt; ++it) step();
+        if (!overlap) engine.finish();
+        const bool gated = overlap && device == Engine::DeviceSnapshot::Staged;
+        std::promise<void> gate;
+        if (gated)
+          backend->host_func(backend->stream(StreamKind::Snapshot),
+                             [open = gate.get_future().share()] { open.wait(); });
+        engine.freeze_state(device);
+        const size_t nb = engine.buckets().size();
+        std::vector<std::vector<float>> parts(nb);
+        auto read = [&](size_t b) {
+          engine.with_frozen(b, [&](const Engine::FrozenBucket& f) {
+            parts[b].resize(3 * static_cast<size_t>(f.size()));
+            for (int k = 0; k < 3; ++k)
+              f.copy(static_cast<OptimState>(k), 0, f.size() * sizeof(float), parts[b].data() + k * f.size());
+          });
+        };
+        if (gated) {
+          std::thread opener([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            gate.set_value();
+          });
+          step();
+          opener.join();
+        } else {
+          read(0);  // the last bucket the optimizer finalises (it goes in forward order)
+          if (overlap) step();
+        }
+        for (size_t b = gated ? 0 : 1; b < nb; ++b) read(b);
+        engine.finish();
+        std::vector<float> all;
+        for (const auto& p : parts) all.insert(all.end(), p.begin(), p.end());
+        return all;
       };
-      for (int it = 1; it <= kSaveAt; ++it) step();
-      if (!overlap) engine.finish();
-      const bool gated = overlap && device == Engine::DeviceSnapshot::Staged;
-      std::promise<void> gate;
-      if (gated) backend->host_func(backend->stream(StreamKind::Snapshot), [open = gate.get_future().share()] { open.wait(); });
-      engine.freeze_state(device);
-      const size_t nb = engine.buckets().size();
-      std::vector<std::vector<float>> parts(nb);
-      auto read = [&](size_t b) {
-        engine.with_frozen(b, [&](const Engine::FrozenBucket& f) {
-          parts[b].resize(3 * static_cast<size_t>(f.size()));
-          for (int k = 0; k < 3; ++k)
-            f.copy(static_cast<OptimState>(k), 0, f.size() * sizeof(float), parts[b].data() + k * f.size());
-        });
-      };
-      if (gated) {
-        std::thread opener([&] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(300));
-          gate.set_value();
-        });
-        step();
-        opener.join();
-      } else {
-        read(0);  // the last bucket the optimizer finalises (it goes in forward order)
-        if (overlap) step();
-      }
-      for (size_t b = gated ? 0 : 1; b < nb; ++b) read(b);
-      engine.finish();
-      std::vector<float> all;
-      for (const auto& p : parts) all.insert(all.end(), p.begin(), p.end());
-      return all;
-    };
-    const std::vector<float> ref = snapshot(false), got = snapshot(true);
-    ASSERT_EQ(got.size(), ref.size());
-    EXPECT_TRUE(test::same_bits(got, ref)) << "max |diff| " << max_abs_diff(got, ref);
-  }
+      const std::vector<float> ref = snapshot(false), got = snapshot(true);
+      ASSERT_EQ(got.size(), ref.size());
+      EXPECT_TRUE(test::same_bits(got, ref)) << "max |diff| " << max_abs_diff(got, ref);
+    }
 }
 
 // An asynchronous save's staging copies must not hold up the D2H traffic queued after them (the
@@ -546,7 +550,8 @@ TEST(HostBuffer, PagesLiveOnTheRequestedNumaNode) {
       ADD_FAILURE() << bytes << " bytes were accepted";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("'offloaded exp_avg_sq': " + std::to_string(bytes) + " bytes"),
-                std::string::npos) << e.what();
+                std::string::npos)
+          << e.what();
     }
   }
 }

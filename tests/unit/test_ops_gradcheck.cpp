@@ -102,8 +102,10 @@ TEST_F(GradCheck, SwiGLURowsIsTheElementwiseFormPerRowHalf) {
   const auto gu = randn(2 * n, 9, 2.0f), dy = randn(n, 10);
   std::vector<float> g(n), u(n);
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) g[r * cols + c] = gu[r * 2 * cols + c], u[r * cols + c] = gu[r * 2 * cols + cols + c];
-  auto GU = test::upload(*be, gu, DType::F32), G = test::upload(*be, g, DType::F32), U = test::upload(*be, u, DType::F32);
+    for (int64_t c = 0; c < cols; ++c)
+      g[r * cols + c] = gu[r * 2 * cols + c], u[r * cols + c] = gu[r * 2 * cols + cols + c];
+  auto GU = test::upload(*be, gu, DType::F32), G = test::upload(*be, g, DType::F32),
+       U = test::upload(*be, u, DType::F32);
   auto dY = test::upload(*be, dy, DType::F32);
   auto out_rows = be->alloc(n * 4, "out rows"), out = be->alloc(n * 4, "out");
   auto dGU = be->alloc(2 * n * 4, "dgate_up"), dG = be->alloc(n * 4, "dg"), dU = be->alloc(n * 4, "du");
@@ -111,7 +113,8 @@ TEST_F(GradCheck, SwiGLURowsIsTheElementwiseFormPerRowHalf) {
   ops.swiglu_forward(s, out.data(), G.data(), U.data(), n, DType::F32);
   ops.swiglu_rows_backward(s, dGU.data(), dY.data(), GU.data(), rows, cols, DType::F32);
   ops.swiglu_backward(s, dG.data(), dU.data(), dY.data(), G.data(), U.data(), n, DType::F32);
-  const auto o_rows = test::download(*be, out_rows.data(), n, DType::F32), o = test::download(*be, out.data(), n, DType::F32);
+  const auto o_rows = test::download(*be, out_rows.data(), n, DType::F32),
+             o = test::download(*be, out.data(), n, DType::F32);
   const auto d_rows = test::download(*be, dGU.data(), 2 * n, DType::F32);
   const auto dg = test::download(*be, dG.data(), n, DType::F32), du = test::download(*be, dU.data(), n, DType::F32);
   for (int64_t r = 0; r < rows; ++r)
@@ -160,8 +163,13 @@ TEST_F(GradCheck, RopeInverseIsTheTranspose) {
   be->copy_h2d(P.data(), pos.data(), T * 4, s);
   // A yarn-like attention scale: the backward is then the scaled transpose.
   const auto F = test::upload_f64(*be, rope_default_inv_freq(10000.0, D));
-  const Rope rope{.T = T, .heads = heads, .head_dim = D, .positions = P.as<int32_t>(), .inv_freq = F.as<double>(),
-                  .attention_scale = 1.1f, .dtype = DType::F32};
+  const Rope rope{.T = T,
+                  .heads = heads,
+                  .head_dim = D,
+                  .positions = P.as<int32_t>(),
+                  .inv_freq = F.as<double>(),
+                  .attention_scale = 1.1f,
+                  .dtype = DType::F32};
   auto f = [&](const std::vector<std::vector<float>>& x) {
     auto X = test::upload(*be, x[0], DType::F32);
     ops.rope(s, rope, X.data(), false);
@@ -186,8 +194,13 @@ TEST_F(GradCheck, RopeAnglesExactPastAMillionPositions) {
     auto X = test::upload(*be, x, DType::F32);
     const auto F = test::upload_f64(*be, rope_default_inv_freq(theta, D));
     ops.rope(s,
-             {.T = T, .heads = heads, .head_dim = D, .positions = P.as<int32_t>(), .inv_freq = F.as<double>(),
-              .attention_scale = 1.0f, .dtype = DType::F32},
+             {.T = T,
+              .heads = heads,
+              .head_dim = D,
+              .positions = P.as<int32_t>(),
+              .inv_freq = F.as<double>(),
+              .attention_scale = 1.0f,
+              .dtype = DType::F32},
              X.data(), false);
     const std::vector<float> got = test::download(*be, X.data(), T * heads * D, DType::F32);
     double worst = 0;
@@ -329,7 +342,7 @@ TEST_F(GradCheck, EmbeddingPaddingRowGetsNoGradient) {
   const std::vector<float> got = test::download(*be, dW.data(), V * H, DType::F32);
   const std::vector<float> dy = test::download(*be, dY.data(), T * H, DType::F32);
   for (int64_t h = 0; h < H; ++h) {
-    EXPECT_EQ(got[2 * H + h], 0.5f);                                 // padding row: untouched
+    EXPECT_EQ(got[2 * H + h], 0.5f);                                  // padding row: untouched
     EXPECT_EQ(got[1 * H + h], 0.5f + dy[0 * H + h] + dy[2 * H + h]);  // others: as without padding
   }
 }
@@ -362,8 +375,7 @@ TEST_F(GradCheck, GemmTransposesAndBf16MatchFp32Reference) {
           for (int64_t n = 0; n < N; ++n) Bs[tb ? n * K + k : k * N + n] = Bm[k * N + n];
         auto dA = test::upload(*be, As, dt), dB = test::upload(*be, Bs, dt);
         auto dC = be->alloc(M * N * 4, "c");
-        ops.gemm(s, {.trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K, .A = dA.data(), .B = dB.data(), .ab = dt,
-                     .C = dC.data(), .c = DType::F32});
+        ops.gemm(s, Gemm::nn(M, N, K, dA.data(), dB.data(), dC.data(), dt).transposed(ta, tb).out_as(DType::F32));
         const auto C = test::download(*be, dC.data(), M * N, DType::F32);
         // Reference on the same (possibly bf16-rounded) inputs.
         const auto Ar = test::download(*be, dA.data(), M * K, dt), Br = test::download(*be, dB.data(), K * N, dt);
@@ -389,8 +401,7 @@ TEST_F(GradCheck, GemmWithEmptyInnerDimensionScalesC) {
     for (float beta : {0.0f, 0.5f}) {
       std::vector<float> c0(M * N, beta == 0.0f ? NAN : 3.0f);
       auto dC = test::upload(*be, c0, c_dt), dA = be->alloc(4, "a"), dB = be->alloc(4, "b");
-      ops.gemm(s, {.M = M, .N = N, .K = 0, .beta = beta, .A = dA.data(), .B = dB.data(), .ab = DType::F32,
-                   .C = dC.data(), .c = c_dt});
+      ops.gemm(s, Gemm::nn(M, N, 0, dA.data(), dB.data(), dC.data(), DType::F32, beta).out_as(c_dt));
       for (float x : test::download(*be, dC.data(), M * N, c_dt)) EXPECT_EQ(x, beta * 3.0f) << dtype_name(c_dt);
     }
   }

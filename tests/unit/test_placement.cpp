@@ -26,9 +26,8 @@ std::string temp_xml(const std::string& name) {
 }
 
 void export_synthetic_xml(const std::string& description, const std::string& path) {
-  const HwlocTopology t = load_hwloc_topology(description, [&](hwloc_topology_t h) {
-    return hwloc_topology_set_synthetic(h, description.c_str());
-  });
+  const HwlocTopology t = load_hwloc_topology(
+      description, [&](hwloc_topology_t h) { return hwloc_topology_set_synthetic(h, description.c_str()); });
   ASSERT_EQ(hwloc_topology_export_xml(t.get(), path.c_str(), 0), 0);
 }
 
@@ -51,7 +50,8 @@ Topology xml_box(const std::string& name, const std::string& description, int pa
   std::stringstream buf;
   buf << std::ifstream(path).rdbuf();
   std::string xml = buf.str();
-  const std::regex package_node(R"re(<object type="NUMANode" os_index="(\d+)"[^>]*>(\s*<page_type[^>]*/>)*\s*</object>)re");
+  const std::regex package_node(
+      R"re(<object type="NUMANode" os_index="(\d+)"[^>]*>(\s*<page_type[^>]*/>)*\s*</object>)re");
   std::string out;
   auto it = std::sregex_iterator(xml.begin(), xml.end(), package_node);
   size_t copied = 0;
@@ -62,10 +62,11 @@ Topology xml_box(const std::string& name, const std::string& description, int pa
     if (hbm_nodes) {
       const unsigned long long bit = 1ull << (packages + pkg);
       char node[512];
-      std::snprintf(node, sizeof node,
-                    "<object type=\"NUMANode\" os_index=\"%d\" cpuset=\"0x0\" complete_cpuset=\"0x0\" nodeset=\"0x%llx\" "
-                    "complete_nodeset=\"0x%llx\" gp_index=\"%d\" local_memory=\"103079215104\"/>",
-                    packages + pkg, bit, bit, gp++);
+      std::snprintf(
+          node, sizeof node,
+          "<object type=\"NUMANode\" os_index=\"%d\" cpuset=\"0x0\" complete_cpuset=\"0x0\" nodeset=\"0x%llx\" "
+          "complete_nodeset=\"0x%llx\" gp_index=\"%d\" local_memory=\"103079215104\"/>",
+          packages + pkg, bit, bit, gp++);
       out += node;
     }
     for (const PciDevice& d : devices)
@@ -284,7 +285,8 @@ TEST(Placement, CoreListReplacesTheTopologysCores) {
 TEST(Placement, ParseCoreList) {
   EXPECT_EQ(parse_core_list("0-3,8,10-11"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
   EXPECT_EQ(parse_core_list("5,1,1"), (std::vector<int>{1, 5}));
-  for (const char* bad : {"", "a", "3-1", "1,,2", "-2", "1-", "1 2", "0x3", "0-99999999"}) EXPECT_THROW(parse_core_list(bad), Error) << bad;
+  for (const char* bad : {"", "a", "3-1", "1,,2", "-2", "1-", "1 2", "0x3", "0-99999999"})
+    EXPECT_THROW(parse_core_list(bad), Error) << bad;
 }
 
 TEST(Topology, CudaVisibleDevicesSelectsAndOrdersGpus) {

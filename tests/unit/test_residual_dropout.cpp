@@ -109,8 +109,9 @@ TEST_F(ResidualDropout, TilesAndUlyssesShardsDrawTheWholeBatchsBits) {
         }
   }
   // Another sample, layer or seed draws another mask.
-  for (auto change : {+[](DropoutMask& m) { m.first_sample = 12; }, +[](DropoutMask& m) { m.key = dropout_key(7, 1, 0); },
-                      +[](DropoutMask& m) { m.key = dropout_key(8, 0, 0); }}) {
+  for (auto change :
+       {+[](DropoutMask& m) { m.first_sample = 12; }, +[](DropoutMask& m) { m.key = dropout_key(7, 1, 0); },
+        +[](DropoutMask& m) { m.key = dropout_key(8, 0, 0); }}) {
     DropoutMask other = whole;
     change(other);
     const std::vector<float> got = forward(other, 64);

@@ -69,8 +69,13 @@ TEST(RopeScaling, RotationEqualsTransformersUpTo2To21) {
     DeviceBuffer P = be->alloc(pos.size() * 4, "positions");
     be->copy_h2d(P.data(), pos.data(), pos.size() * 4, s);
     be->ops().rope(s,
-                   {.T = T, .heads = 1, .head_dim = D, .positions = P.as<int32_t>(), .inv_freq = F.as<double>(),
-                    .attention_scale = static_cast<float>(r.attention_factor), .dtype = DType::F32},
+                   {.T = T,
+                    .heads = 1,
+                    .head_dim = D,
+                    .positions = P.as<int32_t>(),
+                    .inv_freq = F.as<double>(),
+                    .attention_scale = static_cast<float>(r.attention_factor),
+                    .dtype = DType::F32},
                    X.data(), false);
     const std::vector<float> got = test::download(*be, X.data(), x.size(), DType::F32);
     // Relative to the rotation's amplitude (the attention factor): cos and sin themselves pass

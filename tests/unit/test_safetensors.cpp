@@ -116,9 +116,11 @@ TEST_F(SafetensorsTest, ReadsF16AndRefusesUnknownNames) {
 TEST_F(SafetensorsTest, ReadsU8AsBytesOnly) {
   const uint8_t b[] = {0, 17, 255};
   const std::string p = craft(R"({"b":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},)"
-                              R"("h":{"dtype":"F16","shape":[1],"data_offsets":[3,5]}})", 0);
+                              R"("h":{"dtype":"F16","shape":[1],"data_offsets":[3,5]}})",
+                              0);
   const uint16_t h = 0x3c00;
-  std::ofstream(p, std::ios::binary | std::ios::app).write(reinterpret_cast<const char*>(b), sizeof(b))
+  std::ofstream(p, std::ios::binary | std::ios::app)
+      .write(reinterpret_cast<const char*>(b), sizeof(b))
       .write(reinterpret_cast<const char*>(&h), sizeof(h));
   const SafetensorsFile f(p);
   EXPECT_EQ(f.read_u8("b"), (std::vector<uint8_t>{0, 17, 255}));
@@ -132,9 +134,9 @@ TEST(Fp16, ConversionTable) {
   const struct {
     uint16_t h;
     float f;
-  } table[] = {{0x0000, 0.0f},          {0x3c00, 1.0f},          {0xc000, -2.0f},          {0x3555, 0x1.554p-2f},
-               {0x7bff, 65504.0f},      {0x0400, 0x1.0p-14f},     {0x03ff, 0x1.ff8p-15f},   {0x0001, 0x1.0p-24f},
-               {0x8001, -0x1.0p-24f},   {0x0200, 0x1.0p-15f},     {0x7c00, INFINITY},       {0xfc00, -INFINITY}};
+  } table[] = {{0x0000, 0.0f},        {0x3c00, 1.0f},       {0xc000, -2.0f},        {0x3555, 0x1.554p-2f},
+               {0x7bff, 65504.0f},    {0x0400, 0x1.0p-14f}, {0x03ff, 0x1.ff8p-15f}, {0x0001, 0x1.0p-24f},
+               {0x8001, -0x1.0p-24f}, {0x0200, 0x1.0p-15f}, {0x7c00, INFINITY},     {0xfc00, -INFINITY}};
   for (const auto& e : table) EXPECT_EQ(f16_to_f32(e.h), e.f) << std::hex << e.h;
   EXPECT_TRUE(std::signbit(f16_to_f32(0x8000)) && f16_to_f32(0x8000) == 0.0f);
   for (uint16_t nan : {uint16_t{0x7e00}, uint16_t{0x7c01}, uint16_t{0xfe00}}) EXPECT_TRUE(std::isnan(f16_to_f32(nan)));
@@ -207,8 +209,7 @@ TEST_F(SafetensorsTest, RefusesBadLengthsAndTruncation) {
   EXPECT_NE(open_error(tiny).find("is 3 bytes, shorter than the 8-byte header length"), std::string::npos);
 
   const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
-  EXPECT_NE(open_error(craft(header, 8, 1000)).find("header length 1000 runs past the end of the"),
-            std::string::npos);
+  EXPECT_NE(open_error(craft(header, 8, 1000)).find("header length 1000 runs past the end of the"), std::string::npos);
   EXPECT_NE(open_error(craft(header, 8, UINT64_MAX - 1)).find("runs past the end"), std::string::npos);
 
   // A sparse file larger than the header limit: the length is refused before anything is parsed.

@@ -44,7 +44,8 @@ TEST(ShardLayout, EveryElementHasExactlyOneOwner) {
         EXPECT_LE(part->dst + part->n, ranks[r].buckets[b].shard_begin + ranks[r].buckets[b].shard_size);
         for (int64_t i = part->src; i < part->src + part->n; ++i) owners[i]++;
       }
-      for (size_t i = 0; i < owners.size(); ++i) ASSERT_EQ(owners[i], 1) << "world " << world << " bucket " << b << " element " << i;
+      for (size_t i = 0; i < owners.size(); ++i)
+        ASSERT_EQ(owners[i], 1) << "world " << world << " bucket " << b << " element " << i;
     }
     EXPECT_EQ(ranks[0].total, ranks[world - 1].total);
   }
@@ -52,7 +53,8 @@ TEST(ShardLayout, EveryElementHasExactlyOneOwner) {
 
 TEST(UlyssesData, SlicesKeepGlobalPositions) {
   TokenBatch b;
-  for (int i = 0; i < 2 * 8; ++i) b.inputs.push_back(100 + i), b.targets.push_back(200 + i), b.positions.push_back(i % 8);
+  for (int i = 0; i < 2 * 8; ++i)
+    b.inputs.push_back(100 + i), b.targets.push_back(200 + i), b.positions.push_back(i % 8);
   const TokenBatch part = slice_sequences(b, 8, 4, 2);
   EXPECT_EQ(part.inputs, (std::vector<int32_t>{104, 105, 112, 113}));
   EXPECT_EQ(part.targets, (std::vector<int32_t>{204, 205, 212, 213}));

@@ -49,7 +49,8 @@ TEST(StepOverlap, EndStepWaitsForNoStream) {
       if (gated && it == 2) {
         std::promise<void> open;
         std::shared_future<void> gate = open.get_future().share();
-        for (StreamKind k : {StreamKind::Compute, StreamKind::Comm}) backend->host_func(backend->stream(k), [gate] { gate.wait(); });
+        for (StreamKind k : {StreamKind::Compute, StreamKind::Comm})
+          backend->host_func(backend->stream(k), [gate] { gate.wait(); });
         std::promise<void> returned;
         std::thread watchdog([&] {
           if (returned.get_future().wait_for(std::chrono::minutes(1)) == std::future_status::timeout) {
@@ -93,7 +94,8 @@ struct TrainedRun {
   test::OptimizerState state;
 };
 
-TrainedRun train_tiny(const std::string& dir, const std::string& name, int64_t save_every, const std::string& resume = "") {
+TrainedRun train_tiny(const std::string& dir, const std::string& name, int64_t save_every,
+                      const std::string& resume = "") {
   nlohmann::json doc = load_json_file("configs/runs/tiny-demo.json");
   for (const char* s : {"train.steps=8", "data.seq_len=32", "steps_per_print=100", "train_micro_batch_size_per_gpu=2",
                         "gradient_accumulation_steps=2", "gradient_clipping=0.01", "zero_optimization.stage=3",

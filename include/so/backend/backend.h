@@ -53,9 +53,9 @@ class Backend {
 
   virtual Stream& stream(StreamKind kind) = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
-  virtual void record(Event& e, Stream& s) = 0;        // e completes when s reaches this point
-  virtual void wait(Stream& s, Event& e) = 0;          // s does not proceed until e completes
-  virtual void synchronize(Event& e) = 0;              // host waits; rethrows stream errors
+  virtual void record(Event& e, Stream& s) = 0;  // e completes when s reaches this point
+  virtual void wait(Stream& s, Event& e) = 0;    // s does not proceed until e completes
+  virtual void synchronize(Event& e) = 0;        // host waits; rethrows stream errors
   virtual void synchronize(Stream& s) = 0;
   void synchronize_all();
   // When e completed, on the now_seconds() clock (waits for it; for spans and stall times).
@@ -96,10 +96,10 @@ class Backend {
 };
 
 struct BackendOptions {
-  std::string type = "auto";     // auto | cpu | cuda (auto: cuda when a CUDA device is visible)
-  int device = -1;               // CUDA backend: device ordinal (the launcher's GPU for this rank); -1 = 0
+  std::string type = "auto";       // auto | cpu | cuda (auto: cuda when a CUDA device is visible)
+  int device = -1;                 // CUDA backend: device ordinal (the launcher's GPU for this rank); -1 = 0
   size_t device_memory_limit = 0;  // bytes; 0 = unlimited (CPU backend: emulated HBM budget)
-  int compute_threads = 0;       // CPU backend: BLAS/compute threads; 0 = all cores of the process
+  int compute_threads = 0;         // CPU backend: BLAS/compute threads; 0 = all cores of the process
   std::vector<int> compute_cores;  // CPU backend: cores the compute stream is pinned to; empty = unpinned
   // CUDA backend: "auto" (cuDNN's fused SDPA where it takes the shape, else our flash kernels),
   // "cudnn" (required: an error where it does not) or "flash".

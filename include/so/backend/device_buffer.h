@@ -30,7 +30,9 @@ class DeviceBuffer {
   void reset();
   void* data() const { return ptr_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
   explicit operator bool() const { return ptr_ != nullptr; }
 

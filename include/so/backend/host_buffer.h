@@ -25,8 +25,8 @@ constexpr size_t stream_skew(int stream) { return static_cast<size_t>(stream) * 
 // the step ran ~10% faster from 2 MiB pages (docs/optimizer.md). With THP in `madvise` mode (the
 // Debian and RHEL default) memory only gets them if it asks, with madvise(MADV_HUGEPAGE).
 struct ThpSettings {
-  std::string mode;        // "always", "madvise" or "never"; empty when the kernel has no THP
-  size_t huge_page = 0;    // bytes of one PMD-sized page: 2 MiB on x86, 512 MiB on 64 KiB-page arm64
+  std::string mode;      // "always", "madvise" or "never"; empty when the kernel has no THP
+  size_t huge_page = 0;  // bytes of one PMD-sized page: 2 MiB on x86, 512 MiB on 64 KiB-page arm64
 };
 ThpSettings thp_settings();  // this machine's, read once
 // The alignment a buffer of `bytes` gets: the huge page when it spans at least one and THP is on
@@ -43,8 +43,7 @@ class HostBuffer {
   // numa_node < 0 or a machine without NUMA support: the calling thread's local node. data() is
   // `skew` bytes past the start of the allocation (see stream_skew). huge_pages: align the
   // allocation to a huge page and madvise(MADV_HUGEPAGE) it when huge_page_alignment says so.
-  HostBuffer(size_t bytes, int numa_node, Backend* pin_with, const char* tag, size_t skew = 0,
-             bool huge_pages = true);
+  HostBuffer(size_t bytes, int numa_node, Backend* pin_with, const char* tag, size_t skew = 0, bool huge_pages = true);
   HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
   HostBuffer& operator=(HostBuffer&& o) noexcept;
   HostBuffer(const HostBuffer&) = delete;
@@ -54,7 +53,9 @@ class HostBuffer {
   void reset();
   void* data() const { return ptr_ ? static_cast<char*>(ptr_) + skew_ : nullptr; }
   template <typename T>
-  T* as() const { return static_cast<T*>(data()); }
+  T* as() const {
+    return static_cast<T*>(data());
+  }
   size_t bytes() const { return bytes_; }
   int numa_node() const { return node_; }  // where the pages are, -1 when unknown
   bool pinned() const { return pinned_by_ != nullptr; }

@@ -79,7 +79,8 @@ struct ConstTensorView {
   TensorShape shape;
   ConstTensorView() = default;
   ConstTensorView(const void* p, DType dt, TensorShape s) : data(p), dtype(dt), shape(s) {}
-  ConstTensorView(const TensorView& v) : data(v.data), dtype(v.dtype), shape(v.shape) {}  // NOLINT: a written view reads too
+  // Implicit: a written view reads too.
+  ConstTensorView(const TensorView& v) : data(v.data), dtype(v.dtype), shape(v.shape) {}
 };
 
 struct AttentionInputs {
@@ -109,7 +110,9 @@ struct AttentionShape {
     return {{q, dt, queries()}, {k, dt, keys()}, {v, dt, keys()}};
   }
   AttentionGrads grads(DType dt, void* dq, void* dk, void* dv, void* dsinks_acc) const {
-    return {{dq, dt, queries()}, {dk, dt, keys()}, {dv, dt, keys()},
+    return {{dq, dt, queries()},
+            {dk, dt, keys()},
+            {dv, dt, keys()},
             {dsinks_acc, dt, dsinks_acc != nullptr ? TensorShape{Hq} : TensorShape{}}};
   }
 };
@@ -118,8 +121,8 @@ struct AttentionShape {
 DType check_attention_tensors(const char* op, const AttentionShape& a, const AttentionInputs& in,
                               const ConstTensorView& out, const ConstTensorView& lse, const ConstTensorView& dout);
 // The same for the backward's outputs (dsinks_acc only with mask.sinks).
-void check_attention_grads(const char* op, const AttentionShape& a, const AttentionMask& mask,
-                           const AttentionGrads& g, DType dt);
+void check_attention_grads(const char* op, const AttentionShape& a, const AttentionMask& mask, const AttentionGrads& g,
+                           DType dt);
 
 // Refuses doc_start [B*S] (host memory) that breaks AttentionMask's contract, naming row and token.
 void check_attention_doc_start(const int32_t* doc_start, int64_t B, int64_t S);
@@ -159,6 +162,36 @@ struct Gemm {
   DType ab = DType::F32;
   void* C = nullptr;
   DType c = DType::F32;
+
+  // The forms in use, every operand in dtype `dt`, named for the operands transposed (n: as
+  // stored, t: transposed): nn C = A B, nt C = A B^T (a linear layer, x W^T), tn C = A^T B (a
+  // weight's gradient). The modifiers give the rest: another dtype for C, alpha, any transposes.
+  static Gemm nn(int64_t M, int64_t N, int64_t K, const void* A, const void* B, void* C, DType dt, float beta = 0.0f) {
+    Gemm g;
+    g.M = M, g.N = N, g.K = K, g.beta = beta, g.A = A, g.B = B, g.ab = dt, g.C = C, g.c = dt;
+    return g;
+  }
+  static Gemm nt(int64_t M, int64_t N, int64_t K, const void* A, const void* B, void* C, DType dt, float beta = 0.0f) {
+    return nn(M, N, K, A, B, C, dt, beta).transposed(false, true);
+  }
+  static Gemm tn(int64_t M, int64_t N, int64_t K, const void* A, const void* B, void* C, DType dt, float beta = 0.0f) {
+    return nn(M, N, K, A, B, C, dt, beta).transposed(true, false);
+  }
+  Gemm transposed(bool a, bool b) const {
+    Gemm g = *this;
+    g.trans_a = a, g.trans_b = b;
+    return g;
+  }
+  Gemm out_as(DType dtype) const {
+    Gemm g = *this;
+    g.c = dtype;
+    return g;
+  }
+  Gemm scaled(float a) const {
+    Gemm g = *this;
+    g.alpha = a;
+    return g;
+  }
 };
 
 // Grouped GEMM over G groups of consecutive rows: a Gemm whose rows of A are split into groups,
@@ -294,8 +327,7 @@ class Ops {
   // The same over the output of one GEMM with [W_gate; W_up]: gate_up [rows, 2 * cols] holds each
   // row's gate in its first cols and its up in its last cols; out and dout are [rows, cols];
   // backward writes dgate_up [rows, 2 * cols] alike (the input of one backward GEMM each).
-  virtual void swiglu_rows_forward(Stream& s, void* out, const void* gate_up, int64_t rows, int64_t cols,
-                                   DType dt) = 0;
+  virtual void swiglu_rows_forward(Stream& s, void* out, const void* gate_up, int64_t rows, int64_t cols, DType dt) = 0;
   virtual void swiglu_rows_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
                                     int64_t cols, DType dt) = 0;
 
@@ -304,14 +336,14 @@ class Ops {
   // same on every backend); backward dy = keep ? dx / (1 - p) : 0, the branch's gradient.
   virtual void dropout_add(Stream& s, void* x, const void* y, int64_t rows, int64_t cols, const DropoutMask& m,
                            DType dt) = 0;
-  virtual void dropout_backward(Stream& s, void* dy, const void* dx, int64_t rows, int64_t cols,
-                                const DropoutMask& m, DType dt) = 0;
+  virtual void dropout_backward(Stream& s, void* dy, const void* dx, int64_t rows, int64_t cols, const DropoutMask& m,
+                                DType dt) = 0;
 
   // Cross-entropy (CrossEntropyLoss): loss_acc += sum_t scale * (nll_t + z_loss * lse_t^2); when
   // dlogits is non-null it receives scale * (softmax * (1 + 2 z_loss lse) - onehot) in dtype
   // c.dtype. Targets < 0 are ignored (padding: no loss, no z-loss); targets >= V are an error.
-  virtual void cross_entropy(Stream& s, const CrossEntropyLoss& c, float* loss_acc, void* dlogits,
-                             const float* logits, const int32_t* targets) = 0;
+  virtual void cross_entropy(Stream& s, const CrossEntropyLoss& c, float* loss_acc, void* dlogits, const float* logits,
+                             const int32_t* targets) = 0;
 
   // ---- Mixture of experts (one token's hidden state goes to k of E experts) ----
   // Routing, as transformers computes it from fp32 router logits [T, E]: weights[T, k] (fp32) and
@@ -324,8 +356,8 @@ class Ops {
                                   const float* logits, const int32_t* experts, const float* aux_dprob, int64_t T) = 0;
   // Sorts the T*k (token, choice) slots by expert, stably (token order within an expert):
   // slot_of[p] = t*k + j of sorted row p, row_of[t*k + j] = p, offsets[E + 1] the rows' starts.
-  virtual void moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets,
-                              const int32_t* experts, int64_t T, int64_t k, int64_t E) = 0;
+  virtual void moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets, const int32_t* experts,
+                              int64_t T, int64_t k, int64_t E) = 0;
   // Dispatch: dst[p, :] = x[slot_of[p] / k, :] for the T*k sorted rows.
   virtual void moe_dispatch(Stream& s, const MoeSlots& m, void* dst, const void* x, const int32_t* slot_of) = 0;
   // Combine: out[t, :] (+= when accumulate) = sum_j w[t*k + j] * y[row_of[t*k + j], :], in fp32;
@@ -369,8 +401,8 @@ class Ops {
   // dst[r][0, cols) = src[r][0, cols) for rows r, consecutive rows dst_stride and src_stride
   // elements apart (a column block of a wider matrix, to or from one of its own): the q, k and v
   // split out of the one q|k|v GEMM's rows, and their gradients gathered back into such rows.
-  virtual void copy_columns(Stream& s, void* dst, int64_t dst_stride, const void* src, int64_t src_stride,
-                            int64_t rows, int64_t cols, DType dt) = 0;
+  virtual void copy_columns(Stream& s, void* dst, int64_t dst_stride, const void* src, int64_t src_stride, int64_t rows,
+                            int64_t cols, DType dt) = 0;
   // dst[j][i][:] = src[i][j][:] for src [d0][d1][inner]: the packing around Ulysses all-to-alls.
   virtual void transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
                                 DType dt) = 0;
@@ -388,8 +420,7 @@ class Ops {
   // `decision` (clip_decision's, earlier in stream order) the call does nothing when the step is
   // skipped and uses its clip_coef as hp.grad_scale: no value has to come back to the host first.
   virtual void adam(Stream& s, AdamCall call, const AdamArrays& a, int64_t n, const AdamWParams& hp,
-                    float final_scale = 1.0f, const float* guard = nullptr,
-                    const ClipDecision* decision = nullptr) = 0;
+                    float final_scale = 1.0f, const float* guard = nullptr, const ClipDecision* decision = nullptr) = 0;
 };
 
 }  // namespace so

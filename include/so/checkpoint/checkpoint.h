@@ -24,10 +24,10 @@ namespace so {
 // Everything besides tensors that an exact resume needs. The sampler and the initialisation are
 // counter-based, so the data position is the only "RNG state".
 struct TrainState {
-  int64_t iteration = 0;         // training-loop steps done, skipped ones included
-  int64_t steps_taken = 0;       // optimizer steps applied (the LR schedule's position)
-  int64_t data_position = 0;     // index of the next global sample
-  bool last_step_redone = false; // SuperOffload's adaptive speculation looks at the previous step
+  int64_t iteration = 0;          // training-loop steps done, skipped ones included
+  int64_t steps_taken = 0;        // optimizer steps applied (the LR schedule's position)
+  int64_t data_position = 0;      // index of the next global sample
+  bool last_step_redone = false;  // SuperOffload's adaptive speculation looks at the previous step
 };
 
 constexpr int kCheckpointFormatVersion = 2;
@@ -64,14 +64,16 @@ class CheckpointSave {
 void wait_for_old_checkpoint_removal();
 
 // A synchronous save: CheckpointSave(...).commit().
-std::string save_checkpoint(Engine& engine, Communicator& comm, const ModelConfig& model, const nlohmann::json& run_config,
-                            const TrainState& state, const std::string& dir, int keep);
+std::string save_checkpoint(Engine& engine, Communicator& comm, const ModelConfig& model,
+                            const nlohmann::json& run_config, const TrainState& state, const std::string& dir,
+                            int keep);
 // A checkpoint file, or a directory whose `latest` pointer names one.
 std::string resolve_checkpoint(const std::string& file_or_dir);
 // Loads this rank's part of every tensor into the engine (verified) and returns the state; a
 // checkpoint of another model than `model` is refused. Every rank reads on its own: no collective,
 // any world size.
-TrainState load_checkpoint(Engine& engine, Communicator& comm, const ModelConfig& model, const std::string& file_or_dir);
+TrainState load_checkpoint(Engine& engine, Communicator& comm, const ModelConfig& model,
+                           const std::string& file_or_dir);
 
 // Serial access for tools (so_ckpt), one process, no communicator.
 struct CheckpointSummary {

@@ -18,10 +18,10 @@ class Engine;
 
 // so_train's --save-dir, --save-every, --keep and --async-save.
 struct RunSaveOptions {
-  std::string save_dir;      // checkpoints go here (docs/checkpoints.md); empty = never saved
-  int64_t save_every = 0;    // steps between checkpoints; 0 = only on SIGTERM/SIGUSR1
-  int keep = 3;              // checkpoints kept in save_dir
-  bool async_save = true;    // training goes on while a checkpoint is written (docs/checkpoints.md)
+  std::string save_dir;    // checkpoints go here (docs/checkpoints.md); empty = never saved
+  int64_t save_every = 0;  // steps between checkpoints; 0 = only on SIGTERM/SIGUSR1
+  int keep = 3;            // checkpoints kept in save_dir
+  bool async_save = true;  // training goes on while a checkpoint is written (docs/checkpoints.md)
 };
 
 class RunSaves {

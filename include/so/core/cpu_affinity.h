@@ -6,8 +6,8 @@
 
 namespace so {
 
-std::vector<int> process_cores();                     // sched_getaffinity, ascending
-bool pin_current_thread(const std::vector<int>& cores);  // false when the kernel refused
+std::vector<int> process_cores();                             // sched_getaffinity, ascending
+bool pin_current_thread(const std::vector<int>& cores);       // false when the kernel refused
 std::string format_core_list(const std::vector<int>& cores);  // "0-3,8,10-11"
 
 struct CoreSplit {

@@ -66,15 +66,23 @@ inline float to_f32(bf16 x) { return bf16_to_f32(x); }
 template <typename T>
 T from_f32(float x);
 template <>
-inline float from_f32<float>(float x) { return x; }
+inline float from_f32<float>(float x) {
+  return x;
+}
 template <>
-inline bf16 from_f32<bf16>(float x) { return f32_to_bf16(x); }
+inline bf16 from_f32<bf16>(float x) {
+  return f32_to_bf16(x);
+}
 
 template <typename T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::F32; }
+constexpr DType dtype_of<float>() {
+  return DType::F32;
+}
 template <>
-constexpr DType dtype_of<bf16>() { return DType::BF16; }
+constexpr DType dtype_of<bf16>() {
+  return DType::BF16;
+}
 
 }  // namespace so

@@ -37,9 +37,9 @@ std::string str_cat(const A&... args) {
 }  // namespace so
 
 // SO_CHECK(cond, parts...): throw so::Error with the message built from parts.
-#define SO_CHECK(cond, ...)                                                            \
-  do {                                                                                 \
-    if (!(cond)) ::so::throw_error(__FILE__, __LINE__, ::so::str_cat(__VA_ARGS__));    \
+#define SO_CHECK(cond, ...)                                                         \
+  do {                                                                              \
+    if (!(cond)) ::so::throw_error(__FILE__, __LINE__, ::so::str_cat(__VA_ARGS__)); \
   } while (0)
 
 #define SO_FAIL(...) ::so::throw_error(__FILE__, __LINE__, ::so::str_cat(__VA_ARGS__))

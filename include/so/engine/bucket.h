@@ -10,7 +10,7 @@
 namespace so {
 
 struct Bucket {
-  int64_t begin = 0;   // element range [begin, end) of the flat buffers
+  int64_t begin = 0;  // element range [begin, end) of the flat buffers
   int64_t end = 0;
   std::vector<int> params;
   int ready_unit = 0;  // gradients are final after the backward of this unit
@@ -18,7 +18,8 @@ struct Bucket {
 };
 
 // Packs parameters in backward order (head first) into buckets of about `bucket_size`
-// elements, never splitting a parameter nor a run of joined ones (ParamInfo::joined_to_next). buckets[0] is the first to become ready.
+// elements, never splitting a parameter nor a run of joined ones (ParamInfo::joined_to_next). buckets[0] is the first
+// to become ready.
 std::vector<Bucket> make_buckets(const ParamLayout& layout, int64_t bucket_size);
 
 // Which buckets each unit (embedding 0, layers 1..L, head L+1) reads and, per bucket, the first
@@ -26,8 +27,8 @@ std::vector<Bucket> make_buckets(const ParamLayout& layout, int64_t bucket_size)
 // replay of them).
 struct BucketUnits {
   std::vector<std::vector<size_t>> unit_buckets;  // unit -> buckets holding its parameters
-  std::vector<int> lo, hi;                         // first and last unit reading each bucket
-  std::vector<size_t> param_bucket;                // parameter id -> bucket
+  std::vector<int> lo, hi;                        // first and last unit reading each bucket
+  std::vector<size_t> param_bucket;               // parameter id -> bucket
   int units() const { return static_cast<int>(unit_buckets.size()); }
 };
 BucketUnits bucket_units(const ParamLayout& layout, const std::vector<Bucket>& buckets);

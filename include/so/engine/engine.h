@@ -77,9 +77,9 @@ struct EngineOptions {
   int numa_node = -1;                // for offloaded host state; -1 = local
   std::string trace_path;            // Chrome trace of every step; empty = none
   int rank = 0;
-  int accumulation = 1;              // micro-batches per step (begin_step's): above 1, offloaded buckets sum on the host
-  int grad_ring_depth = 2;           // completions before a gradient ring range is reused (the planner's)
-  std::optional<CastPlan> cast;      // measured already (the trainer's, before its memory plan); else measured here
+  int accumulation = 1;          // micro-batches per step (begin_step's): above 1, offloaded buckets sum on the host
+  int grad_ring_depth = 2;       // completions before a gradient ring range is reused (the planner's)
+  std::optional<CastPlan> cast;  // measured already (the trainer's, before its memory plan); else measured here
 };
 
 struct StepResult {
@@ -163,8 +163,8 @@ class Engine final : public ParamStore, public ModelHooks {
     Backend* backend_ = nullptr;
     Frozen* frozen_ = nullptr;  // the lock, and the copy aside once there is one
     int64_t n_ = 0;
-    const char* host_[3] = {};    // host state in place
-    const char* device_[3] = {};  // otherwise
+    const char* host_[3] = {};      // host state in place
+    const char* device_[3] = {};    // otherwise
     Event* state_ready_ = nullptr;  // the saving step's device updates done (the D2H copies wait for it)
     std::unique_ptr<Event> copied_;
   };
@@ -245,7 +245,7 @@ class Engine final : public ParamStore, public ModelHooks {
   // Device memory of the step's validation on the device (no bucket offloaded): the decision,
   // then this rank's sum and the ranks' sums (doubles, 8-byte aligned after it).
   static size_t device_validation_bytes(int ranks) { return sizeof(ClipDecision) + (1 + ranks) * sizeof(double); }
-  std::string describe() const;     // one line: mode, placement, threads, casts
+  std::string describe() const;  // one line: mode, placement, threads, casts
 
  private:
   const ParamInfo& info(int param_id) const;
@@ -316,22 +316,22 @@ class Engine final : public ParamStore, public ModelHooks {
   const ParamLayout& layout_;
   EngineOptions opts_;
   Communicator& comm_;
-  int stage_;                       // the ZeRO stage in effect (3 when there is one rank: no difference)
-  bool keep_gathered_ = false;      // stages 1-2: gathered weights persist, re-gathered after each step
-  bool keep_full_grads_ = false;    // stage 1: full gradient buckets persist (all-reduced)
-  bool all_reduce_grads_ = false;   // stages 0-1 over several ranks: gradients all-reduced
+  int stage_;                      // the ZeRO stage in effect (3 when there is one rank: no difference)
+  bool keep_gathered_ = false;     // stages 1-2: gathered weights persist, re-gathered after each step
+  bool keep_full_grads_ = false;   // stage 1: full gradient buckets persist (all-reduced)
+  bool all_reduce_grads_ = false;  // stages 0-1 over several ranks: gradients all-reduced
   std::vector<Bucket> buckets_;
   ShardLayout shards_;
-  size_t first_device_bucket_ = 0;  // buckets [0, this) are offloaded (first in backward order)
-  size_t first_device_sum_ = 0;     // validation sums buckets [this, n) on the device, the rest on the CPU
-  int64_t device_end_ = 0;          // device-resident optimizer state covers shard elements [0, this)
-  BucketUnits units_;                              // which buckets each unit reads, and back
-  std::vector<size_t> forward_order_;              // buckets in the order the forward first reads them
+  size_t first_device_bucket_ = 0;     // buckets [0, this) are offloaded (first in backward order)
+  size_t first_device_sum_ = 0;        // validation sums buckets [this, n) on the device, the rest on the CPU
+  int64_t device_end_ = 0;             // device-resident optimizer state covers shard elements [0, this)
+  BucketUnits units_;                  // which buckets each unit reads, and back
+  std::vector<size_t> forward_order_;  // buckets in the order the forward first reads them
   std::vector<std::vector<DecayRun>> decay_runs_;  // per bucket: its shard's weight-decay groups
 
-  DeviceBuffer weights_;                        // model dtype, this rank's shards (all elements unsharded)
-  DeviceBuffer grads_;                          // model dtype, shard elements [0, device_end_): device-stepped buckets
-  GradRing ring_;                               // offloaded buckets' gradients in flight
+  DeviceBuffer weights_;  // model dtype, this rank's shards (all elements unsharded)
+  DeviceBuffer grads_;    // model dtype, shard elements [0, device_end_): device-stepped buckets
+  GradRing ring_;         // offloaded buckets' gradients in flight
   DeviceBuffer ring_buf_;
   std::vector<size_t> ring_use_;                // bucket -> its use in ring_ (SIZE_MAX: none)
   bool accumulate_on_host_ = false;             // offloaded buckets' micro-batches summed on the host
@@ -339,11 +339,11 @@ class Engine final : public ParamStore, public ModelHooks {
   DeviceBuffer master_, exp_avg_, exp_avg_sq_;  // fp32, shard elements [0, device_end_)
   std::vector<DeviceBuffer> gathered_, full_grads_;  // per bucket, full size: while in use (stage 3) or always
   std::vector<std::unique_ptr<Event>> gathered_ev_, reduced_ev_;
-  std::vector<char> gathered_fresh_;                 // gathered_[b] holds the current weights (a gather is issued)
-  std::vector<char> gather_used_;                    // compute already waits for this gather
-  std::vector<char> full_grads_zeroed_;              // stage 1: this step's zeroing of full_grads_[b] is issued
-  std::vector<std::unique_ptr<Event>> stepped_ev_;   // device bucket b's last step done (comm stream)
-  DeviceBuffer bucket_sums_;                    // fp32 per bucket validated on the device (first_device_sum_ on)
+  std::vector<char> gathered_fresh_;                // gathered_[b] holds the current weights (a gather is issued)
+  std::vector<char> gather_used_;                   // compute already waits for this gather
+  std::vector<char> full_grads_zeroed_;             // stage 1: this step's zeroing of full_grads_[b] is issued
+  std::vector<std::unique_ptr<Event>> stepped_ev_;  // device bucket b's last step done (comm stream)
+  DeviceBuffer bucket_sums_;                        // fp32 per bucket validated on the device (first_device_sum_ on)
   // Validation on the device (no bucket stepped on the host): the decision, this rank's sum of the
   // bucket sums and every rank's (gathered), in backend memory; the decision's copy on the host.
   bool decides_on_device_ = false;
@@ -358,7 +358,7 @@ class Engine final : public ParamStore, public ModelHooks {
   EndedStep ended_[2];  // the step before the last ended one, and the last ended one
   StepSchedule schedule_;
   bool hyperparameters_fixed_ = false;  // spec_hp_ holds this step's lr and betas
-  DeviceBuffer device_snapshot_;                // exact rollback of speculated device buckets: p, m, v [3][device_end_]
+  DeviceBuffer device_snapshot_;        // exact rollback of speculated device buckets: p, m, v [3][device_end_]
   StepTimeline timeline_;
   std::unique_ptr<GraceAdam> grace_;
   std::unique_ptr<OffloadOptimizer> offload_;
@@ -379,11 +379,11 @@ class Engine final : public ParamStore, public ModelHooks {
   };
   HostBuffer snapshot_space_;
   std::atomic<int64_t> frozen_iteration_{-1};  // the saving step: its own changes are part of the snapshot
-  int64_t frozen_offload_step_ = -1;            // the CPU optimizer's step the writer waits for
-  std::unique_ptr<Event> frozen_ready_;         // on the comm stream after the saving step's device updates
+  int64_t frozen_offload_step_ = -1;           // the CPU optimizer's step the writer waits for
+  std::unique_ptr<Event> frozen_ready_;        // on the comm stream after the saving step's device updates
   std::once_flag snapshot_space_reserved_;
   std::vector<std::unique_ptr<Frozen>> frozen_;
-  std::vector<bf16> write_staging_;     // write_owned's model-dtype copy of master weights
+  std::vector<bf16> write_staging_;  // write_owned's model-dtype copy of master weights
   std::atomic<int64_t> frozen_wanted_{0};
 
   int64_t steps_ = 0;

@@ -26,10 +26,10 @@ struct GradRingUse {
 };
 
 struct GradRing {
-  size_t bytes = 0;                          // the whole buffer
+  size_t bytes = 0;  // the whole buffer
   int depth = 2;
-  std::vector<size_t> bucket;                // per use: which bucket (offloaded bucket i is engine bucket i)
-  std::vector<size_t> offset;                // per use
+  std::vector<size_t> bucket;  // per use: which bucket (offloaded bucket i is engine bucket i)
+  std::vector<size_t> offset;  // per use
   // Per use: the uses whose copies must be done before it is written: the last users of its range,
   // earlier in the pass or at the end of the one before (each of them waited for its own
   // predecessors, so these are enough).

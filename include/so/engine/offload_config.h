@@ -26,9 +26,9 @@ enum class RollbackMode { Inverse, Exact };
 
 struct OffloadConfig {
   OffloadMode mode = OffloadMode::None;
-  double ratio = 1.0;               // share of parameters whose optimizer step runs on the CPU
-  int64_t device_tail_buckets = -1; // instead of ratio: keep exactly this many last buckets on the device
-  double cpu_cores_fraction = 0.8;  // cpuadam_cores_perc: the optimizer pool's share of the rank's cores
+  double ratio = 1.0;                // share of parameters whose optimizer step runs on the CPU
+  int64_t device_tail_buckets = -1;  // instead of ratio: keep exactly this many last buckets on the device
+  double cpu_cores_fraction = 0.8;   // cpuadam_cores_perc: the optimizer pool's share of the rank's cores
   bool pin_memory = true;
   CastSite cast_grads = CastSite::Auto;
   CastSite cast_weights = CastSite::Auto;

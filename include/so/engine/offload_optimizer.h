@@ -37,8 +37,8 @@ namespace so {
 
 // What validation decided for a step.
 struct StepDecision {
-  bool skip = false;       // non-finite gradients somewhere: nothing may change
-  float grad_scale = 1.0f; // clipping coefficient (1 = no clipping)
+  bool skip = false;        // non-finite gradients somewhere: nothing may change
+  float grad_scale = 1.0f;  // clipping coefficient (1 = no clipping)
 };
 
 class OffloadOptimizer {
@@ -173,7 +173,7 @@ class OffloadOptimizer {
   DType link_grad_dtype_;  // what crosses the link
   DType host_grad_dtype_;  // what GraceAdam reads (fp32 sums when accumulating)
   std::vector<Slot> slots_;
-  OptimizerHostState host_;               // p, m, v, gradients, bf16 weights out, exact-rollback snapshot
+  OptimizerHostState host_;                 // p, m, v, gradients, bf16 weights out, exact-rollback snapshot
   DeviceBuffer grad_stage_, weight_stage_;  // device-side cast staging, one chunk each
   int64_t stage_elems_ = 0;
   // Accumulation: micro-batch gradients land here (link dtype, the largest bucket each) and are
@@ -185,19 +185,19 @@ class OffloadOptimizer {
 
   // Shared between the main thread and the worker.
   std::mutex mu_;
-  std::condition_variable cv_;        // worker: new task
-  std::condition_variable done_cv_;   // main: progress
-  std::deque<Task> tasks_;  // the optimizer thread's
-  std::deque<Task> adds_;   // the accumulating thread's (Options::accumulate)
+  std::condition_variable cv_;       // worker: new task
+  std::condition_variable done_cv_;  // main: progress
+  std::deque<Task> tasks_;           // the optimizer thread's
+  std::deque<Task> adds_;            // the accumulating thread's (Options::accumulate)
   bool stop_ = false;
-  int64_t busy_ = 0;                  // tasks queued or running
+  int64_t busy_ = 0;  // tasks queued or running
   std::exception_ptr error_;
-  int64_t gen_ = -1;                  // step being worked on (main thread's view)
-  AdamWParams hp_;                    // of step gen_, with grad_scale 1 (main thread only)
-  bool speculate_ = false;            // of step gen_ (main thread only)
+  int64_t gen_ = -1;        // step being worked on (main thread's view)
+  AdamWParams hp_;          // of step gen_, with grad_scale 1 (main thread only)
+  bool speculate_ = false;  // of step gen_ (main thread only)
   std::atomic<int64_t> rollbacks_{0};
-  bool drained_ = true;               // main thread: no task enqueued (no event recorded) since drain()
-  int64_t decided_gen_ = -1;          // the last step validation decided, and how
+  bool drained_ = true;       // main thread: no task enqueued (no event recorded) since drain()
+  int64_t decided_gen_ = -1;  // the last step validation decided, and how
   StepDecision decision_;
   std::thread worker_, adder_;
 };

@@ -17,13 +17,13 @@ class Backend;
 struct OptimizerHostStateSpec {
   int64_t elements = 0;
   DType grad_dtype = DType::F32;
-  bool has_out = false;       // the new weights are also written in out_dtype (cast on the host)
+  bool has_out = false;  // the new weights are also written in out_dtype (cast on the host)
   DType out_dtype = DType::BF16;
-  bool snapshot = false;      // exact rollback: a copy of p, m, v before each speculative step
+  bool snapshot = false;  // exact rollback: a copy of p, m, v before each speculative step
   int numa_node = -1;
   Backend* pin_with = nullptr;  // pins the buffers the copy engines touch (not the snapshot)
-  bool skew = true;           // false: every stream page-aligned (so_bench adam --layout aligned)
-  bool huge_pages = true;     // false: ordinary pages, never madvised (so_bench adam --pages small)
+  bool skew = true;             // false: every stream page-aligned (so_bench adam --layout aligned)
+  bool huge_pages = true;       // false: ordinary pages, never madvised (so_bench adam --pages small)
 };
 
 class OptimizerHostState {

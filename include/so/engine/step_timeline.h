@@ -43,8 +43,7 @@ class StepTimeline {
   // counts the compute lane's idle time across it as exposed optimizer time.
   void compute_stall(const std::string& label, const std::function<void()>& wait);
   // Runs `enqueue` (work on stream s) bracketed by events when tracing. Thread-safe.
-  void stream_span(Stream& s, Lane lane, const std::string& label, int64_t step,
-                   const std::function<void()>& enqueue);
+  void stream_span(Stream& s, Lane lane, const std::string& label, int64_t step, const std::function<void()>& enqueue);
   // A span of host work on the optimizer lane (now_seconds() clock). Thread-safe.
   void host_span(Lane lane, const std::string& label, int64_t step, double t0, double t1);
 

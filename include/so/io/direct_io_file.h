@@ -36,11 +36,11 @@ namespace so {
 
 class DirectIoFile {
  public:
-  enum class Mode { Read, Write };  // Write opens an existing file (no create, no truncate)
-  static constexpr size_t kBlock = 4096;            // the alignment O_DIRECT needs on Linux
-  static constexpr size_t kPieceBytes = 4u << 20;   // one request: the best rate measured here
-  static constexpr int kBuffers = 4;                // requests in flight
-  static constexpr size_t kSmallRead = 64u << 10;   // reads below go through the page cache
+  enum class Mode { Read, Write };                 // Write opens an existing file (no create, no truncate)
+  static constexpr size_t kBlock = 4096;           // the alignment O_DIRECT needs on Linux
+  static constexpr size_t kPieceBytes = 4u << 20;  // one request: the best rate measured here
+  static constexpr int kBuffers = 4;               // requests in flight
+  static constexpr size_t kSmallRead = 64u << 10;  // reads below go through the page cache
 
   // allow_direct = false: every transfer buffered (tests compare both paths).
   DirectIoFile(const std::string& path, Mode mode, bool allow_direct = true);
@@ -78,9 +78,9 @@ class DirectIoFile {
     std::unique_ptr<char, void (*)(void*)> buf{nullptr, nullptr};
     size_t bytes = 0;
     uint64_t at = 0;
-    bool busy = false;  // queued or in transfer
-    long error = 0;     // errno of its transfer, 0: every byte moved
-    size_t got = 0;     // bytes a read moved
+    bool busy = false;          // queued or in transfer
+    long error = 0;             // errno of its transfer, 0: every byte moved
+    size_t got = 0;             // bytes a read moved
     size_t extent = kNoExtent;  // reads: which of plan_ the buffer holds or will hold
   };
   static constexpr size_t kNoExtent = ~size_t{0};
@@ -102,11 +102,11 @@ class DirectIoFile {
   Request& fetch(size_t k);
   void write_pending(const std::string& what);
   void submit(Request& r, size_t bytes, uint64_t at);
-  void wait(Request& r);       // until r is not busy
-  void drain();                // every request done
+  void wait(Request& r);                                // until r is not busy
+  void drain();                                         // every request done
   Request& free_write_buffer(const std::string& what);  // reports an earlier write's failure
-  void transfer(Request& r);   // on the I/O thread
-  void run();                  // the I/O thread
+  void transfer(Request& r);                            // on the I/O thread
+  void run();                                           // the I/O thread
 
   bool writing() const { return mode_ == Mode::Write; }
 

@@ -4,7 +4,8 @@
 // and the data section the offsets point into. The reader validates the whole header against
 // the file's size when it opens the file, before any tensor is read, and trusts no size or
 // offset it read (rules: docs/checkpoints.md); it reads F32, BF16 and F16 and widens them to
-// fp32 exactly, and U8 as bytes (MXFP4 blocks and scales). The writer writes F32 or BF16 under a temporary name and renames it into place.
+// fp32 exactly, and U8 as bytes (MXFP4 blocks and scales). The writer writes F32 or BF16 under a temporary name and
+// renames it into place.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -34,10 +35,10 @@ class SafetensorsFile {
   const std::string& path() const { return file_.path(); }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }  // in data order
-  const SafetensorsTensor* find(const std::string& name) const;                // null when absent
-  const SafetensorsTensor& tensor(const std::string& name) const;              // fails when absent
-  std::vector<float> read_f32(const std::string& name) const;     // F32, BF16 or F16 (else fails)
-  std::vector<uint8_t> read_u8(const std::string& name) const;   // U8 (else fails)
+  const SafetensorsTensor* find(const std::string& name) const;               // null when absent
+  const SafetensorsTensor& tensor(const std::string& name) const;             // fails when absent
+  std::vector<float> read_f32(const std::string& name) const;                 // F32, BF16 or F16 (else fails)
+  std::vector<uint8_t> read_u8(const std::string& name) const;                // U8 (else fails)
 
  private:
   MappedFile file_;

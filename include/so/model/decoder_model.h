@@ -18,34 +18,34 @@ namespace so {
 
 struct ModelOptions {
   DType dtype = DType::F32;
-  int64_t micro_batch = 1;           // sequences per micro-batch
-  int64_t seq_len = 0;               // tokens per sequence held by this rank (1/P of it under Ulysses)
+  int64_t micro_batch = 1;                // sequences per micro-batch
+  int64_t seq_len = 0;                    // tokens per sequence held by this rank (1/P of it under Ulysses)
   bool activation_checkpointing = false;  // keep only each layer's input; recompute in backward
   // With checkpointing: each layer's input (its checkpoint) is copied to pinned host memory on the
   // D2H stream during forward and brought back on the H2D stream one layer ahead of its recompute;
   // the device holds two of them (double buffering) instead of one per layer.
   bool offload_checkpoints = false;
-  int numa_node = -1;                // host checkpoints' NUMA node; -1 = local
+  int numa_node = -1;  // host checkpoints' NUMA node; -1 = local
   // The MLP runs in tiles of this many tokens, forward and backward (recomputed per tile), so its
   // [tokens x intermediate] tensors never exist whole; 0 or >= tokens = one tile, nothing recomputed.
   int64_t mlp_tile_tokens = 0;
-  int64_t loss_chunk_tokens = 0;     // tokens per output-projection + cross-entropy chunk; 0 = auto
+  int64_t loss_chunk_tokens = 0;  // tokens per output-projection + cross-entropy chunk; 0 = auto
   // Tokens per lm_head weight-gradient (and dhn) GEMM, at least one chunk; 0 = auto.
   int64_t loss_grad_chunk_tokens = 0;
-  float z_loss = 0.0f;               // OLMo's z-loss: each token's loss adds z_loss * logsumexp(logits)^2
+  float z_loss = 0.0f;                            // OLMo's z-loss: each token's loss adds z_loss * logsumexp(logits)^2
   SequenceParallel* sequence_parallel = nullptr;  // Ulysses group; null = the whole sequence is here
-  uint64_t dropout_seed = 0;         // dropout's masks (residual_dropout, attention_dropout): the run's seed
+  uint64_t dropout_seed = 0;  // dropout's masks (residual_dropout, attention_dropout): the run's seed
 };
 
 // What a device buffer of the model holds, for the memory planner's table.
 enum class ActivationTerm {
-  Inputs,            // token ids, targets, positions
-  Checkpoints,       // the residual stream: every layer's input, or two slots when offloaded
-  LayerWorkingSet,   // one layer's saved tensors (one set with checkpointing, else one per layer)
-  Mlp,               // [tokens x intermediate] tensors (MLP tiles when tiled)
-  Ulysses,           // whole-sequence head slices and all-to-all buffers
-  LossChunk,         // the final norm and one chunk of logits
-  BackwardScratch,   // gradients of one layer's tensors
+  Inputs,           // token ids, targets, positions
+  Checkpoints,      // the residual stream: every layer's input, or two slots when offloaded
+  LayerWorkingSet,  // one layer's saved tensors (one set with checkpointing, else one per layer)
+  Mlp,              // [tokens x intermediate] tensors (MLP tiles when tiled)
+  Ulysses,          // whole-sequence head slices and all-to-all buffers
+  LossChunk,        // the final norm and one chunk of logits
+  BackwardScratch,  // gradients of one layer's tensors
 };
 const char* activation_term_name(ActivationTerm t);
 
@@ -80,8 +80,7 @@ class DecoderModel {
   static AttentionShape attention_shape(const ModelConfig& cfg, const ModelOptions& opts, int64_t sp_size);
   // The most attention workspace any layer's mask (window or not, packed rows or not) draws (the
   // memory planner's term).
-  static size_t attention_workspace_bytes(Ops& ops, const ModelConfig& cfg, const ModelOptions& opts,
-                                          int64_t sp_size);
+  static size_t attention_workspace_bytes(Ops& ops, const ModelConfig& cfg, const ModelOptions& opts, int64_t sp_size);
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
@@ -178,14 +177,14 @@ class DecoderModel {
   ModelOptions opts_;
   ParamLayout layout_;
   std::unique_ptr<Activations> acts_;
-  int64_t kv_copies_ = 1;  // Ulysses with more ranks than KV heads: copies of each KV head sent
-  float rope_scale_ = 1.0f;  // cos and sin factor of the RoPE table (yarn's attention factor)
-  bool dropping_ = false;    // this forward drops residual branches (training with residual_dropout > 0)
+  int64_t kv_copies_ = 1;            // Ulysses with more ranks than KV heads: copies of each KV head sent
+  float rope_scale_ = 1.0f;          // cos and sin factor of the RoPE table (yarn's attention factor)
+  bool dropping_ = false;            // this forward drops residual branches (training with residual_dropout > 0)
   bool dropping_attention_ = false;  // and attention probabilities (training with attention_dropout > 0)
   int64_t first_sample_ = 0;
   std::vector<std::unique_ptr<MoeBlock>> moe_;
   std::vector<int> moe_of_layer_;  // index into moe_, -1 for a dense layer
-  DeviceBuffer expert_counts_;  // int64 [layer][E] on the device (dense layers' rows unused)
+  DeviceBuffer expert_counts_;     // int64 [layer][E] on the device (dense layers' rows unused)
   // queue_step_figures' copy: the counts (int64 [layer][E]), then the loss (fp32); pinned.
   HostBuffer figures_host_;
   std::unique_ptr<Event> figures_copied_;

@@ -30,7 +30,7 @@ struct ModelConfig {
   // only; AttentionMask::dropout, counter-based masks).
   float attention_dropout = 0.0f;
   bool tie_word_embeddings = false;
-  bool qk_norm = false;  // Qwen3: RMSNorm over head_dim on q and k, before RoPE
+  bool qk_norm = false;   // Qwen3: RMSNorm over head_dim on q and k, before RoPE
   bool qkv_bias = false;  // q, k and v projections add a bias (Qwen2; attention_bias of Llama/Qwen3/Seed-OSS)
   bool o_bias = false;    // o_proj adds a bias (attention_bias of Llama/Qwen3, attention_out_bias of Seed-OSS)
   // GPT-OSS: a learned logit per head (self_attn.sinks, [num_heads]) in every attention row's
@@ -53,12 +53,12 @@ struct ModelConfig {
     // biased router's logits, softmax over them, clamped-GLU experts in fused interleaved tensors.
     enum class Style { None, Qwen3, GptOss } style = Style::None;
     int64_t experts = 0, top_k = 0, intermediate = 0;  // num_experts, num_experts_per_tok, moe_intermediate_size
-    bool normalize = false;                           // norm_topk_prob
-    int64_t sparse_step = 1;                          // decoder_sparse_step
-    std::vector<int64_t> dense_layers;                // mlp_only_layers, ascending, each once
-    double aux_loss_coef = 0.001;                     // router_aux_loss_coef (used when output_router_logits)
-    bool aux_loss = false;                            // output_router_logits: the load-balancing loss is added
-    double glu_alpha = 1.702, glu_limit = 7.0;        // GptOss: swiglu_alpha, swiglu_limit
+    bool normalize = false;                            // norm_topk_prob
+    int64_t sparse_step = 1;                           // decoder_sparse_step
+    std::vector<int64_t> dense_layers;                 // mlp_only_layers, ascending, each once
+    double aux_loss_coef = 0.001;                      // router_aux_loss_coef (used when output_router_logits)
+    bool aux_loss = false;                             // output_router_logits: the load-balancing loss is added
+    double glu_alpha = 1.702, glu_limit = 7.0;         // GptOss: swiglu_alpha, swiglu_limit
     // GptOss: quantization_config {"quant_method": "mxfp4"}: the checkpoint stores the expert
     // matrices as *_blocks / *_scales, dequantised at load; so_train trains and exports them in bf16/fp32.
     bool mxfp4 = false;
@@ -70,7 +70,8 @@ struct ModelConfig {
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
   // Layer l's attention window (AttentionMask::window): 0 = causal over the whole sequence.
   int64_t layer_window(int64_t l) const {
-    return l < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[static_cast<size_t>(l)] ? sliding_window : 0;
+    return l < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[static_cast<size_t>(l)] ? sliding_window
+                                                                                                     : 0;
   }
   // Exact: a config is refused at reading when its count (or its tensor count) is past the bounds
   // every size computed from it relies on (2^50 parameters, 2^18 tensors).

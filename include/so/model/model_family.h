@@ -34,17 +34,17 @@ struct ModelFamily {
   // under model.layers.N. (null: separate q_proj, k_proj, v_proj, gate_proj, up_proj).
   const char* fused_qkv = nullptr;
   const char* fused_gate_up = nullptr;
-  bool scaled_rope = true;    // transformers' class takes linear/dynamic/yarn/llama3 (Phi-3's only longrope)
+  bool scaled_rope = true;  // transformers' class takes linear/dynamic/yarn/llama3 (Phi-3's only longrope)
   // The family's defaults, as its transformers config class has them, for a key the config leaves
   // out (a key given as null means None: see nullable).
-  int64_t default_pad = -1;   // pad_token_id (-1: no padding row)
-  int64_t default_head_dim = 0;  // head_dim (0: hidden_size / num_attention_heads)
-  int64_t default_kv_heads = 0;  // num_key_value_heads (0: num_attention_heads)
+  int64_t default_pad = -1;           // pad_token_id (-1: no padding row)
+  int64_t default_head_dim = 0;       // head_dim (0: hidden_size / num_attention_heads)
+  int64_t default_kv_heads = 0;       // num_key_value_heads (0: num_attention_heads)
   int64_t default_max_positions = 0;  // max_position_embeddings
   float default_rms_norm_eps = 1e-6f;
-  int64_t default_window = 0;  // sliding_window (0: none), where the family has windows
+  int64_t default_window = 0;    // sliding_window (0: none), where the family has windows
   double default_dropout = 0.0;  // attention_dropout and residual_dropout when the config has none
-  bool trains_dropout = false;  // attention_dropout and residual_dropout are honoured (else only 0 is accepted)
+  bool trains_dropout = false;   // attention_dropout and residual_dropout are honoured (else only 0 is accepted)
   // Mixture-of-experts layers and whose keys, routing and expert tensors they have.
   ModelConfig::Moe::Style moe = ModelConfig::Moe::Style::None;
   // Every layer's window from layer_types, sliding_window always applying (GPT-OSS).

@@ -11,15 +11,15 @@
 namespace so {
 
 struct ParamInfo {
-  std::string name;             // Hugging Face name, e.g. model.layers.3.self_attn.q_proj.weight (of the
-                                // unfused projection where the checkpoint fuses them, see HfTensor)
+  std::string name;  // Hugging Face name, e.g. model.layers.3.self_attn.q_proj.weight (of the
+                     // unfused projection where the checkpoint fuses them, see HfTensor)
   std::vector<int64_t> shape;
   int64_t numel = 0;
-  int64_t offset = 0;           // element offset into the flat buffer (aligned, but after a joined one)
-  int first_unit = 0;           // units reading it, lowest and highest (tied embeddings: 0 and L+1)
+  int64_t offset = 0;  // element offset into the flat buffer (aligned, but after a joined one)
+  int first_unit = 0;  // units reading it, lowest and highest (tied embeddings: 0 and L+1)
   int last_unit = 0;
-  bool is_norm = false;         // RMSNorm weight: initialised to one
-  bool is_bias = false;         // projection bias: initialised to zero
+  bool is_norm = false;  // RMSNorm weight: initialised to one
+  bool is_bias = false;  // projection bias: initialised to zero
   // Laid out right before the next parameter, no padding between, and never in another bucket:
   // one GEMM reads the run as one matrix (a dense MLP's [W_gate; W_up], attention's [W_q; W_k; W_v] and
   // its biases).
@@ -51,8 +51,8 @@ struct HfTensor {
 
 struct ParamLayout {
   std::vector<ParamInfo> params;
-  std::vector<HfTensor> hf_tensors;  // every parameter in exactly one, in layout order
-  int64_t total = 0;  // flat buffer elements, padding included
+  std::vector<HfTensor> hf_tensors;                   // every parameter in exactly one, in layout order
+  int64_t total = 0;                                  // flat buffer elements, padding included
   int embedding = -1, final_norm = -1, lm_head = -1;  // lm_head == embedding when tied
   std::vector<LayerParamIds> layers;
   int num_units = 0;

@@ -11,8 +11,8 @@ namespace so {
 
 // A config's rope_scaling (transformers 4) or rope_parameters (transformers 5), already checked.
 struct RopeScaling {
-  std::string type = "default";  // default | linear | dynamic | yarn | llama3
-  double factor = 1.0;           // every type but default
+  std::string type = "default";                          // default | linear | dynamic | yarn | llama3
+  double factor = 1.0;                                   // every type but default
   double low_freq_factor = 0.0, high_freq_factor = 0.0;  // llama3
   int64_t original_max_position_embeddings = 0;          // llama3, yarn
   double beta_fast = 32.0, beta_slow = 1.0;              // yarn

@@ -54,8 +54,7 @@ namespace optim {
 //   v' = fma((1-b2) g, g, v * b2);  p' = pd + (-lr/(1-b1^t) * m') / (sqrt(v')/sqrt(1-b2^t) + eps)
 // and, in the same pass, out[i] = p'[i] stored as OutT (the device copy of the weights).
 template <typename GradT, typename OutT>
-void adamw_reference(float* p, float* m, float* v, const GradT* grad, OutT* out, int64_t n,
-                     const AdamWParams& hp);
+void adamw_reference(float* p, float* m, float* v, const GradT* grad, OutT* out, int64_t n, const AdamWParams& hp);
 
 }  // namespace optim
 }  // namespace so

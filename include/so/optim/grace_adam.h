@@ -44,7 +44,7 @@ class GraceAdam {
 
   const AdamKernels& kernels_;
   ThreadPool pool_;
-  std::mutex pool_mu_;  // the pool runs one loop at a time; the offload optimizer calls from two threads
+  std::mutex pool_mu_;            // the pool runs one loop at a time; the offload optimizer calls from two threads
   std::vector<double> partials_;  // one per kSumSquaresChunk, summed in index order
 };
 

@@ -11,15 +11,15 @@ namespace so {
 struct LrSchedule {
   // constant | WarmupLR | WarmupCosineLR | WarmupDecayLR | OneCycle | LRRangeTest | WSD
   std::string type = "constant";
-  double base_lr = 1e-3;          // optimizer.params.lr (WarmupCosineLR's and WSD's peak)
+  double base_lr = 1e-3;  // optimizer.params.lr (WarmupCosineLR's and WSD's peak)
   int64_t warmup_steps = 0;
   // DeepSpeed: log | linear (its default log); WSD: linear | cosine | 1-sqrt (HF's default linear)
   std::string warmup_type = "log";
-  double warmup_min_lr = 0.0;     // WarmupLR / WarmupDecayLR
+  double warmup_min_lr = 0.0;  // WarmupLR / WarmupDecayLR
   double warmup_max_lr = 1e-3;
   double warmup_min_ratio = 0.0;  // WarmupCosineLR
   double cos_min_ratio = 0.0001;
-  int64_t total_steps = 0;        // WarmupCosineLR / WarmupDecayLR
+  int64_t total_steps = 0;  // WarmupCosineLR / WarmupDecayLR
 
   // WSD: warmup_steps, then stable_steps at base_lr, then decay_steps down to min_lr_ratio x base_lr
   // (decay_type linear | cosine | 1-sqrt; cosine over num_cycles periods, HF's 0.5 = half a period).

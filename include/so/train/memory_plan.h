@@ -22,11 +22,11 @@ namespace so {
 
 struct MachineProfile {
   std::string name;
-  size_t device_bytes = 0;  // 0 = unlimited
-  size_t host_bytes = 0;    // per rank; 0 = not known
-  size_t alignment = 64;    // the device allocator's rounding (CPU backend 64, CUDA 512)
-  bool cuda = false;        // CUDA kernels draw workspaces from the pool too
-  Backend* backend = nullptr;  // this run's (machine_profile_of): its ops size their own workspaces
+  size_t device_bytes = 0;               // 0 = unlimited
+  size_t host_bytes = 0;                 // per rank; 0 = not known
+  size_t alignment = 64;                 // the device allocator's rounding (CPU backend 64, CUDA 512)
+  bool cuda = false;                     // CUDA kernels draw workspaces from the pool too
+  Backend* backend = nullptr;            // this run's (machine_profile_of): its ops size their own workspaces
   bool deterministic_attention = false;  // other CUDA machines: as backend.deterministic_attention
   // Where the offload pipeline casts bf16 <-> fp32 when the config says "auto": what the run
   // measured on this machine (the trainer measures before it plans), or what a profile expects of
@@ -59,9 +59,9 @@ struct PlanTerm {
 
 struct MemoryPlan {
   int rank = 0, world = 1, dp = 1, sp = 1;
-  int grad_ring_depth = 2;                       // the engine's EngineOptions::grad_ring_depth
+  int grad_ring_depth = 2;                                              // the engine's EngineOptions::grad_ring_depth
   CastSite cast_grads = CastSite::Host, cast_weights = CastSite::Host;  // as planned (bf16 offload)
-  int64_t host_params = 0;                       // parameters this rank steps on the host
+  int64_t host_params = 0;                                              // parameters this rank steps on the host
   int64_t seq_len = 0, micro_batch = 1, mlp_tile = 0;
   bool offload_checkpoints = false;
   // Device terms in the order the pool fills: model buffers, engine state, then what comes and

@@ -19,7 +19,7 @@ struct StepMetrics {
   double exposed_optimizer_s = 0.0;  // of it, idle waiting on the optimizer
   double optimizer_busy_s = 0.0;     // CPU optimizer work for this step (offload modes)
   double tokens_per_s = 0.0;
-  int64_t supervised_tokens = 0;       // labels the step's loss is over (all tokens of windowed data)
+  int64_t supervised_tokens = 0;  // labels the step's loss is over (all tokens of windowed data)
   double supervised_tokens_per_s = 0.0;
   bool evaluated = false;  // validation after this step (train.eval_every, and at the end)
   double eval_loss = 0.0, eval_perplexity = 0.0;

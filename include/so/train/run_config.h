@@ -32,8 +32,8 @@ struct DataConfig {
 };
 
 struct RunConfig {
-  std::string source;        // the config file
-  nlohmann::json resolved;   // the document after --set overrides
+  std::string source;       // the config file
+  nlohmann::json resolved;  // the document after --set overrides
   ModelConfig model;
   std::string model_source;  // where the model config came from
   std::string init_hf_dir;   // model.hf_dir: start from these Hugging Face weights; empty = random init
@@ -52,13 +52,13 @@ struct RunConfig {
   int64_t bucket_size = int64_t{1} << 22;
   OffloadConfig offload;
   DataConfig data;
-  int64_t steps = 0;  // with num_train_epochs: 0 until train() derives it from the data
+  int64_t steps = 0;              // with num_train_epochs: 0 until train() derives it from the data
   double num_train_epochs = 0.0;  // train.num_train_epochs (0 = train.steps decides)
   int64_t eval_every = 0;         // train.eval_every: validation loss every N steps and at the end (0 = at the end)
   LossNormalization loss_normalization = LossNormalization::Step;
   uint64_t seed = 1234;
   int64_t log_every = 1;
-  double peak_tflops = 0.0;  // 0 = ask the backend
+  double peak_tflops = 0.0;              // 0 = ask the backend
   double collective_timeout_s = 1800.0;  // a collective waiting longer ends the job; 0 = never
   bool activation_checkpointing = false;
   // train.activation_offload (false | true | "auto") and train.mlp_tile_tokens (N | 0 = untiled |
@@ -69,9 +69,9 @@ struct RunConfig {
   int64_t loss_chunk_tokens = 0;
   float z_loss = 0.0f;  // train.z_loss: OLMo's z-loss coefficient (0 = off)
   NanPolicyConfig nan_policy;
-  MonitorConfig csv_monitor;  // DeepSpeed's csv_monitor section
-  MonitorConfig tensorboard;  // DeepSpeed's tensorboard section (so_train --tensorboard DIR)
-  WandbConfig wandb;          // DeepSpeed's wandb section (scripts/wandb_log.py)
+  MonitorConfig csv_monitor;    // DeepSpeed's csv_monitor section
+  MonitorConfig tensorboard;    // DeepSpeed's tensorboard section (so_train --tensorboard DIR)
+  WandbConfig wandb;            // DeepSpeed's wandb section (scripts/wandb_log.py)
   bool flops_profiler = false;  // flops_profiler.enabled: answered by the step line's TFLOP/s and MFU
   BackendOptions backend;
 };

@@ -19,10 +19,10 @@ struct TrainSummary;
 // What a step's throughput figures are computed from, fixed at start-up.
 struct ThroughputBasis {
   int64_t tokens_per_step = 0;
-  double flops_per_token = 0.0;           // attention counted causally
+  double flops_per_token = 0.0;  // attention counted causally
   double flops_per_token_noncausal = 0.0;
-  double peak_tflops = 0.0;               // configured or datasheet peak; 0 = no MFU
-  double gemm_tflops = 0.0;               // measured at start-up; 0 = none
+  double peak_tflops = 0.0;  // configured or datasheet peak; 0 = no MFU
+  double gemm_tflops = 0.0;  // measured at start-up; 0 = none
 };
 
 struct StepLogOptions {

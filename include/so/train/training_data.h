@@ -14,9 +14,9 @@
 namespace so {
 
 struct TrainingData {
-  std::vector<std::unique_ptr<TokenSource>> tokens;           // the windowed types (a blend: several)
+  std::vector<std::unique_ptr<TokenSource>> tokens;            // the windowed types (a blend: several)
   std::unique_ptr<PreparedSplit> train_rows, validation_rows;  // "prepared"
-  std::unique_ptr<SampleStream> train, validation;           // validation: null when there is none
+  std::unique_ptr<SampleStream> train, validation;             // validation: null when there is none
   // Tokens the data holds in all (windowed) or per epoch (prepared), for the start-up line.
   int64_t tokens_count = 0;
 };

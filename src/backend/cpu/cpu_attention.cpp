@@ -230,13 +230,13 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
     for (int64_t h = 0; h < sh.Hq; ++h) dsinks_acc[h] = from_f32<T>(to_f32(dsinks_acc[h]) + dsinks[h]);
 }
 
-template void attention_forward<float>(float*, float*, const float*, const float*, const float*,
-                                       const AttentionShape&, const AttentionMask&);
+template void attention_forward<float>(float*, float*, const float*, const float*, const float*, const AttentionShape&,
+                                       const AttentionMask&);
 template void attention_forward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*, const AttentionShape&,
                                       const AttentionMask&);
-template void attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
-                                        const float*, const float*, const float*, const AttentionShape&,
-                                        const AttentionMask&, float*);
+template void attention_backward<float>(float*, float*, float*, const float*, const float*, const float*, const float*,
+                                        const float*, const float*, const AttentionShape&, const AttentionMask&,
+                                        float*);
 template void attention_backward<bf16>(bf16*, bf16*, bf16*, const bf16*, const bf16*, const bf16*, const bf16*,
                                        const bf16*, const float*, const AttentionShape&, const AttentionMask&, bf16*);
 

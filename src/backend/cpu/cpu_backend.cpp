@@ -50,8 +50,8 @@ DeviceBuffer CpuBackend::alloc(size_t bytes, const char* tag) {
   const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   {
     std::lock_guard<std::mutex> lock(mem_mu_);
-    SO_CHECK(capacity_ == 0 || in_use_ + rounded <= capacity_, "out of device memory allocating '", tag, "': ",
-             mib(rounded), " requested, ", mib(in_use_), " in use of ", mib(capacity_));
+    SO_CHECK(capacity_ == 0 || in_use_ + rounded <= capacity_, "out of device memory allocating '", tag,
+             "': ", mib(rounded), " requested, ", mib(in_use_), " in use of ", mib(capacity_));
     in_use_ += rounded;
     peak_ = std::max(peak_, in_use_);
   }

@@ -25,8 +25,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty sum: C = beta * C (BLAS refuses a zero leading dimension)
     for (int64_t i = 0; i < M * N; ++i) {
-      if (c == DType::F32) static_cast<float*>(C)[i] = beta == 0.0f ? 0.0f : beta * static_cast<float*>(C)[i];
-      else static_cast<bf16*>(C)[i] = f32_to_bf16(beta == 0.0f ? 0.0f : beta * bf16_to_f32(static_cast<bf16*>(C)[i]));
+      if (c == DType::F32)
+        static_cast<float*>(C)[i] = beta == 0.0f ? 0.0f : beta * static_cast<float*>(C)[i];
+      else
+        static_cast<bf16*>(C)[i] = f32_to_bf16(beta == 0.0f ? 0.0f : beta * bf16_to_f32(static_cast<bf16*>(C)[i]));
     }
     return;
   }

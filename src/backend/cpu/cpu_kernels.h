@@ -27,14 +27,13 @@ void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t
 template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t rows, int64_t dim, float eps);
 template <typename T>
-void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t rows,
-                      int64_t dim, bool accumulate);
+void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t rows, int64_t dim,
+                      bool accumulate);
 void transpose_blocks(void* dst, const void* src, int64_t d0, int64_t d1, size_t inner_bytes);
 // row_bytes of each of rows rows, dst_pitch and src_pitch bytes apart (Ops::copy_columns).
 void copy_columns(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, int64_t rows, size_t row_bytes);
 template <typename T>
-void replicate_heads(T* out, const T* in, int64_t rows, int64_t heads, int64_t copies, int64_t head_dim,
-                     bool reverse);
+void replicate_heads(T* out, const T* in, int64_t rows, int64_t heads, int64_t copies, int64_t head_dim, bool reverse);
 template <typename T>
 void rope(T* x, const int32_t* positions, int64_t T_, int64_t heads, int64_t head_dim, const double* inv_freq,
           float attention_scale, bool inverse);
@@ -56,8 +55,8 @@ void cast(Dst* dst, const Src* src, int64_t n);
 void moe_route(float* weights, int32_t* experts, const float* logits, int64_t T, const MoeRouting& r);
 void moe_route_backward(float* dlogits, const float* dweights, const float* logits, const int32_t* experts,
                         const float* aux_dprob, int64_t T, const MoeRouting& r);
-void moe_sort_slots(int32_t* slot_of, int32_t* row_of, int32_t* offsets, const int32_t* experts, int64_t T,
-                    int64_t k, int64_t E);
+void moe_sort_slots(int32_t* slot_of, int32_t* row_of, int32_t* offsets, const int32_t* experts, int64_t T, int64_t k,
+                    int64_t E);
 template <typename T>
 void moe_dispatch(T* dst, const T* x, const int32_t* slot_of, int64_t T_, int64_t k, int64_t H);
 template <typename T>

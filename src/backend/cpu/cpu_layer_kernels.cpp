@@ -14,8 +14,8 @@ template <typename T>
 void embedding_forward(T* out, const T* table, const int32_t* tokens, int64_t T_, int64_t V, int64_t H) {
   for (int64_t t = 0; t < T_; ++t) {
     const int32_t id = tokens[t];
-    SO_CHECK(id >= 0 && id < V, "embedding: token id ", id, " at position ", t, " is outside the vocabulary [0, ",
-             V, ")");
+    SO_CHECK(id >= 0 && id < V, "embedding: token id ", id, " at position ", t, " is outside the vocabulary [0, ", V,
+             ")");
     std::memcpy(out + t * H, table + static_cast<int64_t>(id) * H, sizeof(T) * H);
   }
 }
@@ -52,8 +52,8 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t rows, 
 // y = w * x * r with r = (mean(x^2) + eps)^-1/2:
 //   dx_i = r * w_i dy_i - x_i * r^3 / dim * sum_j w_j dy_j x_j,   dw_i += dy_i x_i r
 template <typename T>
-void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t rows,
-                      int64_t dim, bool accumulate) {
+void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t rows, int64_t dim,
+                      bool accumulate) {
   std::vector<double> dw_acc(static_cast<size_t>(dim), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * dim;
@@ -210,16 +210,16 @@ void cast(Dst* dst, const Src* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = from_f32<Dst>(to_f32(src[i]));
 }
 
-#define SO_INSTANTIATE_LAYER_KERNELS(T)                                                                        \
-  template void embedding_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                 \
-  template void embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t);       \
-  template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int64_t, float);                   \
+#define SO_INSTANTIATE_LAYER_KERNELS(T)                                                                          \
+  template void embedding_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                   \
+  template void embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t);         \
+  template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int64_t, float);                     \
   template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const float*, int64_t, int64_t, bool); \
-  template void rope<T>(T*, const int32_t*, int64_t, int64_t, int64_t, const double*, float, bool);           \
-  template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                                            \
-  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);                             \
-  template void dropout_add<T>(T*, const T*, int64_t, int64_t, const DropoutMask&);                            \
-  template void dropout_backward<T>(T*, const T*, int64_t, int64_t, const DropoutMask&);                       \
+  template void rope<T>(T*, const int32_t*, int64_t, int64_t, int64_t, const double*, float, bool);              \
+  template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                                              \
+  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);                               \
+  template void dropout_add<T>(T*, const T*, int64_t, int64_t, const DropoutMask&);                              \
+  template void dropout_backward<T>(T*, const T*, int64_t, int64_t, const DropoutMask&);                         \
   template void cross_entropy<T>(float*, T*, const float*, const int32_t*, int64_t, int64_t, float, float);
 SO_INSTANTIATE_LAYER_KERNELS(float)
 SO_INSTANTIATE_LAYER_KERNELS(bf16)
@@ -232,7 +232,8 @@ void transpose_blocks(void* dst, const void* src, int64_t d0, int64_t d1, size_t
   auto* out = static_cast<char*>(dst);
   const auto* in = static_cast<const char*>(src);
   for (int64_t i = 0; i < d0; ++i)
-    for (int64_t j = 0; j < d1; ++j) std::memcpy(out + (j * d0 + i) * inner_bytes, in + (i * d1 + j) * inner_bytes, inner_bytes);
+    for (int64_t j = 0; j < d1; ++j)
+      std::memcpy(out + (j * d0 + i) * inner_bytes, in + (i * d1 + j) * inner_bytes, inner_bytes);
 }
 
 void copy_columns(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, int64_t rows, size_t row_bytes) {

@@ -102,12 +102,12 @@ void moe_route_backward(float* dlogits, const float* dweights, const float* logi
   }
 }
 
-void moe_sort_slots(int32_t* slot_of, int32_t* row_of, int32_t* offsets, const int32_t* experts, int64_t T,
-                    int64_t k, int64_t E) {
+void moe_sort_slots(int32_t* slot_of, int32_t* row_of, int32_t* offsets, const int32_t* experts, int64_t T, int64_t k,
+                    int64_t E) {
   std::fill(offsets, offsets + E + 1, 0);
   for (int64_t i = 0; i < T * k; ++i) {
-    SO_CHECK(experts[i] >= 0 && experts[i] < E, "moe: expert id ", experts[i], " of slot ", i, " is outside [0, ",
-             E, ")");
+    SO_CHECK(experts[i] >= 0 && experts[i] < E, "moe: expert id ", experts[i], " of slot ", i, " is outside [0, ", E,
+             ")");
     ++offsets[experts[i] + 1];
   }
   for (int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
@@ -206,12 +206,12 @@ void clamped_swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64
   }
 }
 
-#define SO_INSTANTIATE_MOE_KERNELS(T)                                                                        \
-  template void moe_dispatch<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                   \
-  template void moe_combine<T>(T*, const T*, const float*, const int32_t*, int64_t, int64_t, int64_t, bool); \
+#define SO_INSTANTIATE_MOE_KERNELS(T)                                                                          \
+  template void moe_dispatch<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                      \
+  template void moe_combine<T>(T*, const T*, const float*, const int32_t*, int64_t, int64_t, int64_t, bool);   \
   template void moe_combine_backward<T>(T*, float*, const T*, const T*, const float*, const int32_t*, int64_t, \
-                                        int64_t, int64_t);                                                   \
-  template void clamped_swiglu_forward<T>(T*, const T*, int64_t, float, float);                             \
+                                        int64_t, int64_t);                                                     \
+  template void clamped_swiglu_forward<T>(T*, const T*, int64_t, float, float);                                \
   template void clamped_swiglu_backward<T>(T*, const T*, const T*, int64_t, float, float);
 SO_INSTANTIATE_MOE_KERNELS(float)
 SO_INSTANTIATE_MOE_KERNELS(bf16)

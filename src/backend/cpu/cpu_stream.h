@@ -18,8 +18,8 @@ namespace so::cpu {
 struct EventState {
   std::mutex mu;
   std::condition_variable cv;
-  uint64_t recorded = 0;   // generation handed out by the last record()
-  uint64_t completed = 0;  // generation the stream has reached
+  uint64_t recorded = 0;      // generation handed out by the last record()
+  uint64_t completed = 0;     // generation the stream has reached
   double completed_at = 0.0;  // now_seconds() when it did
   std::exception_ptr error;
 

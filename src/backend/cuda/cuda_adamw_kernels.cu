@@ -48,7 +48,7 @@ __device__ __forceinline__ void undo_decayed(const Consts& c, float g, float& p,
 template <AdamCall kCall, bool kSnapshot, typename G, typename O, int N>
 __global__ void adam_kernel(float* p, float* m, float* v, float* sp, float* sm, float* sv, const G* grad, O* out,
                             int64_t n, Consts c, const float* guard, const ClipDecision* decision) {
-  if (guard != nullptr && !isfinite(*guard)) return;  // a non-finite bucket is never applied
+  if (guard != nullptr && !isfinite(*guard)) return;     // a non-finite bucket is never applied
   if (decision != nullptr && decision->skipped) return;  // decided on the device: a skipped step changes nothing
   [[maybe_unused]] const float grad_scale = decision != nullptr ? decision->clip_coef : c.grad_scale;
   for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * N; i < n;
@@ -105,9 +105,9 @@ void launch(cudaStream_t stream, const AdamArrays& a, int64_t n, const Consts& k
       with_vector_width<8>(wide, [&](auto vw) {
         constexpr int N = decltype(vw)::value;
         auto run = [&](auto kernel) {
-          kernel<<<grid_for_elements(n, N), kBlockThreads, 0, stream>>>(
-              a.p, a.m, a.v, a.snapshot_p, a.snapshot_m, a.snapshot_v, static_cast<const G*>(a.grad),
-              static_cast<O*>(a.out), n, k, guard, decision);
+          kernel<<<grid_for_elements(n, N), kBlockThreads, 0, stream>>>(a.p, a.m, a.v, a.snapshot_p, a.snapshot_m,
+                                                                        a.snapshot_v, static_cast<const G*>(a.grad),
+                                                                        static_cast<O*>(a.out), n, k, guard, decision);
         };
         snapshot ? run(adam_kernel<kCall, true, G, O, N>) : run(adam_kernel<kCall, false, G, O, N>);
         SO_CUDA_CHECK(cudaGetLastError());
@@ -121,7 +121,7 @@ void launch(cudaStream_t stream, const AdamArrays& a, int64_t n, const Consts& k
 void launch_adam(cudaStream_t stream, AdamCall call, const AdamArrays& a, int64_t n, const optim::AdamConstants& c,
                  float final_scale, const float* guard, const ClipDecision* decision) {
   if (n == 0) return;
-  const Consts k{c.neg_step_size, c.bc2_sqrt,  c.decay,     c.beta2,     c.one_minus_b1, c.one_minus_b2,
+  const Consts k{c.neg_step_size, c.bc2_sqrt,   c.decay,     c.beta2,     c.one_minus_b1, c.one_minus_b2,
                  c.eps,           c.grad_scale, c.inv_decay, c.inv_beta1, c.inv_beta2,    final_scale};
   switch (call) {
     case AdamCall::Step: return launch<AdamCall::Step>(stream, a, n, k, guard, decision);

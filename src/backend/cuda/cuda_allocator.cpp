@@ -41,9 +41,9 @@ CudaAllocator::~CudaAllocator() {
 }
 
 std::string CudaAllocator::describe(size_t requested, const char* tag) const {
-  return str_cat("'", tag, "': ", mib(requested), " requested, ", mib(in_use_), " in use (peak ", mib(peak_),
-                 ") of ", mib(capacity_), " capacity on CUDA device ", device_, ", ", mib(reserved_),
-                 " reserved in ", segments_.size(), " cached segments");
+  return str_cat("'", tag, "': ", mib(requested), " requested, ", mib(in_use_), " in use (peak ", mib(peak_), ") of ",
+                 mib(capacity_), " capacity on CUDA device ", device_, ", ", mib(reserved_), " reserved in ",
+                 segments_.size(), " cached segments");
 }
 
 void* CudaAllocator::allocate(size_t bytes, const char* tag) {
@@ -67,8 +67,7 @@ void* CudaAllocator::allocate(size_t bytes, const char* tag) {
 }
 
 void* CudaAllocator::take_free_block(size_t rounded, const char* tag) {
-  SO_CHECK(in_use_ + rounded <= capacity_, "out of device memory (over capacity) allocating ",
-           describe(rounded, tag));
+  SO_CHECK(in_use_ + rounded <= capacity_, "out of device memory (over capacity) allocating ", describe(rounded, tag));
   auto fit = free_.lower_bound({rounded, nullptr});
   if (fit == free_.end()) return nullptr;
   char* ptr = fit->second;

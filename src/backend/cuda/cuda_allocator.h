@@ -60,10 +60,10 @@ class CudaAllocator {
   const int device_;
   const size_t capacity_;
   mutable std::mutex mu_;
-  std::map<char*, Block> blocks_;                 // every block, by address
-  std::set<std::pair<size_t, char*>> free_;       // free blocks by (size, address): best fit
-  std::map<char*, size_t> segments_;              // segment base -> bytes
-  size_t reserved_ = 0;  // bytes in segments
+  std::map<char*, Block> blocks_;            // every block, by address
+  std::set<std::pair<size_t, char*>> free_;  // free blocks by (size, address): best fit
+  std::map<char*, size_t> segments_;         // segment base -> bytes
+  size_t reserved_ = 0;                      // bytes in segments
   size_t in_use_ = 0;
   size_t peak_ = 0;
 };

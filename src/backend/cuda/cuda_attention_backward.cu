@@ -69,9 +69,9 @@ __global__ void sink_grad_kernel(T* dsinks_acc, const T* sinks, const float* lse
 template <typename T>
 void launch_sink_grad(cudaStream_t stream, void* dsinks_acc, const void* sinks, const float* lse, const float* drow,
                       int64_t B, int64_t S, int64_t Hq) {
-  sink_grad_kernel<T><<<static_cast<unsigned>(Hq), 256, 0, stream>>>(
-      static_cast<T*>(dsinks_acc), static_cast<const T*>(sinks), lse, drow, B, static_cast<int>(S),
-      static_cast<int>(Hq));
+  sink_grad_kernel<T><<<static_cast<unsigned>(Hq), 256, 0, stream>>>(static_cast<T*>(dsinks_acc),
+                                                                     static_cast<const T*>(sinks), lse, drow, B,
+                                                                     static_cast<int>(S), static_cast<int>(Hq));
   SO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -81,9 +81,8 @@ void launch_row_dot(cudaStream_t stream, float* drow, const void* dout, const vo
   constexpr int kThreads = 256;
   const int64_t warps = B * Hq * S;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((warps + 7) / 8, 1 << 20));
-  row_dot_kernel<T><<<blocks, kThreads, 0, stream>>>(drow, static_cast<const T*>(dout), static_cast<const T*>(out),
-                                                     B, static_cast<int>(S), static_cast<int>(Hq),
-                                                     static_cast<int>(D));
+  row_dot_kernel<T><<<blocks, kThreads, 0, stream>>>(drow, static_cast<const T*>(dout), static_cast<const T*>(out), B,
+                                                     static_cast<int>(S), static_cast<int>(Hq), static_cast<int>(D));
   SO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -126,8 +125,8 @@ size_t ref_dq_smem(int64_t D) { return ref_backward_tiles(nullptr, D, 1, false).
 
 // Loads rows [s0, s0 + 32) of head h into a [32][ld] fp32 tile, zero at or beyond S.
 template <typename T>
-__device__ __forceinline__ void ref_load_tile(float* dst, int ld, const T* src, int64_t b, int s0, int h, int S,
-                                              int H, int D) {
+__device__ __forceinline__ void ref_load_tile(float* dst, int ld, const T* src, int64_t b, int s0, int h, int S, int H,
+                                              int D) {
   for (int i = threadIdx.x; i < kRefTile * D; i += kRefThreads) {
     const int r = i / D, d = i % D;
     dst[r * ld + d] = s0 + r < S ? to_float(src[row_offset(b, s0 + r, h, S, H, D) + d]) : 0.0f;
@@ -139,8 +138,8 @@ __device__ __forceinline__ void ref_load_tile(float* dst, int ld, const T* src, 
 // (>= S). sP may be null (the dQ pass needs dS only).
 __device__ __forceinline__ void ref_scores(float* sP, float* sdS, const float* sQ, const float* sdO, const float* sK,
                                            const float* sV, const float* sLse, const float* sDrow, int ld, int D,
-                                           int q0, int k0, int S, float scale, const DeviceMask& mask,
-                                           int64_t b, int h) {
+                                           int q0, int k0, int S, float scale, const DeviceMask& mask, int64_t b,
+                                           int h) {
   for (int i = threadIdx.x; i < kRefTile * kRefTile; i += kRefThreads) {
     const int r = i / kRefTile, c = i % kRefTile;
     float p = 0.0f, ds = 0.0f;
@@ -231,8 +230,8 @@ __global__ void __launch_bounds__(kRefThreads)
 
 template <typename T>
 __global__ void __launch_bounds__(kRefThreads)
-    ref_dq_kernel(T* dq, const T* dout, const T* q, const T* k, const T* v, const float* lse, const float* drow,
-                  int S, int Hq, int Hkv, int D, float scale, DeviceMask mask) {
+    ref_dq_kernel(T* dq, const T* dout, const T* q, const T* k, const T* v, const float* lse, const float* drow, int S,
+                  int Hq, int Hkv, int D, float scale, DeviceMask mask) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int ld = D + 1;
   const RefBackwardTiles tiles = ref_backward_tiles(smem, D, 1, false);
@@ -287,8 +286,8 @@ void launch_ref_backward(cudaStream_t stream, void* dq, void* dk, void* dv, cons
   launch_tiles(ref_dkdv_kernel<T>, "attention backward dK/dV (reference)", kRefTile, kRefThreads, ref_dkdv_smem(D),
                stream, S, Hkv, B, D, static_cast<T*>(dk), static_cast<T*>(dv), tdout, tq, tk, tv, lse, drow, S, Hq, Hkv,
                D, scale, mask);
-  launch_tiles(ref_dq_kernel<T>, "attention backward dQ (reference)", kRefTile, kRefThreads, ref_dq_smem(D), stream,
-               S, Hq, B, D, static_cast<T*>(dq), tdout, tq, tk, tv, lse, drow, S, Hq, Hkv, D, scale, mask);
+  launch_tiles(ref_dq_kernel<T>, "attention backward dQ (reference)", kRefTile, kRefThreads, ref_dq_smem(D), stream, S,
+               Hq, B, D, static_cast<T*>(dq), tdout, tq, tk, tv, lse, drow, S, Hq, Hkv, D, scale, mask);
 }
 
 // ---- variant 2: bf16 tensor cores (wmma 16x16x16, fp32 accumulate) ----
@@ -328,10 +327,14 @@ struct TcBackwardLayout {
   };
   __device__ static Regions regions(unsigned char* smem, int warp) {
     float* rows = reinterpret_cast<float*>(smem + kRows);
-    return {reinterpret_cast<float*>(smem + kIdx),   reinterpret_cast<Bf16*>(smem + kT0),
-            reinterpret_cast<Bf16*>(smem + kT1),     reinterpret_cast<Bf16*>(smem + kT2),
-            reinterpret_cast<Bf16*>(smem + kT3),     rows,
-            rows + kTcTile,                          reinterpret_cast<Bf16*>(smem + kChunk + 2 * warp * kChunkBytes)};
+    return {reinterpret_cast<float*>(smem + kIdx),
+            reinterpret_cast<Bf16*>(smem + kT0),
+            reinterpret_cast<Bf16*>(smem + kT1),
+            reinterpret_cast<Bf16*>(smem + kT2),
+            reinterpret_cast<Bf16*>(smem + kT3),
+            rows,
+            rows + kTcTile,
+            reinterpret_cast<Bf16*>(smem + kChunk + 2 * warp * kChunkBytes)};
   }
 };
 
@@ -369,8 +372,8 @@ __device__ __forceinline__ void mma_chunk_rows(AccFrag (&acc)[D / 16], const Bf1
 
 // One warp stages its 16 x D accumulators as fp32 and writes them as bf16 rows s0.. of head h.
 template <int D, int LDO>
-__device__ __forceinline__ void store_acc_rows(bf16* dst, float* stage, const AccFrag (&acc)[D / 16], int64_t b,
-                                               int s0, int h, int S, int H) {
+__device__ __forceinline__ void store_acc_rows(bf16* dst, float* stage, const AccFrag (&acc)[D / 16], int64_t b, int s0,
+                                               int h, int S, int H) {
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) wmma::store_matrix_sync(stage + n * 16, acc[n], LDO, wmma::mem_row_major);
   __syncwarp();
@@ -390,8 +393,8 @@ __device__ __forceinline__ void load_row_stats(float* sLse2, float* sDrow, const
 
 template <int D>
 __global__ void __launch_bounds__(kTcThreads)
-    tc_dkdv_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                   const float* lse, const float* drow, int S, int Hq, int Hkv, float scale, DeviceMask mask) {
+    tc_dkdv_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const float* lse,
+                   const float* drow, int S, int Hq, int Hkv, float scale, DeviceMask mask) {
   using L = TcBackwardLayout<D>;
   constexpr int kDt = D / 16;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -502,7 +505,7 @@ __global__ void __launch_bounds__(kTcThreads)
     for (int kc = 0; kc < kTcTile / 16; ++kc) {
       const int ck0 = k0 + kc * 16;
       if (ck0 > wq0 + 15) break;  // this and later chunks lie wholly above the diagonal
-      AccFrag sf, dpf;  // the warp's 16 queries x 16 keys
+      AccFrag sf, dpf;            // the warp's 16 queries x 16 keys
       mma_abt<D, L::kLdh>(sf, sQ + warp * 16 * L::kLdh, sK + kc * 16 * L::kLdh);
       mma_abt<D, L::kLdh>(dpf, sdO + warp * 16 * L::kLdh, sV + kc * 16 * L::kLdh);
 #pragma unroll
@@ -537,8 +540,8 @@ void launch_tc_backward(cudaStream_t stream, void* dq, void* dk, void* dv, const
   launch_tiles(tc_dkdv_kernel<D>, "attention backward dK/dV (tensor core)", kTcTile, kTcThreads, L::kBytes, stream, S,
                Hkv, B, D, static_cast<bf16*>(dk), static_cast<bf16*>(dv), tdout, tq, tk, tv, lse, drow, S, Hq, Hkv,
                scale, mask);
-  launch_tiles(tc_dq_kernel<D>, "attention backward dQ (tensor core)", kTcTile, kTcThreads, L::kBytes, stream, S, Hq,
-               B, D, static_cast<bf16*>(dq), tdout, tq, tk, tv, lse, drow, S, Hq, Hkv, scale, mask);
+  launch_tiles(tc_dq_kernel<D>, "attention backward dQ (tensor core)", kTcTile, kTcThreads, L::kBytes, stream, S, Hq, B,
+               D, static_cast<bf16*>(dq), tdout, tq, tk, tv, lse, drow, S, Hq, Hkv, scale, mask);
 }
 
 }  // namespace

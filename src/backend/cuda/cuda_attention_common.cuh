@@ -179,15 +179,15 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // One warp writes 16 staged fp32 rows (stride ld) as bf16 rows s0..s0+15 of head h; rows at or
 // beyond S are dropped.
 template <int D>
-__device__ __forceinline__ void store_rows_bf16(bf16* dst, const float* stage, int ld, int64_t b, int s0, int h,
-                                                int S, int H) {
+__device__ __forceinline__ void store_rows_bf16(bf16* dst, const float* stage, int ld, int64_t b, int s0, int h, int S,
+                                                int H) {
   constexpr int kChunks = D / 8;
   for (int i = threadIdx.x & 31; i < 16 * kChunks; i += 32) {
     const int r = i / kChunks, c = i % kChunks;
     if (s0 + r >= S) continue;
     const float* x = stage + r * ld + c * 8;
-    const uint4 v = make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]), pack_bf16x2(x[4], x[5]),
-                               pack_bf16x2(x[6], x[7]));
+    const uint4 v =
+        make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]), pack_bf16x2(x[4], x[5]), pack_bf16x2(x[6], x[7]));
     *reinterpret_cast<uint4*>(dst + row_offset(b, s0 + r, h, S, H, D) + c * 8) = v;
   }
 }
@@ -198,11 +198,10 @@ inline void check_shape(const char* what, int64_t B, int64_t S, int64_t Hq, int6
   SO_CHECK(B >= 0 && S >= 0, what, ": negative shape B=", B, " S=", S);
   SO_CHECK(D > 0 && D % 8 == 0 && D <= 256, what, ": head dim D=", D,
            " is not supported (the CUDA kernels need a multiple of 8 up to 256)");
-  SO_CHECK(Hq > 0 && Hkv > 0 && Hq % Hkv == 0, what, ": ", Hq, " query heads are not a multiple of ", Hkv,
-           " KV heads");
+  SO_CHECK(Hq > 0 && Hkv > 0 && Hq % Hkv == 0, what, ": ", Hq, " query heads are not a multiple of ", Hkv, " KV heads");
   // Grid: x = tiles along S, y = heads, z = batch; int token indices (plus a tile) stay in range.
-  SO_CHECK(S <= (int64_t{1} << 30) && Hq <= 65535 && B <= 65535, what, ": shape out of the launch range (B=", B, " S=", S,
-           " Hq=", Hq, ")");
+  SO_CHECK(S <= (int64_t{1} << 30) && Hq <= 65535 && B <= 65535, what, ": shape out of the launch range (B=", B,
+           " S=", S, " Hq=", Hq, ")");
 }
 
 // An entry point's arguments as its launchers take them, the shape checked and the mask on the device.
@@ -230,8 +229,10 @@ inline int select_variant(const char* what, int64_t D, DType dt) {
     return s == "1" ? 1 : 2;
   }();
   if (forced == 2)
-    SO_CHECK(tensor_core_supported(D, dt), what, ": SO_ATTENTION_KERNEL=2 but the tensor-core kernel needs bf16 and D "
-             "in {64, 128}; got ", dtype_name(dt), " with D=", D);
+    SO_CHECK(tensor_core_supported(D, dt), what,
+             ": SO_ATTENTION_KERNEL=2 but the tensor-core kernel needs bf16 and D "
+             "in {64, 128}; got ",
+             dtype_name(dt), " with D=", D);
   if (forced != 0) return forced;
   return tensor_core_supported(D, dt) ? 2 : 1;
 }
@@ -256,8 +257,8 @@ inline void check_smem(size_t needed, size_t limit, const char* kernel, int64_t 
 // dynamic shared memory: the kernel's limit is raised to the device's opt-in on its first launch,
 // a layout the device cannot hold is refused (naming `name` and D), the launch is checked.
 template <typename... Params, typename... Args>
-void launch_tiles(void (*kernel)(Params...), const char* name, int tile, int threads, size_t smem,
-                  cudaStream_t stream, int64_t S, int64_t heads, int64_t B, int64_t D, Args... args) {
+void launch_tiles(void (*kernel)(Params...), const char* name, int tile, int threads, size_t smem, cudaStream_t stream,
+                  int64_t S, int64_t heads, int64_t B, int64_t D, Args... args) {
   static std::mutex mu;
   static std::map<const void*, size_t> limits;  // per kernel (each rank drives one device)
   size_t limit = 0;

@@ -143,9 +143,9 @@ void launch_ref_forward(cudaStream_t stream, void* out, float* lse, const void* 
 
 template <int D>
 struct TcForwardLayout {
-  static constexpr int kLdh = D + 8;                        // bf16 tile row stride (wmma: multiple of 8)
+  static constexpr int kLdh = D + 8;                            // bf16 tile row stride (wmma: multiple of 8)
   static constexpr int kLds = (D > kTcTile ? D : kTcTile) + 4;  // fp32 scores / output staging stride
-  static constexpr int kLdp = kTcTile + 8;                  // bf16 probabilities row stride
+  static constexpr int kLdp = kTcTile + 8;                      // bf16 probabilities row stride
   // Byte offsets; every region starts 32-byte aligned as wmma requires.
   static constexpr size_t kIdx = 0;
   static constexpr size_t kK = kIdx + 256 * sizeof(float);
@@ -237,8 +237,7 @@ __global__ void __launch_bounds__(kTcThreads)
       const float s = (k0 + c > last || k0 + c < first) ? -INFINITY : srow[c] * scale_log2;
       const float p = m_new == -INFINITY ? 0.0f : exp2f(s - m_new);
       psum += p;  // the normaliser sums the undropped P; only P V sees dropout
-      sP[sr * L::kLdp + c] =
-          __float2bfloat16_rn(mask.dropping && p != 0.0f ? p * mask.drop(b, h, qrow, k0 + c, S) : p);
+      sP[sr * L::kLdp + c] = __float2bfloat16_rn(mask.dropping && p != 0.0f ? p * mask.drop(b, h, qrow, k0 + c, S) : p);
     }
     psum += __shfl_xor_sync(0xffffffffu, psum, 1);
     l = l * corr + psum;
@@ -284,8 +283,7 @@ __global__ void __launch_bounds__(kTcThreads)
 
 template <int D>
 void launch_tc_forward(cudaStream_t stream, void* out, float* lse, const void* q, const void* k, const void* v,
-                       int64_t B, int64_t S, int64_t Hq, int64_t Hkv, float scale, DeviceMask mask,
-                       const void* sinks) {
+                       int64_t B, int64_t S, int64_t Hq, int64_t Hkv, float scale, DeviceMask mask, const void* sinks) {
   using L = TcForwardLayout<D>;
   launch_tiles(tc_forward_kernel<D>, "attention forward (tensor core)", kTcTile, kTcThreads, L::kBytes, stream, S, Hq,
                B, D, static_cast<bf16*>(out), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),

@@ -51,7 +51,7 @@ double tensor_bf16_flops_per_clock(int major, int minor) {
 // 1070.5 against the datasheet's 989.4 at 1830). Matched on the device name; 0 = not listed.
 double datasheet_bf16_tflops(const std::string& name) {
   const auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  if (has("H200") && has("NVL")) return 835.5;  // H200 NVL (PCIe card, 600 W): 1671 sparse
+  if (has("H200") && has("NVL")) return 835.5;    // H200 NVL (PCIe card, 600 W): 1671 sparse
   if (has("GH200") || has("H200")) return 989.4;  // H200 SXM, GH200: 1979 sparse
   if (has("H100") && has("PCIe")) return 756.5;
   if (has("H100") && has("NVL")) return 835.5;
@@ -77,11 +77,10 @@ void CudaBackend::FreeHostRecord::operator()(DeviceError* p) const { SO_CUDA_WAR
 CudaBackend::CudaBackend(const BackendOptions& opts) : device_(opts.device < 0 ? 0 : opts.device) {
   const int count = device_count();
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  SO_CHECK(count > 0, "CUDA backend: no usable CUDA device (CUDA_VISIBLE_DEVICES=", visible ? visible : "<unset>",
-           ")");
+  SO_CHECK(count > 0, "CUDA backend: no usable CUDA device (CUDA_VISIBLE_DEVICES=", visible ? visible : "<unset>", ")");
   SO_CHECK(device_ < count, "CUDA backend: device ", device_, " requested, but ", count,
-           " CUDA device(s) are visible (ordinals 0-", count - 1, "; CUDA_VISIBLE_DEVICES=",
-           visible ? visible : "<unset>", ")");
+           " CUDA device(s) are visible (ordinals 0-", count - 1,
+           "; CUDA_VISIBLE_DEVICES=", visible ? visible : "<unset>", ")");
   SO_CUDA_CHECK(cudaSetDevice(device_));
   SO_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
   SO_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz_, cudaDevAttrClockRate, device_));
@@ -123,8 +122,8 @@ CudaBackend::CudaBackend(const BackendOptions& opts) : device_(opts.device < 0 ?
   cudaDeviceProp prop{};
   SO_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   device_name_ = prop.name;
-  log_info(str_cat("CUDA backend: device ", device_, " ", prop.name, " (sm_", cc_major_, cc_minor_, ", ",
-                   sm_count_, " SMs, ", clock_khz_ / 1000, " MHz, ", prop.totalGlobalMem >> 20, " MiB; capacity ",
+  log_info(str_cat("CUDA backend: device ", device_, " ", prop.name, " (sm_", cc_major_, cc_minor_, ", ", sm_count_,
+                   " SMs, ", clock_khz_ / 1000, " MHz, ", prop.totalGlobalMem >> 20, " MiB; capacity ",
                    allocator_->stats().capacity >> 20, " MiB)"));
 }
 
@@ -324,16 +323,15 @@ void CudaBackend::host_func(Stream& s, std::function<void()> fn) {
     // Deliberately leaked: fn may hold buffers (release_after) that queued work still uses, and
     // handing those back to the allocator now could let a new allocation overlap them.
     (void)call.release();
-    SO_FAIL("enqueueing a host function on the ", stream_kind_name(s.kind()), " stream failed: ",
-            cuda_error_text(err));
+    SO_FAIL("enqueueing a host function on the ", stream_kind_name(s.kind()), " stream failed: ", cuda_error_text(err));
   }
   (void)call.release();  // host_call_trampoline owns it now
 }
 
 void CudaBackend::check_enqueued(cudaError_t result, const char* op, size_t bytes, const Stream& s) const {
   if (result != cudaSuccess)
-    SO_FAIL(op, " of ", bytes, " bytes on the ", stream_kind_name(s.kind()), " stream failed: ",
-            cuda_error_text(result));
+    SO_FAIL(op, " of ", bytes, " bytes on the ", stream_kind_name(s.kind()),
+            " stream failed: ", cuda_error_text(result));
 }
 
 void CudaBackend::copy_h2d(void* dst, const void* src, size_t bytes, Stream& s) {
@@ -381,8 +379,8 @@ void CudaBackend::unpin_host_memory(void* ptr) {
   if (err == cudaSuccess) return;
   (void)cudaGetLastError();
   if (err != cudaErrorHostMemoryNotRegistered)  // not pinned (any more): nothing to undo
-    log(LogLevel::Error, str_cat("cannot unpin host memory at ", ptr, " (cudaHostUnregister): ",
-                                 cuda_error_text(err), "; ignored"));
+    log(LogLevel::Error,
+        str_cat("cannot unpin host memory at ", ptr, " (cudaHostUnregister): ", cuda_error_text(err), "; ignored"));
 }
 
 Ops& CudaBackend::ops() {

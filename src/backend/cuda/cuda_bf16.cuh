@@ -28,9 +28,13 @@ __device__ __forceinline__ float to_float(bf16 x) { return __uint_as_float(stati
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
 template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ bf16 from_float<bf16>(float x) { return bf16{f32_to_bf16_bits(x)}; }
+__device__ __forceinline__ bf16 from_float<bf16>(float x) {
+  return bf16{f32_to_bf16_bits(x)};
+}
 
 // N elements of T as one aligned object, so a group load/store compiles to vector instructions.
 template <typename T, int N>

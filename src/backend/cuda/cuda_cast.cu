@@ -34,8 +34,8 @@ int device_count() {
 void launch_cast(cudaStream_t stream, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) {
   if (n == 0) return;
   if (dst_dt == src_dt) {  // a byte copy: bf16 NaN payloads pass through untouched, as on the CPU
-    SO_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(dst_dt), cudaMemcpyDeviceToDevice,
-                                  stream));
+    SO_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(dst_dt), cudaMemcpyDeviceToDevice, stream));
     return;
   }
   dispatch_dtype(dst_dt, [&](auto d) {
@@ -46,7 +46,7 @@ void launch_cast(cudaStream_t stream, void* dst, DType dst_dt, const void* src, 
       with_vector_width<8>(aligned16(dst) && aligned16(src), [&](auto vw) {
         constexpr int N = decltype(vw)::value;
         cast_kernel<D, S, N><<<grid_for_elements(n, N), kBlockThreads, 0, stream>>>(static_cast<D*>(dst),
-                                                                                  static_cast<const S*>(src), n);
+                                                                                    static_cast<const S*>(src), n);
         SO_CUDA_CHECK(cudaGetLastError());
       });
     });

@@ -7,12 +7,12 @@
 #include "so/core/error.h"
 #include "so/core/log.h"
 
-#define SO_CUDA_CHECK(call)                                                                          \
-  do {                                                                                               \
-    cudaError_t so_cuda_err_ = (call);                                                               \
-    if (so_cuda_err_ != cudaSuccess)                                                                 \
-      SO_FAIL("CUDA call failed: ", #call, ": ", cudaGetErrorName(so_cuda_err_), " (",              \
-              cudaGetErrorString(so_cuda_err_), ")");                                                \
+#define SO_CUDA_CHECK(call)                                                            \
+  do {                                                                                 \
+    cudaError_t so_cuda_err_ = (call);                                                 \
+    if (so_cuda_err_ != cudaSuccess)                                                   \
+      SO_FAIL("CUDA call failed: ", #call, ": ", cudaGetErrorName(so_cuda_err_), " (", \
+              cudaGetErrorString(so_cuda_err_), ")");                                  \
   } while (0)
 
 #define SO_CUBLAS_CHECK(call)                                                                        \
@@ -23,11 +23,11 @@
               cublasLtGetStatusString(so_cublas_status_), ")");                                      \
   } while (0)
 
-#define SO_CUDA_WARN(call)                                                                           \
-  do {                                                                                               \
-    cudaError_t so_cuda_err_ = (call);                                                               \
-    if (so_cuda_err_ != cudaSuccess)                                                                 \
-      ::so::log(::so::LogLevel::Error, ::so::str_cat("CUDA call failed (ignored during cleanup): ", #call, ": ", \
-                                                     cudaGetErrorName(so_cuda_err_), " (",           \
-                                                     cudaGetErrorString(so_cuda_err_), ")"));        \
+#define SO_CUDA_WARN(call)                                                                                   \
+  do {                                                                                                       \
+    cudaError_t so_cuda_err_ = (call);                                                                       \
+    if (so_cuda_err_ != cudaSuccess)                                                                         \
+      ::so::log(::so::LogLevel::Error,                                                                       \
+                ::so::str_cat("CUDA call failed (ignored during cleanup): ", #call, ": ",                    \
+                              cudaGetErrorName(so_cuda_err_), " (", cudaGetErrorString(so_cuda_err_), ")")); \
   } while (0)

@@ -102,8 +102,8 @@ void launch_cross_entropy(cudaStream_t stream, float* loss_acc, void* dlogits, c
     // Groups of 4: one float4 of logits; a bf16 dlogits group is then an 8-byte store.
     with_vector_width<4>(aligned16(logits) && aligned16(dlogits) && V % 4 == 0, [&](auto vw) {
       constexpr int N = decltype(vw)::value;
-      cross_entropy_rows_kernel<X, N><<<grid_for(rows), kRowThreads, 0, stream>>>(
-          nll, static_cast<X*>(dlogits), logits, targets, rows, V, scale, z_loss, err);
+      cross_entropy_rows_kernel<X, N><<<grid_for(rows), kRowThreads, 0, stream>>>(nll, static_cast<X*>(dlogits), logits,
+                                                                                  targets, rows, V, scale, z_loss, err);
       SO_CUDA_CHECK(cudaGetLastError());
     });
   });

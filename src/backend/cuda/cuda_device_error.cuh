@@ -12,8 +12,7 @@ namespace so::cuda {
 __device__ __forceinline__ void report_device_error(DeviceError* err, DeviceErrorCode code, int64_t index,
                                                     int64_t value, int64_t limit) {
   if (err == nullptr) return;
-  if (atomicCAS(&err->code, static_cast<int>(kDeviceErrorNone), static_cast<int>(code)) != kDeviceErrorNone)
-    return;
+  if (atomicCAS(&err->code, static_cast<int>(kDeviceErrorNone), static_cast<int>(code)) != kDeviceErrorNone) return;
   err->index = index;
   err->value = value;
   err->limit = limit;

@@ -32,7 +32,8 @@ __global__ void dropout_kernel(T* dst, const T* src, int64_t rows, int64_t cols,
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / cols, c = i % cols;
-    apply(dst[i], src[i], dropout_keep(m.key, dropout_token(m, m.row0 + r), static_cast<uint64_t>(c), threshold), scale);
+    apply(dst[i], src[i], dropout_keep(m.key, dropout_token(m, m.row0 + r), static_cast<uint64_t>(c), threshold),
+          scale);
   }
 }
 

@@ -63,9 +63,8 @@ __device__ int64_t run_end(const uint32_t* keys, int64_t lo, int64_t T, uint32_t
 // Block per sorted index i; the block at the start of an id's run adds the run's dout rows, in
 // position order, to that id's table row. Threads own N-element column groups of the row.
 template <typename T, int N>
-__global__ void embedding_backward_runs_kernel(T* dtable, const T* dout, const uint32_t* keys,
-                                               const int32_t* positions, int64_t T_, int64_t V, int64_t H,
-                                               int64_t padding_idx) {
+__global__ void embedding_backward_runs_kernel(T* dtable, const T* dout, const uint32_t* keys, const int32_t* positions,
+                                               int64_t T_, int64_t V, int64_t H, int64_t padding_idx) {
   for (int64_t i = blockIdx.x; i < T_; i += gridDim.x) {
     const uint32_t key = keys[i];
     if (key == static_cast<uint32_t>(V) || key == padding_idx || (i > 0 && keys[i - 1] == key)) continue;
@@ -101,8 +100,7 @@ int key_bits(int64_t V) {
 }
 
 SortWorkspace sort_workspace(int64_t T, int64_t V) {
-  SO_CHECK(T <= INT32_MAX && V <= INT32_MAX, "embedding_backward: T = ", T, " and V = ", V,
-           " must fit in int32");
+  SO_CHECK(T <= INT32_MAX && V <= INT32_MAX, "embedding_backward: T = ", T, " and V = ", V, " must fit in int32");
   size_t cub_bytes = 0;
   SO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes, static_cast<const uint32_t*>(nullptr),
                                                 static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
@@ -119,9 +117,7 @@ void launch_embedding_forward(cudaStream_t stream, void* out, const void* table,
   launch_gather_rows(stream, out, table, T, static_cast<size_t>(H) * dtype_size(dt), TokenRow{tokens, V, err});
 }
 
-size_t embedding_backward_workspace_bytes(int64_t T, int64_t V) {
-  return T == 0 ? 0 : sort_workspace(T, V).total;
-}
+size_t embedding_backward_workspace_bytes(int64_t T, int64_t V) { return T == 0 ? 0 : sort_workspace(T, V).total; }
 
 void launch_embedding_backward(cudaStream_t stream, void* dtable_acc, const void* dout, const int32_t* tokens,
                                int64_t T, int64_t V, int64_t H, int64_t padding_idx, DType dt, DeviceError* err,
@@ -136,8 +132,8 @@ void launch_embedding_backward(cudaStream_t stream, void* dtable_acc, const void
   auto* positions_in = reinterpret_cast<int32_t*>(base + ws.positions_in);
   auto* positions_out = reinterpret_cast<int32_t*>(base + ws.positions_out);
 
-  embedding_sort_inputs_kernel<<<grid_for_elements(T, 1), kBlockThreads, 0, stream>>>(keys_in, positions_in, tokens,
-                                                                                        T, V, err);
+  embedding_sort_inputs_kernel<<<grid_for_elements(T, 1), kBlockThreads, 0, stream>>>(keys_in, positions_in, tokens, T,
+                                                                                      V, err);
   SO_CUDA_CHECK(cudaGetLastError());
   size_t cub_bytes = ws.cub_bytes;
   SO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + ws.cub_temp, cub_bytes, keys_in, keys_out, positions_in,

@@ -118,8 +118,8 @@ CublasLtGemm::CublasLtGemm() : impl_(std::make_unique<Impl>()) {
 
 CublasLtGemm::~CublasLtGemm() = default;
 
-void CublasLtGemm::gemm(cudaStream_t stream, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                        float alpha, const void* A, const void* B, DType ab, float beta, void* C, DType c) {
+void CublasLtGemm::gemm(cudaStream_t stream, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                        const void* A, const void* B, DType ab, float beta, void* C, DType c) {
   auto what = [&] {
     return str_cat("gemm M=", M, " N=", N, " K=", K, trans_a ? " A^T" : " A", trans_b ? " B^T" : " B", " (",
                    dtype_name(ab), " inputs, ", dtype_name(c), " C, beta=", beta, ")");
@@ -179,12 +179,12 @@ void CublasLtGemm::gemm(cudaStream_t stream, bool trans_a, bool trans_b, int64_t
 
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    check(cublasLtMatmulAlgoGetHeuristic(impl_->handle.get(), p.desc.get(), p.a.get(), p.b.get(), p.c.get(),
-                                         p.c.get(), pref.get(), 1, &result, &found),
+    check(cublasLtMatmulAlgoGetHeuristic(impl_->handle.get(), p.desc.get(), p.a.get(), p.b.get(), p.c.get(), p.c.get(),
+                                         pref.get(), 1, &result, &found),
           "cublasLtMatmulAlgoGetHeuristic");
     SO_CHECK(found > 0 && result.state == CUBLAS_STATUS_SUCCESS, what(),
-             ": cuBLASLt has no algorithm for this shape, dtype combination and alignment (A ", key.align_a,
-             " B ", key.align_b, " C ", key.align_c, " bytes)");
+             ": cuBLASLt has no algorithm for this shape, dtype combination and alignment (A ", key.align_a, " B ",
+             key.align_b, " C ", key.align_c, " bytes)");
     p.algo = result.algo;
     // Bounded: a model has a few dozen shapes, but a caller whose sizes vary (a new M per call)
     // would grow the cache without end. Past the bound it starts over (plans are host-side
@@ -194,8 +194,8 @@ void CublasLtGemm::gemm(cudaStream_t stream, bool trans_a, bool trans_b, int64_t
   }
   const Plan& p = it->second;
   void* ws = impl_->workspace_for(stream);
-  check(cublasLtMatmul(impl_->handle.get(), p.desc.get(), &alpha, B, p.a.get(), A, p.b.get(), &beta, C, p.c.get(),
-                       C, p.c.get(), &p.algo, ws, kWorkspaceBytes, stream),
+  check(cublasLtMatmul(impl_->handle.get(), p.desc.get(), &alpha, B, p.a.get(), A, p.b.get(), &beta, C, p.c.get(), C,
+                       p.c.get(), &p.algo, ws, kWorkspaceBytes, stream),
         "cublasLtMatmul");
 }
 

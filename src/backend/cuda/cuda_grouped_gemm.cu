@@ -40,7 +40,7 @@ struct Args {
   int64_t M, N, K;
   float alpha, beta;
   bool trans_b, c_f32, per_group;
-  bool vec_a, vec_b;  // bf16 operands read 16 bytes at a time (load_a8 / load_b8)
+  bool vec_a, vec_b;                                // bf16 operands read 16 bytes at a time (load_a8 / load_b8)
   const void* group_matrix[kMaxGroupedGemmGroups];  // per_group: B (vary_m) or C (vary_k) of each group
 };
 
@@ -116,7 +116,8 @@ __device__ __forceinline__ void load_a8(Smem<bf16>& s, const Args& a, const Tile
       scatter8(&s.a[m * kLda + k], kLda, v);
     } else {  // A [rows, K]: 8 consecutive k of one row
       const int m = c / (kTK / 8), k = (c % (kTK / 8)) * 8;
-      *reinterpret_cast<uint4*>(&s.a[m * kLda + k]) = load8(a.A, (t.r0 + m) * a.K + k0 + k, m < t.m_rows && k0 + k < t.k_len);
+      *reinterpret_cast<uint4*>(&s.a[m * kLda + k]) =
+          load8(a.A, (t.r0 + m) * a.K + k0 + k, m < t.m_rows && k0 + k < t.k_len);
     }
   }
 }
@@ -133,7 +134,8 @@ __device__ __forceinline__ void load_b8(Smem<bf16>& s, const Args& a, const Tile
       const int k = c / (kTN / 8), n = (c % (kTN / 8)) * 8;
       const int64_t row = kVaryK ? t.r0 + k0 + k : static_cast<int64_t>(k0 + k);
       const void* base = kVaryK ? a.B : t.b;
-      *reinterpret_cast<uint4*>(&s.b[k * kLdb + n]) = load8(base, row * a.N + t.n0 + n, k0 + k < t.k_len && t.n0 + n < a.N);
+      *reinterpret_cast<uint4*>(&s.b[k * kLdb + n]) =
+          load8(base, row * a.N + t.n0 + n, k0 + k < t.k_len && t.n0 + n < a.N);
     }
   }
 }
@@ -204,8 +206,10 @@ __device__ void tile_bf16(const Args& a, const Tile& t) {
     for (int kk = 0; kk < kTK; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
       wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb[2];
-      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], sa + (wr + i * 16) * Smem<bf16>::kLda + kk, Smem<bf16>::kLda);
-      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], sb + kk * Smem<bf16>::kLdb + wc + j * 16, Smem<bf16>::kLdb);
+      for (int i = 0; i < 2; ++i)
+        wmma::load_matrix_sync(fa[i], sa + (wr + i * 16) * Smem<bf16>::kLda + kk, Smem<bf16>::kLda);
+      for (int j = 0; j < 2; ++j)
+        wmma::load_matrix_sync(fb[j], sb + kk * Smem<bf16>::kLdb + wc + j * 16, Smem<bf16>::kLdb);
       for (int i = 0; i < 2; ++i)
         for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
     }
@@ -213,8 +217,7 @@ __device__ void tile_bf16(const Args& a, const Tile& t) {
   }
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(sc + (wr + i * 16) * kLdc + wc + j * 16, acc[i][j], kLdc,
-                              wmma::mem_row_major);
+      wmma::store_matrix_sync(sc + (wr + i * 16) * kLdc + wc + j * 16, acc[i][j], kLdc, wmma::mem_row_major);
   __syncthreads();
   for (int i = threadIdx.x; i < kTM * kTN; i += kThreads)
     store_c(a, t, i / kTN, i % kTN, sc[(i / kTN) * kLdc + i % kTN]);
@@ -285,8 +288,8 @@ __global__ void __launch_bounds__(kThreads) vary_k_kernel(const __grid_constant_
   t.m_rows = static_cast<int>(min(static_cast<int64_t>(kTM), a.M - t.m0));
   t.k_len = hi > lo ? hi - lo : 0;  // an empty group: C = beta * C
   t.b = nullptr;
-  t.c = a.per_group ? const_cast<void*>(a.group_matrix[g])
-                    : static_cast<char*>(a.C) + g * a.M * a.N * (a.c_f32 ? 4 : 2);
+  t.c =
+      a.per_group ? const_cast<void*>(a.group_matrix[g]) : static_cast<char*>(a.C) + g * a.M * a.N * (a.c_f32 ? 4 : 2);
   run_tile<T, true>(a, t);
 }
 

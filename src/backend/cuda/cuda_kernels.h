@@ -45,8 +45,8 @@ void launch_rmsnorm_backward(cudaStream_t stream, void* dx, void* dw_acc, const 
 
 // In-place rotate_half rotary embedding of x[T, heads, head_dim] (inverse: the transpose rotation);
 // angles in double as the CPU computes them, rotations without FMA contraction.
-void launch_rope(cudaStream_t stream, void* x, const int32_t* positions, int64_t T, int64_t heads,
-                 int64_t head_dim, const double* inv_freq, float attention_scale, bool inverse, DType dt);
+void launch_rope(cudaStream_t stream, void* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim,
+                 const double* inv_freq, float attention_scale, bool inverse, DType dt);
 
 // out = silu(gate) * up, elementwise.
 void launch_swiglu_forward(cudaStream_t stream, void* out, const void* gate, const void* up, int64_t n, DType dt);
@@ -60,14 +60,14 @@ void launch_swiglu_rows_backward(cudaStream_t stream, void* dgate_up, const void
                                  int64_t rows, int64_t cols, DType dt);
 
 // Residual dropout (Ops::dropout_add / dropout_backward), the mask of include/so/backend/dropout_mask.h.
-void launch_dropout_add(cudaStream_t stream, void* x, const void* y, int64_t rows, int64_t cols,
-                        const DropoutMask& m, DType dt);
+void launch_dropout_add(cudaStream_t stream, void* x, const void* y, int64_t rows, int64_t cols, const DropoutMask& m,
+                        DType dt);
 void launch_dropout_backward(cudaStream_t stream, void* dy, const void* dx, int64_t rows, int64_t cols,
                              const DropoutMask& m, DType dt);
 
 // Mixture of experts (cuda_moe_kernels.cu), semantics of the Ops calls of the same names.
-void launch_moe_route(cudaStream_t stream, const MoeRouting& r, float* weights, int32_t* experts,
-                      const float* logits, int64_t T);
+void launch_moe_route(cudaStream_t stream, const MoeRouting& r, float* weights, int32_t* experts, const float* logits,
+                      int64_t T);
 void launch_moe_route_backward(cudaStream_t stream, const MoeRouting& r, float* dlogits, const float* dweights,
                                const float* logits, const int32_t* experts, const float* aux_dprob, int64_t T);
 // workspace: E int32 (the per-expert counts).
@@ -98,8 +98,7 @@ size_t cross_entropy_workspace_bytes(int64_t rows);
 // float(scale * sum). Targets >= V go to err.
 void launch_cross_entropy(cudaStream_t stream, float* loss_acc, void* dlogits, const float* logits,
                           const int32_t* targets, int64_t rows, int64_t V, float scale, float z_loss, DType dt,
-                          DeviceError* err,
-                          void* workspace, size_t workspace_bytes);
+                          DeviceError* err, void* workspace, size_t workspace_bytes);
 
 size_t sum_squares_workspace_bytes(int64_t n);
 // out_acc += float(sum of x^2): double sums over kSumSquaresChunk-element chunks (one block each),
@@ -120,8 +119,8 @@ void launch_transpose_blocks(cudaStream_t stream, void* dst, const void* src, in
 
 // Forward: out[r][h*copies + c][:] = in[r][h][:] (a row gather). reverse: out[r][h][:] = sum over
 // c in order of in[r][h*copies + c][:], in fp32.
-void launch_replicate_heads(cudaStream_t stream, void* out, const void* in, int64_t rows, int64_t heads,
-                            int64_t copies, int64_t head_dim, bool reverse, DType dt);
+void launch_replicate_heads(cudaStream_t stream, void* out, const void* in, int64_t rows, int64_t heads, int64_t copies,
+                            int64_t head_dim, bool reverse, DType dt);
 
 // Ops::adam: optim::adamw_reference and optim::AdamKernels' rollback and redo element by element, bit
 // for bit (same operation order, FMAs where they have them), with the constants the host derived

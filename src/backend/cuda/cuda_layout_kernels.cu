@@ -50,8 +50,8 @@ void launch_transpose_blocks(cudaStream_t stream, void* dst, const void* src, in
   launch_gather_rows(stream, dst, src, d0 * d1, static_cast<size_t>(inner) * dtype_size(dt), TransposedRow{d0, d1});
 }
 
-void launch_replicate_heads(cudaStream_t stream, void* out, const void* in, int64_t rows, int64_t heads,
-                            int64_t copies, int64_t head_dim, bool reverse, DType dt) {
+void launch_replicate_heads(cudaStream_t stream, void* out, const void* in, int64_t rows, int64_t heads, int64_t copies,
+                            int64_t head_dim, bool reverse, DType dt) {
   if (!reverse) {
     launch_gather_rows(stream, out, in, rows * heads * copies, static_cast<size_t>(head_dim) * dtype_size(dt),
                        ReplicatedRow{copies});

@@ -219,8 +219,8 @@ unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kBlockThreads
 
 }  // namespace
 
-void launch_moe_route(cudaStream_t stream, const MoeRouting& r, float* weights, int32_t* experts,
-                      const float* logits, int64_t T) {
+void launch_moe_route(cudaStream_t stream, const MoeRouting& r, float* weights, int32_t* experts, const float* logits,
+                      int64_t T) {
   if (T == 0) return;
   route_kernel<<<blocks_for(T), kBlockThreads, 0, stream>>>(weights, experts, logits, T, r);
   SO_CUDA_CHECK(cudaGetLastError());
@@ -229,8 +229,8 @@ void launch_moe_route(cudaStream_t stream, const MoeRouting& r, float* weights, 
 void launch_moe_route_backward(cudaStream_t stream, const MoeRouting& r, float* dlogits, const float* dweights,
                                const float* logits, const int32_t* experts, const float* aux_dprob, int64_t T) {
   if (T == 0) return;
-  route_backward_kernel<<<blocks_for(T), kBlockThreads, 0, stream>>>(dlogits, dweights, logits, experts, aux_dprob,
-                                                                     T, r);
+  route_backward_kernel<<<blocks_for(T), kBlockThreads, 0, stream>>>(dlogits, dweights, logits, experts, aux_dprob, T,
+                                                                     r);
   SO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -354,7 +354,7 @@ void launch_moe_expert_stats(cudaStream_t stream, int64_t* counts_acc, double* t
     SO_CUDA_CHECK(cudaGetLastError());
   }
   expert_stats_kernel<<<static_cast<unsigned>(E), kBlockThreads, 0, stream>>>(counts_acc, tokens, probs, logits, stats,
-                                                                               offsets, T, static_cast<int>(E));
+                                                                              offsets, T, static_cast<int>(E));
   SO_CUDA_CHECK(cudaGetLastError());
 }
 

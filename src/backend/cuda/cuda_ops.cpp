@@ -60,13 +60,12 @@ void CudaOps::embedding_backward(Stream& s, const EmbeddingShape& e, void* dtabl
                             scratch(s, bytes), bytes);
 }
 
-void CudaOps::rmsnorm_forward(Stream& s, const RmsNormShape& n, void* out, float* rstd, const void* x,
-                              const void* w) {
+void CudaOps::rmsnorm_forward(Stream& s, const RmsNormShape& n, void* out, float* rstd, const void* x, const void* w) {
   launch_rmsnorm_forward(raw(s), out, rstd, x, w, n.rows, n.dim, n.eps, n.dtype);
 }
 
-void CudaOps::rmsnorm_backward(Stream& s, const RmsNormShape& n, const RmsNormGrads& g, const void* dout,
-                               const void* x, const void* w, const float* rstd) {
+void CudaOps::rmsnorm_backward(Stream& s, const RmsNormShape& n, const RmsNormGrads& g, const void* dout, const void* x,
+                               const void* w, const float* rstd) {
   const size_t bytes = rmsnorm_backward_workspace_bytes(n.rows, n.dim);
   launch_rmsnorm_backward(raw(s), g.dx, g.dw_acc, dout, x, w, rstd, n.rows, n.dim, g.accumulate, n.dtype,
                           scratch(s, bytes), bytes);
@@ -83,7 +82,8 @@ const CudaOps::AttentionChoice& CudaOps::attention_choice(const AttentionShape& 
              dropout = mask.dropout.p > 0.0f;
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &a.scale, sizeof scale_bits);
-  const auto key = std::tuple{a.B, a.S, a.Hq, a.Hkv, a.D, scale_bits, documents, padded, mask.window, sinks, dropout, dt};
+  const auto key =
+      std::tuple{a.B, a.S, a.Hq, a.Hkv, a.D, scale_bits, documents, padded, mask.window, sinks, dropout, dt};
   if (auto it = attention_choices_.find(key); it != attention_choices_.end()) return it->second;
   const char* forced = std::getenv("SO_ATTENTION_KERNEL");  // a flash variant forced (tests, benchmarks)
   const std::string flash = "flash kernels (ours)";
@@ -99,8 +99,8 @@ const CudaOps::AttentionChoice& CudaOps::attention_choice(const AttentionShape& 
       const MemoryStats m = backend_.memory_stats();
       const size_t ws = cudnn_->workspace_bytes(a, mask);
       if (m.capacity > 0 && ws > m.capacity - std::min(m.capacity, m.in_use))
-        why = str_cat("its workspace of ", ws >> 20, " MiB does not fit the ", (m.capacity - std::min(m.capacity, m.in_use)) >> 20,
-                      " MiB left of the device pool");
+        why = str_cat("its workspace of ", ws >> 20, " MiB does not fit the ",
+                      (m.capacity - std::min(m.capacity, m.in_use)) >> 20, " MiB left of the device pool");
     }
     if (why.empty() && deterministic_attention_ && attention_mode_ == "auto") {
       // The deterministic backward's workspace grows as S^2 on Hopper: past a share of the
@@ -117,11 +117,12 @@ const CudaOps::AttentionChoice& CudaOps::attention_choice(const AttentionShape& 
   if (why.empty()) {
     c.cudnn = true;
     const std::string parts = CudnnAttention::mask_text(mask);
-    c.description = str_cat("cuDNN ", cudnn_->version(), " fused SDPA (", deterministic_attention_ ? "deterministic" : "atomic",
-                            " backward", parts.empty() ? std::string() : ", " + parts, ")");
+    c.description =
+        str_cat("cuDNN ", cudnn_->version(), " fused SDPA (", deterministic_attention_ ? "deterministic" : "atomic",
+                " backward", parts.empty() ? std::string() : ", " + parts, ")");
   } else {
-    SO_CHECK(attention_mode_ != "cudnn", "backend.attention is cudnn, but cuDNN cannot take attention over ", a.text(), " ",
-             dtype_name(dt), ": ", why);
+    SO_CHECK(attention_mode_ != "cudnn", "backend.attention is cudnn, but cuDNN cannot take attention over ", a.text(),
+             " ", dtype_name(dt), ": ", why);
     c.description = str_cat(flash, " — not cuDNN: ", why);
   }
   return attention_choices_.emplace(key, std::move(c)).first->second;
@@ -182,8 +183,8 @@ void CudaOps::dropout_add(Stream& s, void* x, const void* y, int64_t rows, int64
   launch_dropout_add(raw(s), x, y, rows, cols, m, dt);
 }
 
-void CudaOps::dropout_backward(Stream& s, void* dy, const void* dx, int64_t rows, int64_t cols,
-                               const DropoutMask& m, DType dt) {
+void CudaOps::dropout_backward(Stream& s, void* dy, const void* dx, int64_t rows, int64_t cols, const DropoutMask& m,
+                               DType dt) {
   launch_dropout_backward(raw(s), dy, dx, rows, cols, m, dt);
 }
 
@@ -192,8 +193,8 @@ void CudaOps::swiglu_backward(Stream& s, void* dgate, void* dup, const void* dou
   launch_swiglu_backward(raw(s), dgate, dup, dout, gate, up, n, dt);
 }
 
-void CudaOps::cross_entropy(Stream& s, const CrossEntropyLoss& c, float* loss_acc, void* dlogits,
-                            const float* logits, const int32_t* targets) {
+void CudaOps::cross_entropy(Stream& s, const CrossEntropyLoss& c, float* loss_acc, void* dlogits, const float* logits,
+                            const int32_t* targets) {
   const size_t bytes = cross_entropy_workspace_bytes(c.rows);
   launch_cross_entropy(raw(s), loss_acc, dlogits, logits, targets, c.rows, c.V, c.scale, c.z_loss, c.dtype,
                        device_error_, scratch(s, bytes), bytes);
@@ -211,8 +212,8 @@ void CudaOps::moe_route_backward(Stream& s, const MoeRouting& r, float* dlogits,
   launch_moe_route_backward(raw(s), r, dlogits, dweights, logits, experts, aux_dprob, T);
 }
 
-void CudaOps::moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets,
-                             const int32_t* experts, int64_t T, int64_t k, int64_t E) {
+void CudaOps::moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets, const int32_t* experts,
+                             int64_t T, int64_t k, int64_t E) {
   launch_moe_sort_slots(raw(s), slot_of, row_of, offsets, experts, T, k, E, scratch(s, E * sizeof(int32_t)));
 }
 
@@ -274,8 +275,8 @@ void CudaOps::cast(Stream& s, void* dst, DType dst_dt, const void* src, DType sr
   launch_cast(raw(s), dst, dst_dt, src, src_dt, n);
 }
 
-void CudaOps::copy_columns(Stream& s, void* dst, int64_t dst_stride, const void* src, int64_t src_stride,
-                           int64_t rows, int64_t cols, DType dt) {
+void CudaOps::copy_columns(Stream& s, void* dst, int64_t dst_stride, const void* src, int64_t src_stride, int64_t rows,
+                           int64_t cols, DType dt) {
   if (rows == 0 || cols == 0) return;
   const size_t e = dtype_size(dt);
   SO_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_stride) * e, src, static_cast<size_t>(src_stride) * e,
@@ -283,8 +284,7 @@ void CudaOps::copy_columns(Stream& s, void* dst, int64_t dst_stride, const void*
                                   raw(s)));
 }
 
-void CudaOps::transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner,
-                               DType dt) {
+void CudaOps::transpose_blocks(Stream& s, void* dst, const void* src, int64_t d0, int64_t d1, int64_t inner, DType dt) {
   launch_transpose_blocks(raw(s), dst, src, d0, d1, inner, dt);
 }
 

@@ -33,10 +33,9 @@ class CudaOps final : public Ops {
   void gemm(Stream& s, const Gemm& g) override;
   void embedding_forward(Stream& s, const EmbeddingShape& e, void* out, const void* table,
                          const int32_t* tokens) override;
-  void embedding_backward(Stream& s, const EmbeddingShape& e, void* dtable_acc, const void* dout,
-                          const int32_t* tokens, int64_t padding_idx) override;
-  void rmsnorm_forward(Stream& s, const RmsNormShape& n, void* out, float* rstd, const void* x,
-                       const void* w) override;
+  void embedding_backward(Stream& s, const EmbeddingShape& e, void* dtable_acc, const void* dout, const int32_t* tokens,
+                          int64_t padding_idx) override;
+  void rmsnorm_forward(Stream& s, const RmsNormShape& n, void* out, float* rstd, const void* x, const void* w) override;
   void rmsnorm_backward(Stream& s, const RmsNormShape& n, const RmsNormGrads& g, const void* dout, const void* x,
                         const void* w, const float* rstd) override;
   void rope(Stream& s, const Rope& r, void* x, bool inverse) override;
@@ -52,8 +51,8 @@ class CudaOps final : public Ops {
                    DType dt) override;
   void dropout_backward(Stream& s, void* dy, const void* dx, int64_t rows, int64_t cols, const DropoutMask& m,
                         DType dt) override;
-  void swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up,
-                       int64_t n, DType dt) override;
+  void swiglu_backward(Stream& s, void* dgate, void* dup, const void* dout, const void* gate, const void* up, int64_t n,
+                       DType dt) override;
   void swiglu_rows_forward(Stream& s, void* out, const void* gate_up, int64_t rows, int64_t cols, DType dt) override;
   void swiglu_rows_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
                             int64_t cols, DType dt) override;
@@ -63,13 +62,13 @@ class CudaOps final : public Ops {
                  int64_t T) override;
   void moe_route_backward(Stream& s, const MoeRouting& r, float* dlogits, const float* dweights, const float* logits,
                           const int32_t* experts, const float* aux_dprob, int64_t T) override;
-  void moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets, const int32_t* experts,
-                      int64_t T, int64_t k, int64_t E) override;
+  void moe_sort_slots(Stream& s, int32_t* slot_of, int32_t* row_of, int32_t* offsets, const int32_t* experts, int64_t T,
+                      int64_t k, int64_t E) override;
   void moe_dispatch(Stream& s, const MoeSlots& m, void* dst, const void* x, const int32_t* slot_of) override;
-  void moe_combine(Stream& s, const MoeSlots& m, void* out, const void* y, const float* weights,
-                   const int32_t* row_of, bool accumulate) override;
-  void moe_combine_backward(Stream& s, const MoeSlots& m, void* dy, float* dweights, const void* dout,
-                            const void* y, const float* weights, const int32_t* slot_of) override;
+  void moe_combine(Stream& s, const MoeSlots& m, void* out, const void* y, const float* weights, const int32_t* row_of,
+                   bool accumulate) override;
+  void moe_combine_backward(Stream& s, const MoeSlots& m, void* dy, float* dweights, const void* dout, const void* y,
+                            const float* weights, const int32_t* slot_of) override;
   void grouped_gemm(Stream& s, const GroupedGemm& g) override;
   void moe_expert_stats(Stream& s, int64_t* counts_acc, double* tokens, double* probs, const float* logits,
                         const int32_t* offsets, int64_t T, int64_t E) override;
@@ -77,8 +76,8 @@ class CudaOps final : public Ops {
                     double* probs) override;
   void clamped_swiglu_forward(Stream& s, void* out, const void* gate_up, int64_t n, float alpha, float limit,
                               DType dt) override;
-  void clamped_swiglu_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t n,
-                               float alpha, float limit, DType dt) override;
+  void clamped_swiglu_backward(Stream& s, void* dgate_up, const void* dout, const void* gate_up, int64_t n, float alpha,
+                               float limit, DType dt) override;
   void sum_squares(Stream& s, float* out_acc, const void* x, int64_t n, DType dt) override;
   void sum_in_order(Stream& s, double* rank_sum, const float* bucket_sums, int64_t n) override;
   void clip_decision(Stream& s, ClipDecision* out, const double* rank_sums, int ranks, float max_norm) override;

@@ -7,7 +7,9 @@ namespace so::cuda {
 
 struct SumOp {
   template <typename V>
-  __device__ __forceinline__ V operator()(V a, V b) const { return a + b; }
+  __device__ __forceinline__ V operator()(V a, V b) const {
+    return a + b;
+  }
 };
 
 // fmaxf ignores a NaN operand, as the CPU's std::max(mx, z) does (the NaN still reaches the sum).

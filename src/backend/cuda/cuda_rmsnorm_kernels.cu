@@ -174,8 +174,8 @@ void launch_rmsnorm_backward(cudaStream_t stream, void* dx, void* dw_acc, const 
   auto* partial = static_cast<float*>(workspace);
   dispatch_dtype(dt, [&](auto t) {
     using X = decltype(t);
-    const bool wide = aligned16(dx) && aligned16(dout) && aligned16(x) && aligned16(w) &&
-                      aligned16(partial) && dim % kVec16<X> == 0;
+    const bool wide =
+        aligned16(dx) && aligned16(dout) && aligned16(x) && aligned16(w) && aligned16(partial) && dim % kVec16<X> == 0;
     with_vector_width<kVec16<X>>(wide, [&](auto vw) {
       constexpr int N = decltype(vw)::value;
       // Up to four column groups per thread (dim <= 8192 in bf16 vectors) keep dw in registers.
@@ -190,8 +190,8 @@ void launch_rmsnorm_backward(cudaStream_t stream, void* dx, void* dw_acc, const 
       else
         launch(rmsnorm_backward_rows_kernel<X, N, 0>);
     });
-    rmsnorm_backward_dw_kernel<X><<<grid_for((dim + 31) / 32), kBlockThreads, 0, stream>>>(static_cast<X*>(dw_acc),
-                                                                                          partial, blocks, dim);
+    rmsnorm_backward_dw_kernel<X>
+        <<<grid_for((dim + 31) / 32), kBlockThreads, 0, stream>>>(static_cast<X*>(dw_acc), partial, blocks, dim);
     SO_CUDA_CHECK(cudaGetLastError());
   });
 }

@@ -23,7 +23,8 @@ __global__ void sum_squares_chunks_kernel(double* chunk_sums, const T* x, int64_
     const int64_t begin = c * kSumSquaresChunk;
     const int64_t end = begin + kSumSquaresChunk < n ? begin + kSumSquaresChunk : n;
     double sum = 0.0;
-    for (int64_t i = begin + threadIdx.x * static_cast<int64_t>(N); i < end; i += static_cast<int64_t>(blockDim.x) * N) {
+    for (int64_t i = begin + threadIdx.x * static_cast<int64_t>(N); i < end;
+         i += static_cast<int64_t>(blockDim.x) * N) {
       float v[N];
       load_f32<N>(v, x, i, end);
 #pragma unroll
@@ -64,8 +65,8 @@ void launch_sum_squares(cudaStream_t stream, float* out_acc, const void* x, int6
     // kSumSquaresChunk is a multiple of any N, so aligned chunks start aligned.
     with_vector_width<kVec16<X>>(aligned16(x), [&](auto vw) {
       constexpr int N = decltype(vw)::value;
-      sum_squares_chunks_kernel<X, N><<<grid_for(chunks), kBlockThreads, 0, stream>>>(chunk_sums,
-                                                                                     static_cast<const X*>(x), n);
+      sum_squares_chunks_kernel<X, N>
+          <<<grid_for(chunks), kBlockThreads, 0, stream>>>(chunk_sums, static_cast<const X*>(x), n);
       SO_CUDA_CHECK(cudaGetLastError());
     });
   });

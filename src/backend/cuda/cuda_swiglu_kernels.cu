@@ -122,8 +122,8 @@ void launch_swiglu_rows_forward(cudaStream_t stream, void* out, const void* gate
 
 void launch_swiglu_rows_backward(cudaStream_t stream, void* dgate_up, const void* dout, const void* gate_up,
                                  int64_t rows, int64_t cols, DType dt) {
-  swiglu_backward(stream, dgate_up, second_half(dgate_up, cols, dt), dout, gate_up,
-                  second_half(gate_up, cols, dt), rows, cols, 2 * cols, dt);
+  swiglu_backward(stream, dgate_up, second_half(dgate_up, cols, dt), dout, gate_up, second_half(gate_up, cols, dt),
+                  rows, cols, 2 * cols, dt);
 }
 
 }  // namespace so::cuda

@@ -35,8 +35,8 @@ SdpaShape sdpa_shape(const AttentionShape& a, const AttentionMask& m, Extent e) 
     if (e == Extent::Smallest) {
       s.sequences = rows, s.longest = short_rows;
     } else {
-      s.sequences = e == Extent::Largest || m.documents <= 0 ? tokens
-                                                               : std::clamp(next_pow2(m.documents), rows, tokens);
+      s.sequences =
+          e == Extent::Largest || m.documents <= 0 ? tokens : std::clamp(next_pow2(m.documents), rows, tokens);
       s.longest = e == Extent::Largest || m.longest_document <= 0
                       ? a.S
                       : std::clamp(next_pow2(m.longest_document), short_rows, a.S);

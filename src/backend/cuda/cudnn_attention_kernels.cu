@@ -168,15 +168,15 @@ void launch_forward_fixup(cudaStream_t stream, void* out, float* lse, const floa
   const unsigned grid = grid_for_elements(a.B * a.Hq * a.S, 1);
   dispatch_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    forward_fixup_kernel<T><<<grid, kBlockThreads, 0, stream>>>(static_cast<T*>(out), lse, stats_tokens, m, sinks,
-                                                                 a.B, static_cast<int>(a.S), static_cast<int>(a.Hq),
-                                                                 static_cast<int>(a.D));
+    forward_fixup_kernel<T><<<grid, kBlockThreads, 0, stream>>>(static_cast<T*>(out), lse, stats_tokens, m, sinks, a.B,
+                                                                static_cast<int>(a.S), static_cast<int>(a.Hq),
+                                                                static_cast<int>(a.D));
   });
   SO_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_backward_stats(cudaStream_t stream, float* stats, const float* lse, bool tokens,
-                           const AttentionMask& mask, const AttentionShape& a) {
+void launch_backward_stats(cudaStream_t stream, float* stats, const float* lse, bool tokens, const AttentionMask& mask,
+                           const AttentionShape& a) {
   const DeviceMask m = attn::device_mask(mask);
   backward_stats_kernel<<<grid_for_elements(a.B * a.Hq * a.S, 1), kBlockThreads, 0, stream>>>(
       stats, lse, tokens, m, a.B, static_cast<int>(a.S), static_cast<int>(a.Hq));
@@ -189,10 +189,9 @@ void launch_backward_fixup(cudaStream_t stream, void* dq, void* dk, void* dv, co
   const unsigned grid = grid_for_elements(a.B * a.S * std::max(a.Hq, a.Hkv), 1);
   dispatch_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    backward_fixup_kernel<T><<<grid, kBlockThreads, 0, stream>>>(static_cast<T*>(dq), static_cast<T*>(dk),
-                                                                  static_cast<T*>(dv), m, a.B, static_cast<int>(a.S),
-                                                                  static_cast<int>(a.Hq), static_cast<int>(a.Hkv),
-                                                                  static_cast<int>(a.D));
+    backward_fixup_kernel<T><<<grid, kBlockThreads, 0, stream>>>(
+        static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv), m, a.B, static_cast<int>(a.S),
+        static_cast<int>(a.Hq), static_cast<int>(a.Hkv), static_cast<int>(a.D));
   });
   SO_CUDA_CHECK(cudaGetLastError());
 }

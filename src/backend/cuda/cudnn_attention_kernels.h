@@ -19,13 +19,13 @@ namespace so::cuda {
 // ([B*S, Hkv*D]) and the token-major stats ([B*S, Hq]). Entries past the documents have length 0
 // and offsets at the end; offsets[n] is the end.
 struct RaggedSequences {
-  int32_t* seq_q;      // [n]
-  int32_t* seq_kv;     // [n]
-  int64_t* offset_q;   // [n + 1]
-  int64_t* offset_kv;  // [n + 1]
+  int32_t* seq_q;         // [n]
+  int32_t* seq_kv;        // [n]
+  int64_t* offset_q;      // [n + 1]
+  int64_t* offset_kv;     // [n + 1]
   int64_t* offset_stats;  // [n + 1]
-  int64_t n;           // the graph's sequences
-  int64_t longest;     // the graph's longest sequence
+  int64_t n;              // the graph's sequences
+  int64_t longest;        // the graph's longest sequence
 };
 
 // Fills `r` from doc_start [B*S] and key_end [B] (or null). A batch with more than r.n documents
@@ -47,8 +47,8 @@ void launch_forward_fixup(cudaStream_t stream, void* out, float* lse, const floa
 // Before cuDNN's backward: its stats from lse [B, Hq, S], token-major [B*S, Hq] when `tokens`
 // (ragged) else in lse's layout, with +inf for rows that see no key so that every probability of
 // such a row is exp(-inf) = 0 (cuDNN would compute exp(-inf - -inf) from our -inf).
-void launch_backward_stats(cudaStream_t stream, float* stats, const float* lse, bool tokens,
-                           const AttentionMask& mask, const AttentionShape& a);
+void launch_backward_stats(cudaStream_t stream, float* stats, const float* lse, bool tokens, const AttentionMask& mask,
+                           const AttentionShape& a);
 
 // After cuDNN's backward: dq rows of queries that see no key and dk/dv rows of keys no query sees
 // (from the row's padding on) are zero, whatever cuDNN wrote or left there.

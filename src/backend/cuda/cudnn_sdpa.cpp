@@ -37,30 +37,33 @@ std::string shape_text(const SdpaShape& s) {
 }
 
 // Frontend calls return an error_object; a failure names the call, the stage and the shape.
-#define SO_CUDNN_FE(call, ...)                                                                      \
-  do {                                                                                              \
-    auto so_fe_status_ = (call);                                                                    \
-    SO_CHECK(so_fe_status_.is_good(), "cuDNN: ", #call, " failed: ", so_fe_status_.get_message(), \
-             " [", __VA_ARGS__, "]");                                                               \
+#define SO_CUDNN_FE(call, ...)                                                                                       \
+  do {                                                                                                               \
+    auto so_fe_status_ = (call);                                                                                     \
+    SO_CHECK(so_fe_status_.is_good(), "cuDNN: ", #call, " failed: ", so_fe_status_.get_message(), " [", __VA_ARGS__, \
+             "]");                                                                                                   \
   } while (0)
-#define SO_CUDNN_CHECK(call, ...)                                                                    \
-  do {                                                                                               \
-    const cudnnStatus_t so_cudnn_status_ = (call);                                                   \
-    SO_CHECK(so_cudnn_status_ == CUDNN_STATUS_SUCCESS, "cuDNN: ", #call, " failed with status ",    \
-             static_cast<int>(so_cudnn_status_), " [", __VA_ARGS__, "]");                            \
+#define SO_CUDNN_CHECK(call, ...)                                                                \
+  do {                                                                                           \
+    const cudnnStatus_t so_cudnn_status_ = (call);                                               \
+    SO_CHECK(so_cudnn_status_ == CUDNN_STATUS_SUCCESS, "cuDNN: ", #call, " failed with status ", \
+             static_cast<int>(so_cudnn_status_), " [", __VA_ARGS__, "]");                        \
   } while (0)
 
 // libcudnn.so.9 loaded once per process; "" or why it could not be.
 const std::string& load_cudnn() {
   static const std::string error = [] {
     // The frontend dlopens the CUDA runtime itself, trying 12 before 13: ours, the one we link.
-    ::setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", str_cat("libcudart.so.", CUDART_VERSION / 1000).c_str(), /*overwrite=*/0);
+    ::setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", str_cat("libcudart.so.", CUDART_VERSION / 1000).c_str(),
+             /*overwrite=*/0);
     fe::cudnn_dlhandle = ::dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
-    if (fe::cudnn_dlhandle == nullptr) return str_cat("cuDNN 9 is not installed where the loader looks (", ::dlerror(), ")");
+    if (fe::cudnn_dlhandle == nullptr)
+      return str_cat("cuDNN 9 is not installed where the loader looks (", ::dlerror(), ")");
     const size_t v = fe::detail::get_backend_version();
     if (v < 90000) return str_cat("cuDNN ", fe::detail::convert_version_to_str(v), " is older than 9.0");
     // 9.10.0 and 9.10.1 have SDPA bugs the frontend itself refuses.
-    if (v == 91000 || v == 91001) return str_cat("cuDNN ", fe::detail::convert_version_to_str(v), " has known SDPA bugs");
+    if (v == 91000 || v == 91001)
+      return str_cat("cuDNN ", fe::detail::convert_version_to_str(v), " has known SDPA bugs");
     // The deterministic backward on Hopper: from cuDNN 9.25 the frontend can order the dQ
     // accumulation (workspace B*Hq*S*D*4, linear in S) instead of materialising dP (B*Hq*S^2*2),
     // but takes that path only when this limit is below dP's size: 0 asks for it at every S (read
@@ -72,7 +75,23 @@ const std::string& load_cudnn() {
 }
 
 // Fixed tensor ids: execute() binds device pointers by id.
-enum : int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV, kSeqQ, kSeqKV, kOffsetQ, kOffsetKV, kOffsetStats, kSink };
+enum : int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kdO,
+  kdQ,
+  kdK,
+  kdV,
+  kSeqQ,
+  kSeqKV,
+  kOffsetQ,
+  kOffsetKV,
+  kOffsetStats,
+  kSink
+};
 
 // The graph's sequences and their longest: the rows, or the ragged sequences.
 int64_t graph_b(const SdpaShape& s) { return s.sequences > 0 ? s.sequences : s.B; }
@@ -93,7 +112,8 @@ std::vector<int64_t> stats_strides(const SdpaShape& s) {
 using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 TensorPtr input(fe::graph::Graph& g, const char* name, int64_t uid, std::vector<int64_t> d, std::vector<int64_t> st,
                 fe::DataType_t type = fe::DataType_t::BFLOAT16) {
-  return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(d).set_stride(st).set_data_type(type));
+  return g.tensor(
+      fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(d).set_stride(st).set_data_type(type));
 }
 
 std::shared_ptr<fe::graph::Graph> new_graph() {
@@ -151,13 +171,15 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaShape& s) {
   set_offset(v, vl.offset_kv);
   auto attrs = fe::graph::SDPA_attributes().set_name("sdpa_forward").set_generate_stats(true);
   set_mask(attrs, s, vl);
-  if (s.sinks)
-    attrs.set_sink_token(input(*g, "sink", kSink, {1, s.Hq, 1, 1}, {s.Hq, 1, 1, 1}, fe::DataType_t::FLOAT));
+  if (s.sinks) attrs.set_sink_token(input(*g, "sink", kSink, {1, s.Hq, 1, 1}, {s.Hq, 1, 1, 1}, fe::DataType_t::FLOAT));
   auto [o, stats] = g->sdpa(q, k, v, attrs);
   o->set_output(true).set_uid(kO).set_dim(dims(s, s.Hq)).set_stride(strides(s, s.Hq));
   set_offset(o, vl.offset_q);
-  stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dims(s)).set_stride(
-      stats_strides(s));
+  stats->set_output(true)
+      .set_uid(kStats)
+      .set_data_type(fe::DataType_t::FLOAT)
+      .set_dim(stats_dims(s))
+      .set_stride(stats_strides(s));
   set_offset(stats, vl.offset_stats);
   return g;
 }
@@ -176,7 +198,8 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaShape& s, bool determ
   for (const TensorPtr& t : {q, o, d_o}) set_offset(t, vl.offset_q);
   for (const TensorPtr& t : {k, v}) set_offset(t, vl.offset_kv);
   set_offset(stats, vl.offset_stats);
-  auto attrs = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_deterministic_algorithm(deterministic);
+  auto attrs =
+      fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_deterministic_algorithm(deterministic);
   set_mask(attrs, s, vl);
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, attrs);
   dq->set_output(true).set_uid(kdQ).set_dim(dims(s, s.Hq)).set_stride(strides(s, s.Hq));
@@ -215,14 +238,16 @@ std::string cudnn_sdpa_shape_refusal(const SdpaShape& s) {
   if (s.sequences > 0 && !s.lengths) return "ragged sequences without lengths";
   // cuDNN sizes a ragged backward's workspace by the token count only for D a multiple of 16
   // (otherwise sequences x longest x heads x D floats).
-  if (s.sequences > 0 && s.D % 16 != 0) return str_cat("head dimension ", s.D, " with packed documents (cuDNN's ragged layout needs a multiple of 16)");
-  if (s.sequences > 0 && (s.longest < 2 || s.longest > s.S)) return str_cat("longest sequence ", s.longest, " outside [2, S]");
+  if (s.sequences > 0 && s.D % 16 != 0)
+    return str_cat("head dimension ", s.D, " with packed documents (cuDNN's ragged layout needs a multiple of 16)");
+  if (s.sequences > 0 && (s.longest < 2 || s.longest > s.S))
+    return str_cat("longest sequence ", s.longest, " outside [2, S]");
   return "";
 }
 
 struct CudnnSdpa::Impl {
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, bool, int64_t, int64_t,
-                         bool>;
+  using Key =
+      std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, bool, int64_t, int64_t, bool>;
   struct Graph {
     std::shared_ptr<fe::graph::Graph> graph;
     int64_t workspace = 0;
@@ -246,8 +271,8 @@ struct CudnnSdpa::Impl {
              device, "'s");
     uint32_t scale_bits = 0;
     std::memcpy(&scale_bits, &s.scale, sizeof scale_bits);
-    const Key key{s.B, s.S, s.Hq, s.Hkv, s.D, s.window, scale_bits, backward, s.lengths, s.sequences, s.longest,
-                  s.sinks && !backward};
+    const Key key{s.B,        s.S,      s.Hq,      s.Hkv,       s.D,       s.window,
+                  scale_bits, backward, s.lengths, s.sequences, s.longest, s.sinks && !backward};
     if (auto it = graphs.find(key); it != graphs.end()) return it->second;
     const std::string what = str_cat("cuDNN SDPA ", backward ? "backward" : "forward", " ", shape_text(s));
     const std::string refusal = cudnn_sdpa_shape_refusal(s);
@@ -266,8 +291,8 @@ struct CudnnSdpa::Impl {
   }
 
   // Messages name the call: "cuDNN SDPA forward|backward <shape>", built only when one fails.
-  void run(Graph& g, cudaStream_t stream, std::unordered_map<int64_t, void*>& pack, void* workspace,
-           const SdpaShape& s, const char* direction) {
+  void run(Graph& g, cudaStream_t stream, std::unordered_map<int64_t, void*>& pack, void* workspace, const SdpaShape& s,
+           const char* direction) {
     const auto what = [&] { return str_cat("cuDNN SDPA ", direction, " ", shape_text(s)); };  // called on failure only
     SO_CHECK(g.workspace == 0 || workspace != nullptr, what(), ": needs ", g.workspace, " bytes of workspace");
     for (const auto& [uid, p] : pack) {
@@ -281,7 +306,8 @@ struct CudnnSdpa::Impl {
   }
 };
 
-CudnnSdpa::CudnnSdpa(bool deterministic_backward) : deterministic_(deterministic_backward), impl_(std::make_unique<Impl>()) {
+CudnnSdpa::CudnnSdpa(bool deterministic_backward)
+    : deterministic_(deterministic_backward), impl_(std::make_unique<Impl>()) {
   SO_CUDA_CHECK(cudaGetDevice(&impl_->device));
 }
 
