@@ -360,7 +360,9 @@ def part_gate(ctx):
     # Parallel singleton MPI processes (Open MPI's isolated singletons, as the stage runner sets them)
     # share one session directory and race on creating and removing it: none is made (mpirun needs
     # them: a selection with mpirun tests sets OMPI_MCA_orte_create_session_dirs=1).
-    env = {"OMPI_MCA_orte_create_session_dirs": os.environ.get("OMPI_MCA_orte_create_session_dirs", "0")}
+    env = {"OMPI_MCA_orte_create_session_dirs": os.environ.get("OMPI_MCA_orte_create_session_dirs", "0"),
+           # The selection names gpu cases: each its own ctest entry, with a GPU or without (dry run).
+           "SO_TEST_GPU_CASES": os.environ.get("SO_TEST_GPU_CASES", "each")}
     res = ctx.runner.run(argv, budget, env=env)
     n = res.n
     total, counts, failed = ctest_counts(res.text)

@@ -41,11 +41,12 @@ small=(\( -perm -u+x -size -60M -o -size -2M \))
 #    Only the test executables the gpu-labelled tests run travel (the GPU stages run only those and
 #    so_train/so_bench/so_ckpt); the fuzzers and the cross build stay here. Each test binary holds
 #    the whole backend, and the carry is small.
-#    CTest names them by the build directory's physical path.
+#    CTest names them by the build directory's physical path; the gpu cases are listed one by one
+#    (tests/gpu/gpu_cases.cmake: this machine has no GPU), as SO_PACK_TESTS selects them.
 built_at=$(cd "$build" && pwd -P)
 selection=(-L gpu)
 [ -n "${SO_PACK_TESTS:-}" ] && selection+=(-R "$SO_PACK_TESTS")
-gpu_tests=$(ctest --test-dir "$build" -N "${selection[@]}" --show-only=json-v1 2>/dev/null | grep -o "\"$built_at/[^\"]*\"" | tr -d '"' | sort -u || true)
+gpu_tests=$(SO_TEST_GPU_CASES=each ctest --test-dir "$build" -N "${selection[@]}" --show-only=json-v1 2>/dev/null | grep -o "\"$built_at/[^\"]*\"" | tr -d '"' | sort -u || true)
 [ -n "$gpu_tests" ] || { echo "gpu_pack.sh: ctest lists no gpu-labelled test in $build${SO_PACK_TESTS:+ matching '$SO_PACK_TESTS'}" >&2; exit 2; }
 [ -z "${SO_PACK_TESTS:-}" ] || echo "gpu_pack.sh: the test executables of ctest -L gpu -R '$SO_PACK_TESTS' only:" $gpu_tests
 rm -rf "$tree/build/fuzz" "$tree/build/aarch64"

@@ -10,19 +10,16 @@ so_add_gtest(test_cuda_ops LABELS gpu SOURCES test_cuda_ops.cpp LIBS so_model GT
 # The attention cases once more under each attention kernel: SO_ATTENTION_KERNEL is read once per
 # process, so each variant is its own set of ctest entries with the variable in its environment.
 foreach(kernel 1 2)
-  gtest_discover_tests(test_cuda_ops TEST_PREFIX "attention_kernel${kernel}." TEST_FILTER "*attention*"
-                       WORKING_DIRECTORY ${PROJECT_SOURCE_DIR} DISCOVERY_TIMEOUT 60
-                       PROPERTIES LABELS gpu ENVIRONMENT SO_ATTENTION_KERNEL=${kernel})
+  so_discover_gpu_tests(test_cuda_ops TEST_PREFIX "attention_kernel${kernel}." TEST_FILTER "*attention*"
+                        ENVIRONMENT SO_ATTENTION_KERNEL=${kernel})
 endforeach()
 
 # And through cuDNN's fused SDPA, required (cases it cannot take skip with the reason): its
 # deterministic backward (MatchesCpu and RunToRunBitwise), and its backward with atomics (MatchesCpu).
-gtest_discover_tests(test_cuda_ops TEST_PREFIX "attention_cudnn." TEST_FILTER "*attention*"
-                     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR} DISCOVERY_TIMEOUT 60
-                     PROPERTIES LABELS gpu ENVIRONMENT SO_TEST_ATTENTION=cudnn)
-gtest_discover_tests(test_cuda_ops TEST_PREFIX "attention_cudnn_atomic." TEST_FILTER "*MatchesCpu*attention*"
-                     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR} DISCOVERY_TIMEOUT 60
-                     PROPERTIES LABELS gpu ENVIRONMENT "SO_TEST_ATTENTION=cudnn;SO_TEST_DETERMINISTIC_ATTENTION=0")
+so_discover_gpu_tests(test_cuda_ops TEST_PREFIX "attention_cudnn." TEST_FILTER "*attention*"
+                      ENVIRONMENT SO_TEST_ATTENTION=cudnn)
+so_discover_gpu_tests(test_cuda_ops TEST_PREFIX "attention_cudnn_atomic." TEST_FILTER "*MatchesCpu*attention*"
+                      ENVIRONMENT SO_TEST_ATTENTION=cudnn SO_TEST_DETERMINISTIC_ATTENTION=0)
 
 so_add_gtest(test_cuda_training LABELS gpu SOURCES test_cuda_training.cpp)
 
