@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # gpu_cases_without_gpu.sh BINARY FILTER: the gpu cases of a gtest binary on a machine without a
 # GPU, all in one process (tests/gpu/gpu_cases.cmake). Exit 77 (ctest: skipped) when the binary
-# ran the cases of FILTER and they skipped (or passed); 1 when the filter selects no case, a case
-# failed or the binary crashed.
+# ran the cases of FILTER and some skipped, 0 when all passed; 1 when the filter selects no case, a
+# case failed or the binary crashed.
 set -uo pipefail
 binary=$1 filter=$2
 out=$("$binary" --gtest_filter="$filter" 2>&1)
